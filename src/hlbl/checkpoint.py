@@ -1,0 +1,175 @@
+"""Run directories and checkpoints: safetensors for tensors, JSON for everything else, no pickle.
+
+A run directory holds::
+
+    run.json             format, version, model config, training config, corpus spec
+    vocab.json           words and training counts
+    tree.json            the word tree (tree output only)
+    best.safetensors     weights with the best validation perplexity so far
+    last.safetensors     weights after the last finished epoch
+    optimizer.safetensors  optimiser state after the last epoch (for --resume)
+    state.json           epoch, phase, learning rate, best perplexity, optimiser scalars
+    metrics.jsonl        one JSON line per epoch
+
+Every file is written to a temporary name and renamed, so a crash leaves the previous version.
+Weights files carry ``{"format": "hlbl-weights", "version": "1"}`` in their safetensors
+metadata; anything else (a foreign, truncated or damaged file) raises :class:`CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+
+from .data import Vocab
+from .model import LBL, LBLConfig
+from .tree import TreeError, WordTree
+
+RUN_FORMAT = "hlbl-run"
+WEIGHTS_FORMAT = "hlbl-weights"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A run directory or checkpoint file that cannot be used; one line for the user."""
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(Path(path), json.dumps(obj, indent=1).encode())
+
+
+def read_json(path: Path, what: str) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing ({what})")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: damaged {what} ({e})") from None
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], kind: str = WEIGHTS_FORMAT) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    save_file(tensors, tmp, metadata={"format": kind, "version": str(FORMAT_VERSION)})
+    os.replace(tmp, path)
+
+
+def load_tensors(path: Path, kind: str = WEIGHTS_FORMAT) -> dict[str, torch.Tensor]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing checkpoint file")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            if meta.get("format") != kind:
+                raise CheckpointError(f"{path}: not an hlbl checkpoint (format {meta.get('format')!r}, expected {kind!r})")
+            if meta.get("version") != str(FORMAT_VERSION):
+                raise CheckpointError(f"{path}: checkpoint version {meta.get('version')} is not supported (this hlbl reads {FORMAT_VERSION})")
+            return {k: f.get_tensor(k) for k in f.keys()}
+    except SafetensorError as e:
+        raise CheckpointError(f"{path}: damaged or truncated checkpoint ({e})") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read checkpoint ({e})") from None
+
+
+def save_run_files(run_dir: Path, model: LBL, vocab: Vocab, train_config: dict, corpus: str) -> None:
+    """The files that do not change during training: run.json, vocab.json, tree.json."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / "run.json", {
+        "format": RUN_FORMAT, "version": FORMAT_VERSION, "model": model.config.to_json(),
+        "train": train_config, "corpus": corpus,
+    })
+    write_json(run_dir / "vocab.json", vocab.to_json())
+    if model.tree is not None:
+        model.tree.save(run_dir / "tree.json")
+
+
+def save_weights(path: Path, model: LBL) -> None:
+    save_tensors(path, dict(model.state_dict()))
+
+
+def load_weights(path: Path, model: LBL) -> None:
+    state = load_tensors(path)
+    own = model.state_dict()
+    if set(state) != set(own):
+        raise CheckpointError(f"{path}: tensors {sorted(set(state) ^ set(own))[:4]} do not match the model")
+    for k, v in state.items():
+        if v.shape != own[k].shape:
+            raise CheckpointError(f"{path}: tensor {k} has shape {tuple(v.shape)}, the model {tuple(own[k].shape)}")
+    model.load_state_dict(state)
+
+
+def read_run(run_dir: str | os.PathLike) -> dict:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir}: not a run directory")
+    info = read_json(run_dir / "run.json", "run description")
+    if not isinstance(info, dict) or info.get("format") != RUN_FORMAT:
+        raise CheckpointError(f"{run_dir / 'run.json'}: not an hlbl run description")
+    if info.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{run_dir}: run format version {info.get('version')} is not supported")
+    return info
+
+
+def load_model(run_dir: str | os.PathLike, which: str = "best", device: str | torch.device = "cpu"
+               ) -> tuple[LBL, Vocab, dict]:
+    """The model of a run (``best`` or ``last`` weights), its vocabulary and run description."""
+    run_dir = Path(run_dir)
+    info = read_run(run_dir)
+    try:
+        config = LBLConfig.from_json(info["model"])
+    except (TypeError, KeyError, ValueError) as e:
+        raise CheckpointError(f"{run_dir / 'run.json'}: bad model config ({e})") from None
+    vocab = Vocab.from_json(read_json(run_dir / "vocab.json", "vocabulary"))
+    tree = None
+    if config.output == "tree":
+        try:
+            tree = WordTree.load(run_dir / "tree.json")
+        except TreeError as e:
+            raise CheckpointError(str(e)) from None
+    model = LBL(config, tree)
+    load_weights(run_dir / f"{which}.safetensors", model)
+    return model.to(device), vocab, info
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Split an optimiser state into tensors (for safetensors) and JSON scalars."""
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for idx, st in sd["state"].items():
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                tensors[f"{idx}.{k}"] = v
+            else:
+                scalars[f"{idx}.{k}"] = v
+    return tensors, {"scalars": scalars, "param_groups": sd["param_groups"]}
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    state: dict[int, dict] = {}
+    for key, v in list(tensors.items()) + list(meta["scalars"].items()):
+        idx, k = key.split(".", 1)
+        state.setdefault(int(idx), {})[k] = v
+    try:
+        optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"optimizer state does not match this model and optimizer ({e})") from None

@@ -1,0 +1,126 @@
+"""The log-bilinear language model with a swappable output layer.
+
+    context words w_1 .. w_{n-1}  (oldest first)
+          |  R: (V, d) word feature vectors
+          v
+    r_hat = sum_i C_i r_{w_i}       C_i: (d,) diagonal (default) or (d, d) full
+          |
+          v
+    output layer (tree softmax = HLBL, flat softmax = LBL, ...) -> log P(w_n | context)
+
+Context words use the vectors R; predicted words are represented only inside the output layer
+(tree node vectors, or the flat layer's output vectors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from .output import LayerOutput, make_output_layer
+from .tree import WordTree
+
+
+@dataclass
+class LBLConfig:
+    vocab_size: int
+    dim: int = 100
+    context: int = 5  # n - 1 previous words
+    full_context: bool = False  # full (d, d) C_i instead of diagonal
+    output: str = "tree"  # see hlbl.output.OUTPUT_KINDS
+    init_std: float = 0.1  # std of the Gaussian initialisation of non-bias weights
+
+    def __post_init__(self):
+        if self.vocab_size < 2:
+            raise ValueError(f"vocab_size must be at least 2, got {self.vocab_size}")
+        if self.dim < 1 or self.context < 1:
+            raise ValueError("dim and context must be positive")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "LBLConfig":
+        return cls(**obj)
+
+
+class LBL(nn.Module):
+    def __init__(self, config: LBLConfig, tree: WordTree | None = None, generator: torch.Generator | None = None):
+        super().__init__()
+        self.config = config
+        self.tree = tree
+        V, d, n = config.vocab_size, config.dim, config.context
+        self.R = nn.Embedding(V, d)
+        # C_i start at the identity so that r_hat begins as the plain sum of context vectors;
+        # small Gaussian noise breaks the symmetry between positions.
+        shape = (n, d, d) if config.full_context else (n, d)
+        self.C = nn.Parameter(torch.zeros(shape))
+        self.out = make_output_layer(config.output, d, V, tree)
+        with torch.no_grad():
+            for p in (self.R.weight, self.C, *[p for name, p in self.out.named_parameters() if "bias" not in name]):
+                p.normal_(0.0, config.init_std, generator=generator)
+            if config.full_context:
+                self.C += torch.eye(d)
+            else:
+                self.C += 1.0
+
+    def init_unigram(self, counts: Sequence[float]) -> None:
+        self.out.init_unigram(counts)
+
+    def context_vector(self, context: torch.Tensor) -> torch.Tensor:
+        """r_hat (B, d) for ``context`` (B, n-1) word ids, oldest first."""
+        r = self.R(context)  # (B, n, d)
+        if self.config.full_context:
+            return torch.einsum("bnd,ned->be", r, self.C)
+        return (r * self.C).sum(1)
+
+    def forward(self, context: torch.Tensor, target: torch.Tensor) -> LayerOutput:
+        """Per-example log P(target | context) (B,) and the mean NLL."""
+        return self.out(self.context_vector(context), target)
+
+    def log_prob(self, context: torch.Tensor) -> torch.Tensor:
+        """(B, V) log-probabilities of every next word."""
+        return self.out.log_prob(self.context_vector(context))
+
+    def param_groups(self, weight_decay_words: float, weight_decay_other: float) -> list[dict]:
+        """Optimiser groups after Mnih & Hinton 2007: word vectors, other weights, biases (none)."""
+        words = [self.R.weight]
+        biases = [p for n, p in self.named_parameters() if n.endswith("bias")]
+        ids = {id(p) for p in words + biases}
+        other = [p for p in self.parameters() if id(p) not in ids]
+        return [
+            {"params": words, "weight_decay": weight_decay_words, "name": "words"},
+            {"params": other, "weight_decay": weight_decay_other, "name": "other"},
+            {"params": biases, "weight_decay": 0.0, "name": "biases"},
+        ]
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+    # ---- inference ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def topk(self, context: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k most probable next words: (log-probs (B, k), word ids (B, k)), best first."""
+        lp = self.log_prob(context)
+        return lp.topk(min(k, lp.shape[1]), dim=1)
+
+    @torch.no_grad()
+    def generate(self, prompt: Sequence[int], num_tokens: int, pad: int,
+                 generator: torch.Generator | None = None) -> list[int]:
+        """Sample ``num_tokens`` words after ``prompt`` (word ids); contexts padded with ``pad``."""
+        n = self.config.context
+        device = self.R.weight.device
+        ids = [pad] * n + list(prompt)
+        out = []
+        for _ in range(num_tokens):
+            ctx = torch.tensor([ids[-n:]], device=device)
+            p = self.log_prob(ctx)[0].exp().cpu()
+            w = int(torch.multinomial(p, 1, generator=generator))
+            ids.append(w)
+            out.append(w)
+        return out

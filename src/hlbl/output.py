@@ -1,0 +1,222 @@
+"""Output layers: from an input vector ``h`` (B, d) to log-probabilities over V words.
+
+Every layer has the same narrow interface (as fastText's ``Loss`` classes do), so the model and
+the training loop never ask which one they hold:
+
+* ``forward(input (B, d), target (B,)) -> LayerOutput(output (B,), loss ())``: per-example
+  log-probabilities of the targets and the mean negative log-likelihood, in the spirit of
+  ``torch.nn.AdaptiveLogSoftmaxWithLoss``;
+* ``log_prob(input (B, d)) -> (B, V)``: the full distribution;
+* ``init_unigram(counts)``: set biases so that with zero weights the layer predicts the training
+  unigram distribution (the paper's appendix).
+
+:func:`make_output_layer` is the one place that chooses a layer.
+
+Example (the tree softmax on any input vectors)::
+
+    from hlbl.tree import huffman_tree
+    from hlbl.output import TreeSoftmax
+    tree = huffman_tree(word_counts)                  # or random_tree(V), WordTree.load(...)
+    layer = TreeSoftmax(512, tree)                    # 512 = size of your hidden vectors
+    layer.init_unigram(word_counts)
+    out = layer(hidden, targets)                      # hidden (B, 512), targets (B,)
+    out.loss.backward()                               # mean NLL; out.output = log P(target)
+    logp = layer.log_prob(hidden)                     # (B, V), sums to 1 in probability
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .tree import WordTree
+
+OUTPUT_KINDS = ("tree", "flat", "adaptive")
+
+
+class LayerOutput(NamedTuple):
+    output: torch.Tensor  # (B,) log P(target | input)
+    loss: torch.Tensor  # () mean negative log-likelihood
+
+
+def _unigram(counts: Sequence[float]) -> np.ndarray:
+    # Zero counts (e.g. an unused <unk>) get half a count so every bias stays finite.
+    c = np.asarray(counts, dtype=np.float64)
+    c = np.where(c > 0, c, 0.5)
+    return c / c.sum()
+
+
+class TreeSoftmax(nn.Module):
+    """Hierarchical softmax over a :class:`~hlbl.tree.WordTree`, exact for multi-code trees.
+
+    Internal node j has a vector ``q_j`` (row j of ``weight``) and a bias ``b_j``;
+    ``P(left at j | h) = sigmoid(h . q_j + b_j)``. A word's probability is the sum over its
+    leaves of the product of the decisions along each path, computed as a log-sum-exp of path
+    log-probabilities, so the gradient weights each path by its posterior share
+    ``P(path | word, h)``. (Averaging the paths' log-losses, or picking one path, is a
+    different objective.)
+
+    Cost: ``forward`` is O(B K D d) for K codes of depth at most D; ``log_prob`` is O(B N d)
+    for N internal nodes, one matrix product and one pass down the levels.
+    """
+
+    def __init__(self, in_features: int, tree: WordTree, init_std: float = 0.0):
+        super().__init__()
+        self.in_features = in_features
+        self.tree = tree
+        self.vocab_size = tree.num_words
+        self.weight = nn.Parameter(torch.randn(tree.num_nodes, in_features) * init_std)
+        self.bias = nn.Parameter(torch.zeros(tree.num_nodes))
+        # Buffers are derived from the tree; they are rebuilt, not saved (persistent=False).
+        sign = np.where(tree.path_bits == 1, 1.0, -1.0) * tree.path_mask
+        self.register_buffer("path_nodes", torch.from_numpy(tree.path_nodes), persistent=False)
+        self.register_buffer("path_sign", torch.from_numpy(sign.astype(np.float32)), persistent=False)
+        self.register_buffer("word_leaves", torch.from_numpy(tree.word_leaves), persistent=False)
+        self.multi_code = tree.word_leaves.shape[1] > 1
+        # Per level t: node range [start, end) and, among its 2n children (left, right of each
+        # node, in order), the positions of internal children and of leaves. With breadth-first
+        # ids the internal children are exactly the next level's nodes in order, and the leaves
+        # come out in leaf id order.
+        self._level_ranges = []
+        for t, nodes in enumerate(tree.levels):
+            kids = tree.children[nodes].reshape(-1)
+            self._level_ranges.append((int(nodes[0]), int(nodes[-1]) + 1))
+            self.register_buffer(f"_internal{t}", torch.from_numpy(np.flatnonzero(kids >= 0)), persistent=False)
+            self.register_buffer(f"_leaves{t}", torch.from_numpy(np.flatnonzero(kids < 0)), persistent=False)
+
+    def init_unigram(self, counts: Sequence[float]) -> None:
+        """Biases so that zero weights give the unigram distribution.
+
+        A word with k codes puts p(w)/k on each of its leaves; node j's bias is
+        ``log(mass(left subtree) / mass(right subtree))``.
+        """
+        tree = self.tree
+        p = _unigram(counts)
+        leaf_mass = p[tree.leaf_word] / tree.codes_per_word[tree.leaf_word]
+        mass = np.zeros(tree.num_nodes)
+        child_mass = np.zeros((tree.num_nodes, 2))
+        leaf_slots = np.flatnonzero(tree.children.reshape(-1) < 0)  # breadth-first leaf order
+        child_mass.reshape(-1)[leaf_slots] = leaf_mass
+        for nodes in reversed(tree.levels):  # bottom-up: children are finished before parents
+            ch = tree.children[nodes]
+            for s in (0, 1):
+                m = ch[:, s] >= 0
+                child_mass[nodes[m], s] = mass[ch[m, s]]
+            mass[nodes] = child_mass[nodes].sum(1)
+        with torch.no_grad():
+            self.bias.copy_(torch.from_numpy(np.log(child_mass[:, 0] / child_mass[:, 1])))
+
+    def path_log_probs(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """(B, K) log-probability of each of the targets' paths; -inf where a word has fewer."""
+        leaves = self.word_leaves[target]  # (B, K)
+        nodes = self.path_nodes[leaves.clamp(min=0)]  # (B, K, D)
+        sign = self.path_sign[leaves.clamp(min=0)]  # (B, K, D): +1 left, -1 right, 0 padding
+        B, K, D = nodes.shape
+        q = self.weight[nodes.reshape(B, K * D)]  # (B, KD, d)
+        scores = torch.bmm(q, input.unsqueeze(2)).squeeze(2).view(B, K, D) + self.bias[nodes]
+        path = (F.logsigmoid(sign * scores) * (sign != 0)).sum(-1)  # (B, K)
+        return path.masked_fill(leaves < 0, float("-inf"))
+
+    def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        paths = self.path_log_probs(input, target)
+        return torch.logsumexp(paths, dim=1) if self.multi_code else paths[:, 0]
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
+        lp = self.target_log_prob(input, target)
+        return LayerOutput(lp, -lp.mean())
+
+    def leaf_log_prob(self, input: torch.Tensor) -> torch.Tensor:
+        """(B, L) log-probability of every leaf, in leaf id order."""
+        scores = input @ self.weight.t() + self.bias  # (B, N)
+        B = input.shape[0]
+        above = input.new_zeros(B, 1)  # log-prob of reaching each node of the current level
+        leaves = []
+        for t, (start, end) in enumerate(self._level_ranges):
+            s = scores[:, start:end]
+            kids = torch.stack((above + F.logsigmoid(s), above + F.logsigmoid(-s)), dim=2).view(B, -1)
+            leaves.append(kids[:, getattr(self, f"_leaves{t}")])
+            above = kids[:, getattr(self, f"_internal{t}")]
+        return torch.cat(leaves, dim=1)
+
+    def log_prob(self, input: torch.Tensor) -> torch.Tensor:
+        leaf_lp = self.leaf_log_prob(input)
+        if not self.multi_code:
+            return leaf_lp[:, self.word_leaves[:, 0]]
+        wl = self.word_leaves
+        lp = leaf_lp[:, wl.clamp(min=0)].masked_fill(wl < 0, float("-inf"))  # (B, V, K)
+        return torch.logsumexp(lp, dim=2)
+
+
+class FlatSoftmax(nn.Module):
+    """The non-hierarchical LBL output: ``P(w | h) = exp(h . q_w + b_w) / Z``."""
+
+    def __init__(self, in_features: int, vocab_size: int, init_std: float = 0.0):
+        super().__init__()
+        self.in_features = in_features
+        self.vocab_size = vocab_size
+        self.weight = nn.Parameter(torch.randn(vocab_size, in_features) * init_std)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+
+    def init_unigram(self, counts: Sequence[float]) -> None:
+        with torch.no_grad():
+            self.bias.copy_(torch.from_numpy(np.log(_unigram(counts))))
+
+    def log_prob(self, input: torch.Tensor) -> torch.Tensor:
+        return F.log_softmax(F.linear(input, self.weight, self.bias), dim=-1)
+
+    def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(input, self.weight, self.bias)
+        return -F.cross_entropy(logits, target, reduction="none")
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
+        lp = self.target_log_prob(input, target)
+        return LayerOutput(lp, -lp.mean())
+
+
+class AdaptiveSoftmax(nn.Module):
+    """PyTorch's ``nn.AdaptiveLogSoftmaxWithLoss`` behind this module's interface (a baseline).
+
+    Word ids must be sorted by decreasing frequency (our vocabularies are). Cutoffs default to
+    roughly 2%, 10% and 40% of the vocabulary.
+    """
+
+    def __init__(self, in_features: int, vocab_size: int, cutoffs: Sequence[int] | None = None):
+        super().__init__()
+        self.in_features = in_features
+        self.vocab_size = vocab_size
+        if cutoffs is None:
+            cutoffs = sorted({c for c in (vocab_size // 50, vocab_size // 10, vocab_size * 2 // 5) if 0 < c < vocab_size})
+        self.asm = nn.AdaptiveLogSoftmaxWithLoss(in_features, vocab_size, list(cutoffs), div_value=4.0)
+
+    def init_unigram(self, counts: Sequence[float]) -> None:
+        pass  # the head has a bias only through its linear layer; PyTorch's default init is kept
+
+    def log_prob(self, input: torch.Tensor) -> torch.Tensor:
+        return self.asm.log_prob(input)
+
+    def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return self.asm(input, target).output
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
+        out = self.asm(input, target)
+        return LayerOutput(out.output, out.loss)
+
+
+def make_output_layer(kind: str, in_features: int, vocab_size: int, tree: WordTree | None = None,
+                      init_std: float = 0.0) -> nn.Module:
+    """The one place that maps an output kind to a layer."""
+    if kind == "tree":
+        if tree is None:
+            raise ValueError("the tree output layer needs a WordTree")
+        if tree.num_words != vocab_size:
+            raise ValueError(f"tree has {tree.num_words} words, vocabulary {vocab_size}")
+        return TreeSoftmax(in_features, tree, init_std)
+    if kind == "flat":
+        return FlatSoftmax(in_features, vocab_size, init_std)
+    if kind == "adaptive":
+        return AdaptiveSoftmax(in_features, vocab_size)
+    raise ValueError(f"unknown output layer {kind!r}; choose from {', '.join(OUTPUT_KINDS)}")

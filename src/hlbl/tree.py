@@ -1,0 +1,424 @@
+"""Word trees as data: a binary tree whose leaves are words, a word possibly at several leaves.
+
+Layout (node ids are breadth-first: root 0, then level by level, left child before right)::
+
+                      node 0            P(left at j) = sigmoid(h . q_j + b_j)
+                  1 /        \\ 0        bit 1 = left, bit 0 = right (the paper's d_j = 1)
+              node 1          node 2
+             1/    \\0        1/    \\0
+           "the"  node 3    "cat"   "a"       codes: "the" = nodes (0, 1)    bits (1, 1)
+                 1/    \\0                            "cat" = nodes (0, 2)    bits (0, 1)
+               "a"    "sat"                          "a"   = nodes (0, 2) bits (0, 0)
+                                                           + nodes (0, 1, 3) bits (1, 0, 1)
+
+Stored as ``children``, an ``(N, 2)`` int array: ``children[j] = (left, right)``, where a value
+``c >= 0`` is internal node ``c`` and ``c < 0`` is a leaf for word ``-1 - c``. Leaves are
+numbered breadth-first too (the order in which a level-by-level walk meets them); this is the
+order ``leaf_word`` and the padded path tensors use, and the order in which the full
+distribution is produced level by level.
+
+Invariants (checked by :meth:`WordTree.validate`): one root (node 0), every other internal node
+has exactly one parent, every node reachable from the root (so no cycles), internal ids are
+``0..N-1``, every word ``0..V-1`` has at least one leaf, and no internal node has two leaves of
+the same word. A tree with ``L`` leaves has ``N = L - 1`` internal nodes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+TREE_FORMAT = "hlbl-word-tree"
+TREE_VERSION = 1
+
+
+class TreeError(ValueError):
+    """An invalid tree or tree file; the message names the offending node or word."""
+
+
+def leaf(word: int) -> int:
+    """The child value that denotes a leaf of ``word``."""
+    return -1 - int(word)
+
+
+@dataclass(frozen=True, eq=False)
+class WordTree:
+    """An immutable, validated word tree in canonical breadth-first numbering."""
+
+    children: np.ndarray  # (N, 2) int64
+    num_words: int
+    _checked: bool = field(default=False, repr=False)
+
+    def __post_init__(self):
+        ch = np.ascontiguousarray(np.asarray(self.children, dtype=np.int64))
+        object.__setattr__(self, "children", ch)
+        if not self._checked:
+            self.validate()
+            canon = _canonical(ch)
+            object.__setattr__(self, "children", canon)
+            object.__setattr__(self, "_checked", True)
+        self.children.setflags(write=False)
+
+    # ---- construction -----------------------------------------------------------------------
+
+    @classmethod
+    def from_children(cls, children: Sequence[Sequence[int]], root: int, num_words: int) -> "WordTree":
+        """Build from ``(left, right)`` pairs with arbitrary internal ids; ``root`` is renumbered 0."""
+        ch = np.asarray(children, dtype=np.int64).reshape(-1, 2)
+        n = len(ch)
+        if not 0 <= root < max(n, 1):
+            raise TreeError(f"root {root} is not an internal node id (0..{n - 1})")
+        # Swap ids so the root becomes 0; canonical BFS numbering follows in __post_init__.
+        perm = np.arange(n)
+        perm[[0, root]] = perm[[root, 0]]
+        remap = np.where(ch >= 0, perm[np.clip(ch, 0, None)], ch)
+        return cls(remap[perm], int(num_words))
+
+    @classmethod
+    def from_nested(cls, nested, num_words: int) -> "WordTree":
+        """Build from nested pairs: a word id is a leaf, a 2-tuple/list is an internal node."""
+        children: list[list[int]] = []
+
+        def visit(x) -> int:
+            if isinstance(x, (int, np.integer)):
+                return leaf(x)
+            if len(x) != 2:
+                raise TreeError(f"an internal node needs exactly two children, got {len(x)}")
+            j = len(children)
+            children.append([0, 0])
+            children[j] = [visit(x[0]), visit(x[1])]
+            return j
+
+        if isinstance(nested, (int, np.integer)):
+            raise TreeError("a tree needs at least two leaves")
+        visit(nested)
+        return cls(np.asarray(children, dtype=np.int64), num_words)
+
+    # ---- validation -------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        ch, V = self.children, self.num_words
+        if ch.ndim != 2 or ch.shape[1] != 2:
+            raise TreeError(f"children must have shape (N, 2), got {ch.shape}")
+        N = len(ch)
+        if V < 2:
+            raise TreeError(f"a word tree needs at least 2 words, got {V}")
+        if N == 0:
+            raise TreeError("a tree needs at least one internal node")
+        too_big = np.argwhere(ch >= N)
+        if len(too_big):
+            j, s = too_big[0]
+            raise TreeError(f"node {j} points to internal node {ch[j, s]}, but ids stop at {N - 1}")
+        bad_word = np.argwhere(ch < -V)
+        if len(bad_word):
+            j, s = bad_word[0]
+            raise TreeError(f"node {j} has a leaf for word {-1 - ch[j, s]}, but the vocabulary has {V} words")
+        internal = ch[ch >= 0]
+        parents = np.bincount(internal, minlength=N)
+        if parents[0] != 0:
+            raise TreeError("node 0 (the root) has a parent")
+        multi = np.flatnonzero(parents[1:] != 1) + 1
+        if len(multi):
+            j = int(multi[0])
+            raise TreeError(f"node {j} has {parents[j]} parents; every non-root node needs exactly one")
+        # N-1 parent links with one parent each: reachability from the root rules out cycles.
+        seen = np.zeros(N, dtype=bool)
+        stack = [0]
+        seen[0] = True
+        while stack:
+            j = stack.pop()
+            for c in ch[j]:
+                if c >= 0 and not seen[c]:
+                    seen[c] = True
+                    stack.append(int(c))
+        if not seen.all():
+            j = int(np.flatnonzero(~seen)[0])
+            raise TreeError(f"node {j} is not reachable from the root (a cycle or a second root)")
+        words = -1 - ch[ch < 0]
+        have = np.bincount(words, minlength=V)
+        missing = np.flatnonzero(have == 0)
+        if len(missing):
+            raise TreeError(f"word {int(missing[0])} has no leaf ({len(missing)} words have none)")
+        dup = np.flatnonzero((ch[:, 0] < 0) & (ch[:, 0] == ch[:, 1]))
+        if len(dup):
+            j = int(dup[0])
+            raise TreeError(f"node {j} has two leaves of word {-1 - ch[j, 0]}")
+
+    # ---- derived arrays ---------------------------------------------------------------------
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.children)
+
+    @cached_property
+    def levels(self) -> list[np.ndarray]:
+        """Internal node ids of each depth (contiguous ranges, as numbering is breadth-first)."""
+        out, frontier = [], np.array([0])
+        while len(frontier):
+            out.append(frontier)
+            kids = self.children[frontier].reshape(-1)
+            frontier = kids[kids >= 0]
+        return out
+
+    @cached_property
+    def _paths(self) -> dict[str, np.ndarray]:
+        ch = self.children
+        N = len(ch)
+        parent = np.full(N, -1, dtype=np.int64)
+        pbit = np.zeros(N, dtype=np.int8)
+        for s, bit in ((0, 1), (1, 0)):
+            m = ch[:, s] >= 0
+            parent[ch[m, s]] = np.flatnonzero(m)
+            pbit[ch[m, s]] = bit
+        depth = np.zeros(N, dtype=np.int64)
+        for lv in self.levels[1:]:
+            depth[lv] = depth[parent[lv]] + 1
+        # Leaves in breadth-first order: level by level, node order, left before right.
+        flat = ch.reshape(-1)  # slot 2j = left of j, 2j+1 = right of j; BFS ids keep levels sorted
+        slots = np.flatnonzero(flat < 0)
+        leaf_parent = slots // 2
+        leaf_bit = np.where(slots % 2 == 0, 1, 0).astype(np.int8)
+        leaf_word = -1 - flat[slots]
+        leaf_depth = depth[leaf_parent] + 1
+        L, D = len(slots), int(leaf_depth.max())
+        nodes = np.zeros((L, D), dtype=np.int64)
+        bits = np.zeros((L, D), dtype=np.int8)
+        mask = np.zeros((L, D), dtype=bool)
+        cur, cbit = leaf_parent.copy(), leaf_bit.copy()
+        pos = leaf_depth - 1
+        alive = np.ones(L, dtype=bool)
+        while alive.any():
+            idx = np.flatnonzero(alive)
+            nodes[idx, pos[idx]] = cur[idx]
+            bits[idx, pos[idx]] = cbit[idx]
+            mask[idx, pos[idx]] = True
+            cbit[idx] = pbit[cur[idx]]
+            cur[idx] = parent[cur[idx]]
+            pos[idx] -= 1
+            alive = cur >= 0
+        return {"nodes": nodes, "bits": bits, "mask": mask, "word": leaf_word, "depth": leaf_depth}
+
+    @property
+    def leaf_word(self) -> np.ndarray:
+        """(L,) word of each leaf, leaves in breadth-first order."""
+        return self._paths["word"]
+
+    @property
+    def path_nodes(self) -> np.ndarray:
+        """(L, D) internal nodes from the root to each leaf, 0-padded past the leaf's depth."""
+        return self._paths["nodes"]
+
+    @property
+    def path_bits(self) -> np.ndarray:
+        """(L, D) int8 decisions along each path: 1 = left, 0 = right (and 0 in padding)."""
+        return self._paths["bits"]
+
+    @property
+    def path_mask(self) -> np.ndarray:
+        """(L, D) bool, True on the real steps of each path."""
+        return self._paths["mask"]
+
+    @property
+    def leaf_depth(self) -> np.ndarray:
+        return self._paths["depth"]
+
+    @cached_property
+    def word_leaves(self) -> np.ndarray:
+        """(V, K) leaf ids of each word, -1-padded; K = the largest number of codes of a word."""
+        order = np.argsort(self.leaf_word, kind="stable")
+        w = self.leaf_word[order]
+        counts = np.bincount(w, minlength=self.num_words)
+        K = int(counts.max())
+        start = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        rank = np.arange(len(w)) - start[w]
+        out = np.full((self.num_words, K), -1, dtype=np.int64)
+        out[w, rank] = order
+        return out
+
+    @property
+    def codes_per_word(self) -> np.ndarray:
+        return np.bincount(self.leaf_word, minlength=self.num_words)
+
+    def codes(self, word: int) -> list[tuple[list[int], list[int]]]:
+        """The (nodes, bits) of every leaf of ``word``."""
+        out = []
+        for lf in self.word_leaves[word]:
+            if lf >= 0:
+                m = self.path_mask[lf]
+                out.append((self.path_nodes[lf][m].tolist(), self.path_bits[lf][m].tolist()))
+        return out
+
+    # ---- statistics -------------------------------------------------------------------------
+
+    def stats(self, counts: Sequence[float] | None = None) -> dict:
+        """Table 1 of the paper: code length and codes per word averaged under ``counts``.
+
+        Mean code length is the *sum* of the lengths of all of a word's codes, averaged under
+        the unigram distribution; codes per word likewise. Without counts, words weigh equally.
+        """
+        p = np.ones(self.num_words) if counts is None else np.asarray(counts, dtype=np.float64)
+        if len(p) != self.num_words:
+            raise TreeError(f"{len(p)} counts for a tree of {self.num_words} words")
+        p = p / p.sum()
+        total_len = np.bincount(self.leaf_word, weights=self.leaf_depth, minlength=self.num_words)
+        return {
+            "words": self.num_words,
+            "internal_nodes": self.num_nodes,
+            "leaves": int(len(self.leaf_word)),
+            "mean_code_length": float(p @ total_len),
+            "codes_per_word": float(p @ self.codes_per_word),
+            "max_depth": int(self.leaf_depth.max()),
+        }
+
+    # ---- files ------------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        return {
+            "format": TREE_FORMAT,
+            "version": TREE_VERSION,
+            "num_words": self.num_words,
+            "children": self.children.tolist(),
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "WordTree":
+        if not isinstance(obj, dict) or obj.get("format") != TREE_FORMAT:
+            raise TreeError(f"not an hlbl word tree (expected format {TREE_FORMAT!r})")
+        if obj.get("version") != TREE_VERSION:
+            raise TreeError(f"word tree version {obj.get('version')} is not supported (this hlbl reads {TREE_VERSION})")
+        try:
+            return cls(np.asarray(obj["children"], dtype=np.int64), int(obj["num_words"]))
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, TreeError):
+                raise
+            raise TreeError(f"malformed word tree: {e}") from None
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write JSON (``.json``) or numpy (``.npz``, no pickle), atomically."""
+        path = Path(path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=path.name + ".", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            if path.suffix == ".npz":
+                np.savez(f, children=self.children, num_words=np.int64(self.num_words),
+                         format=np.array(TREE_FORMAT), version=np.int64(TREE_VERSION))
+            else:
+                f.write(json.dumps(self.to_json()).encode())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "WordTree":
+        path = Path(path)
+        if not path.is_file():
+            raise TreeError(f"{path}: no such tree file")
+        try:
+            if path.suffix == ".npz":
+                with np.load(path, allow_pickle=False) as z:
+                    obj = {"format": str(z["format"]), "version": int(z["version"]),
+                           "num_words": int(z["num_words"]), "children": z["children"]}
+            else:
+                obj = json.loads(path.read_text(encoding="utf-8"))
+        except TreeError:
+            raise
+        except Exception as e:  # a damaged or foreign file: zip, JSON or key errors
+            raise TreeError(f"{path}: not a readable word tree ({type(e).__name__}: {e})") from None
+        try:
+            return cls.from_json(obj)
+        except TreeError as e:
+            raise TreeError(f"{path}: {e}") from None
+
+
+def _canonical(ch: np.ndarray) -> np.ndarray:
+    """Renumber internal nodes breadth-first from node 0 (left child before right)."""
+    N = len(ch)
+    order = np.empty(N, dtype=np.int64)
+    order[0] = 0
+    head, tail = 0, 1
+    while head < tail:
+        j = order[head]
+        head += 1
+        for c in ch[j]:
+            if c >= 0:
+                order[tail] = c
+                tail += 1
+    new_id = np.empty(N, dtype=np.int64)
+    new_id[order] = np.arange(N)
+    out = ch[order]
+    return np.where(out >= 0, new_id[np.clip(out, 0, None)], out)
+
+
+# ---- builders -------------------------------------------------------------------------------
+
+
+def _halving(words: np.ndarray) -> list[list[int]]:
+    """Children of the tree that splits ``words`` in halves recursively (first half left)."""
+    children: list[list[int]] = []
+    stack = [(words, -1, 0)]  # (word block, parent, slot)
+    while stack:
+        block, parent, slot = stack.pop()
+        if len(block) == 1:
+            children[parent][slot] = leaf(block[0])
+            continue
+        j = len(children)
+        children.append([0, 0])
+        if parent >= 0:
+            children[parent][slot] = j
+        half = (len(block) + 1) // 2
+        stack.append((block[half:], j, 1))
+        stack.append((block[:half], j, 0))
+    return children
+
+
+def random_tree(num_words: int, seed: int = 0) -> WordTree:
+    """The paper's RANDOM tree: a random permutation of the words, halved recursively."""
+    if num_words < 2:
+        raise TreeError(f"a word tree needs at least 2 words, got {num_words}")
+    perm = np.random.default_rng(seed).permutation(num_words)
+    return WordTree(np.asarray(_halving(perm), dtype=np.int64), num_words)
+
+
+def balanced_tree(order: Sequence[int]) -> WordTree:
+    """Recursive halving of the words in the given order (``order`` is a permutation)."""
+    order = np.asarray(order, dtype=np.int64)
+    return WordTree(np.asarray(_halving(order), dtype=np.int64), len(order))
+
+
+def huffman_tree(counts: Sequence[float]) -> WordTree:
+    """The word2vec / fastText tree: Huffman coding of the training counts (ties by word id)."""
+    counts = np.asarray(counts, dtype=np.float64)
+    V = len(counts)
+    if V < 2:
+        raise TreeError(f"a word tree needs at least 2 words, got {V}")
+    # Heap items: (count, tiebreak, child value). Tiebreak keeps the build deterministic.
+    heap = [(float(c), i, leaf(i)) for i, c in enumerate(counts)]
+    heapq.heapify(heap)
+    children: list[list[int]] = []
+    tick = V
+    while len(heap) > 1:
+        c1, _, a = heapq.heappop(heap)
+        c2, _, b = heapq.heappop(heap)
+        children.append([b, a])  # the more frequent side on the left
+        heapq.heappush(heap, (c1 + c2, tick, len(children) - 1))
+        tick += 1
+    return WordTree.from_children(children, len(children) - 1, V)
+
+
+def build_tree(kind: str, num_words: int, counts: Sequence[float] | None = None, seed: int = 0) -> WordTree:
+    """``random``, ``huffman``, or a path to a saved tree."""
+    if kind == "random":
+        return random_tree(num_words, seed)
+    if kind == "huffman":
+        if counts is None:
+            raise TreeError("a Huffman tree needs word counts")
+        return huffman_tree(counts)
+    tree = WordTree.load(kind)
+    if tree.num_words != num_words:
+        raise TreeError(f"{kind}: tree has {tree.num_words} words, the vocabulary {num_words}")
+    return tree
