@@ -68,7 +68,7 @@ def cmd_train(args) -> int:
     cfg.device = device
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     print(f"{model.config.output} output, {V:,} words, {model.num_parameters():,} parameters, "
-          f"{min(len(corpus["train"]), cfg.max_train_tokens or len(corpus["train"])):,} training tokens, device {device}", file=sys.stderr)
+          f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, device {device}", file=sys.stderr)
     fit(model, corpus, cfg, out, resume=args.resume, corpus_spec=str(args.data), log=log)
     pad = corpus.vocab.eos
     result = {s: evaluate(model, corpus[s], pad, device=device) for s in ("valid", "test")}
