@@ -82,16 +82,6 @@ def write_arpa(model: NgramModel, path: str | os.PathLike) -> None:
         raise
 
 
-def _parse_float(s: str, where: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise ArpaError(f"{where}: {s!r} is not a number") from None
-    if math.isnan(v):
-        raise ArpaError(f"{where}: {s!r} is not a number")
-    return v
-
-
 def read_arpa(path: str | os.PathLike) -> NgramModel:
     """Load an ARPA file into an :class:`NgramModel` (word ids in unigram-section order)."""
     path = Path(path)
@@ -99,120 +89,204 @@ def read_arpa(path: str | os.PathLike) -> NgramModel:
         raise ArpaError(f"{path} is a directory, expected an ARPA file")
     if not path.exists():
         raise ArpaError(f"{path}: no such file")
+    return parse_arpa(path.read_bytes(), str(path))
+
+
+# ASCII whitespace: what bytes.split() splits on (and so what separates ARPA fields here).
+_WS = np.zeros(256, dtype=bool)
+_WS[[9, 10, 11, 12, 13, 32]] = True
+
+
+def parse_arpa(data: bytes | str, name: str = "<arpa>") -> NgramModel:
+    """Parse the bytes (or text) of an ARPA file; ``name`` is used in error messages.
+
+    The n-gram sections are parsed in bulk: per-line field counts from a numpy pass over the
+    bytes, then one ``bytes.split()`` per section sliced into columns; one section's fields
+    are alive at a time.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8")
     try:
-        text = path.read_text(encoding="utf-8")
+        data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ArpaError(f"{path}: not UTF-8 text (bad byte at offset {e.start})") from None
-    return parse_arpa(text, str(path))
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ArpaError(f"{name}:{line}: not UTF-8 text (bad byte 0x{data[e.start]:02x})") from None
+    buf = np.frombuffer(data, dtype=np.uint8)
+    # (nlines + 1,) byte offset where each line starts; line j is data[ls[j]:ls[j+1]].
+    ls = np.concatenate([[0], np.flatnonzero(buf == 10) + 1])
+    if ls[-1] != len(data):
+        ls = np.concatenate([ls, [len(data)]])
+    nlines = len(ls) - 1
 
-
-def parse_arpa(text: str, name: str = "<arpa>") -> NgramModel:
-    """Parse ARPA text; ``name`` is used in error messages."""
-    lines = text.splitlines()
-    nlines = len(lines)
-    i = 0
+    def line(j: int) -> str:
+        return data[ls[j]:ls[j + 1]].decode("utf-8").strip()
 
     def where(j: int) -> str:
-        return f"{name}:{j + 1}"
+        return f"{name}:{min(j, max(nlines - 1, 0)) + 1}"
 
     def skip_blank(j: int) -> int:
-        while j < nlines and not lines[j].strip():
+        while j < nlines and not line(j):
             j += 1
         return j
 
-    i = skip_blank(i)
-    if i >= nlines or lines[i].strip() != "\\data\\":
-        raise ArpaError(f"{where(min(i, max(nlines - 1, 0)))}: expected the \\data\\ header of an ARPA file")
+    i = skip_blank(0)
+    if i >= nlines or line(i) != "\\data\\":
+        raise ArpaError(f"{where(i)}: expected the \\data\\ header of an ARPA file")
     i += 1
     counts: list[int] = []
-    while i < nlines and lines[i].strip().startswith("ngram "):
-        spec = lines[i].strip()[len("ngram "):]
-        k_s, _, n_s = spec.partition("=")
+    while i < nlines and line(i).startswith("ngram "):
+        k_s, _, n_s = line(i)[len("ngram "):].partition("=")
         try:
             k, n = int(k_s), int(n_s)
         except ValueError:
-            raise ArpaError(f"{where(i)}: expected 'ngram K=COUNT', got {lines[i].strip()!r}") from None
+            raise ArpaError(f"{where(i)}: expected 'ngram K=COUNT', got {line(i)!r}") from None
         if k != len(counts) + 1 or n < 0:
-            raise ArpaError(f"{where(i)}: expected 'ngram {len(counts) + 1}=COUNT', got {lines[i].strip()!r}")
+            raise ArpaError(f"{where(i)}: expected 'ngram {len(counts) + 1}=COUNT', got {line(i)!r}")
         counts.append(n)
         i += 1
     if not counts:
-        raise ArpaError(f"{where(min(i, nlines - 1))}: the \\data\\ section lists no 'ngram K=COUNT' line")
+        raise ArpaError(f"{where(i)}: the \\data\\ section lists no 'ngram K=COUNT' line")
     if counts[0] == 0:
-        raise ArpaError(f"{where(1)}: the model has no unigrams")
+        raise ArpaError(f"{where(i - len(counts))}: the model has no unigrams")
 
-    # Per order: (first line number, list of split rows).
-    sections: list[tuple[int, list[list[str]]]] = []
+    order = len(counts)
+    vocab: tuple[list[str], dict[bytes, int], np.ndarray, np.ndarray] | None = None
+    higher: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []  # (start, lp, bo, word ids)
     for k, n in enumerate(counts, 1):
         i = skip_blank(i)
         header = f"\\{k}-grams:"
-        if k > 1 and i < nlines and not lines[i].lstrip().startswith("\\"):
+        if k > 1 and i < nlines and not line(i).startswith("\\"):
             raise ArpaError(f"{where(i)}: more {k - 1}-grams than the header's {counts[k - 2]}")
-        if i >= nlines or lines[i].strip() != header:
-            got = lines[i].strip() if i < nlines else "the end of the file"
-            raise ArpaError(f"{where(min(i, nlines - 1))}: expected {header}, got {got!r}")
-        i += 1
-        start = i
-        rows = [ln.split() for ln in lines[start:start + n]]
-        if len(rows) < n or any(not r or r[0].startswith("\\") for r in rows):
-            bad = next((j for j, r in enumerate(rows) if not r or r[0].startswith("\\")), len(rows))
-            raise ArpaError(
-                f"{where(start + bad)}: the header promises {n} {k}-grams, the section has {bad}"
-            )
-        sections.append((start, rows))
-        i = start + n
+        if i >= nlines or line(i) != header:
+            got = line(i) if i < nlines else "the end of the file"
+            raise ArpaError(f"{where(i)}: expected {header}, got {got!r}")
+        start = i + 1  # first line of the section
+        end = min(start + n, nlines)
+        lo, hi = int(ls[start]), int(ls[end])
+        # Fields per line: count the bytes that start a field (non-space after a space/start).
+        seg = buf[lo:hi]
+        ws = _WS[seg]
+        field_start = ~ws
+        field_start[1:] &= ws[:-1]
+        fsp = np.flatnonzero(field_start)  # (fields,) byte offset of each field
+        nfields = np.bincount(np.searchsorted(np.flatnonzero(seg == 10), fsp), minlength=end - start)
+        nfields = nfields[: end - start]
+        first = np.cumsum(nfields) - nfields  # index of each line's first field
+        # A blank line or a "\..." line inside the section: fewer n-grams than promised.
+        head = seg[fsp[np.minimum(first, max(len(fsp) - 1, 0))]] if len(fsp) else np.zeros(0, np.uint8)
+        bad = np.flatnonzero((nfields == 0) | (head == ord("\\")))
+        if len(bad) or end - start < n:
+            got = int(bad[0]) if len(bad) else end - start
+            raise ArpaError(f"{where(start + got)}: the header promises {n} {k}-grams, the section has {got}")
+        del seg, ws, field_start, fsp, head
+        toks = data[lo:hi].split()
+        lp, bo, cols = _columns(start, nfields, toks, first, k, name, k == order)
+        del toks
+        if k == 1:
+            vocab = _unigrams(cols[0], start, name) + (lp, bo)
+        else:
+            assert vocab is not None
+            higher.append((start, lp, bo, _word_ids(cols, vocab[1], start, name)))
+        i = end
     i = skip_blank(i)
-    if i >= nlines or lines[i].strip() != "\\end\\":
-        got = lines[i].strip() if i < nlines else "the end of the file"
+    if i >= nlines or line(i) != "\\end\\":
+        got = line(i) if i < nlines else "the end of the file"
         if i < nlines and not got.startswith("\\"):
             raise ArpaError(f"{where(i)}: more {len(counts)}-grams than the header's {counts[-1]}")
-        raise ArpaError(f"{where(min(i, nlines - 1))}: expected \\end\\, got {got!r}")
-    return _build(sections, len(counts), name)
+        raise ArpaError(f"{where(i)}: expected \\end\\, got {got!r}")
+    assert vocab is not None
+    return _assemble(vocab, higher, name)
 
 
-def _columns(start: int, rows: list[list[str]], k: int, name: str, top: bool):
-    """Check field counts and numbers of one section; return (log10 prob, backoff, word columns)."""
-    lens = {len(r) for r in rows}
-    allowed = {k + 1} if top else {k + 1, k + 2}
-    if not lens <= allowed:
-        j = next(j for j, r in enumerate(rows) if len(r) not in allowed)
-        shape = f"log10-prob, {k} word{'s' if k > 1 else ''}" + ("" if top else ", optional back-off")
-        raise ArpaError(f"{name}:{start + j + 1}: expected a {k}-gram line ({shape}), got {len(rows[j])} fields")
+def _unigrams(raw: list[bytes], start: int, name: str) -> tuple[list[str], dict[bytes, int]]:
+    """Decoded words and a bytes -> id index (higher orders look words up without decoding)."""
+    words = [w.decode("utf-8") for w in raw]
+    bindex: dict[bytes, int] = {}
+    for j, w in enumerate(raw):
+        if w in bindex:
+            raise ArpaError(f"{name}:{start + j + 1}: the unigram {words[j]!r} appears twice")
+        bindex[w] = j
+    return words, bindex
+
+
+def _word_ids(cols: list[list[bytes]], bindex: dict[bytes, int], start: int, name: str) -> np.ndarray:
+    """(L, k) word ids of one section's word columns."""
+    mat = np.empty((len(cols[0]), len(cols)), dtype=np.int64)
+    for c, col in enumerate(cols):
+        try:
+            mat[:, c] = [bindex[w] for w in col]
+        except KeyError:
+            j = next(j for j, w in enumerate(col) if w not in bindex)
+            word = col[j].decode("utf-8")
+            raise ArpaError(f"{name}:{start + j + 1}: the word {word!r} is not among the unigrams") from None
+    return mat
+
+
+def _columns(start: int, nfields: np.ndarray, toks: list[bytes], first: np.ndarray, k: int, name: str, top: bool):
+    """Check one section's field counts and numbers; return (log10 prob, back-off, word columns).
+
+    ``toks`` is the section's flat field list, ``nfields`` (L,) the fields of each line and
+    ``first`` (L,) the position in ``toks`` of each line's first field.
+    """
+    ok = (nfields == k + 1) if top else ((nfields == k + 1) | (nfields == k + 2))
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        j = int(bad[0])
+        shape = f"log10 prob, {k} word{'s' if k > 1 else ''}" + ("" if top else ", optional back-off")
+        raise ArpaError(f"{name}:{start + j + 1}: expected a {k}-gram line ({shape}), got {nfields[j]} fields")
+    width = int(nfields[0]) if len(nfields) else k + 1
+    if np.all(nfields == width):  # the usual case: slice the flat token list
+        col = lambda c: toks[c::width]  # noqa: E731
+    else:
+        pick = first.tolist()
+        col = lambda c: [toks[f + c] for f in pick]  # noqa: E731
+    lp = _floats(col(0), start, name, "probability")
+    if top or not np.any(nfields == k + 2):
+        bo = np.zeros(len(nfields))
+    elif np.all(nfields == k + 2):
+        bo = _floats(col(k + 1), start, name, "back-off")
+    else:
+        has = nfields == k + 2
+        bo = np.zeros(len(nfields))
+        rows = np.flatnonzero(has)
+        bo[has] = _floats([toks[f + k + 1] for f in first[has].tolist()], start, name, "back-off", rows)
+    if np.any(lp > 0):
+        j = int(np.flatnonzero(lp > 0)[0])
+        raise ArpaError(f"{name}:{start + j + 1}: log10 probability {lp[j]} is above 0")
+    return lp, bo, [col(1 + c) for c in range(k)]
+
+
+def _floats(fields: list[bytes], start: int, name: str, what: str, rows: np.ndarray | None = None) -> np.ndarray:
+    """Parse a column of numbers; name the first bad line on failure."""
     try:
-        lp = np.asarray([r[0] for r in rows], dtype=np.float64)
-        bo = np.asarray([r[k + 1] if len(r) == k + 2 else "0" for r in rows], dtype=np.float64)
+        out = np.asarray(fields).astype(np.float64) if fields else np.zeros(0)
+        ok = np.isfinite(out)
     except ValueError:
-        for j, r in enumerate(rows):
-            _parse_float(r[0], f"{name}:{start + j + 1}")
-            if len(r) == k + 2:
-                _parse_float(r[k + 1], f"{name}:{start + j + 1}")
-        raise  # pragma: no cover (one of the rows failed above)
-    for arr, what in ((lp, "probability"), (bo, "back-off")):
-        bad = np.flatnonzero(~np.isfinite(arr) | ((arr > 0) if what == "probability" else False))
-        if len(bad):
-            j = int(bad[0])
-            raise ArpaError(f"{name}:{start + j + 1}: bad log10 {what} {rows[j][0] if what == 'probability' else rows[j][k + 1]!r}")
-    return lp, bo, [[r[1 + c] for r in rows] for c in range(k)]
+        ok = np.asarray([_is_number(f) for f in fields], dtype=bool)
+        out = None
+    if not ok.all():
+        j = int(np.flatnonzero(~ok)[0])
+        line = start + (int(rows[j]) if rows is not None else j) + 1
+        raise ArpaError(f"{name}:{line}: bad log10 {what} {fields[j].decode('utf-8', 'replace')!r}")
+    return out
 
 
-def _build(sections, order: int, name: str) -> NgramModel:
-    # Unigrams: word ids are positions in the section.
-    start, rows = sections[0]
-    lp1, bo1, (words,) = _columns(start, rows, 1, name, order == 1)
-    index: dict[str, int] = {}
-    for j, w in enumerate(words):
-        if w in index:
-            raise ArpaError(f"{name}:{start + j + 1}: the unigram {w!r} appears twice")
-        index[w] = j
-    words = list(words)
-    lp1, bo1 = list(lp1), list(bo1)
-    if UNK_WORD not in index:
-        index[UNK_WORD] = len(words)
+def _is_number(b: bytes) -> bool:
+    try:
+        return math.isfinite(float(b))
+    except ValueError:
+        return False
+
+
+def _assemble(vocab, higher, name: str) -> NgramModel:
+    """Tables from the parsed sections, adding missing contexts as blanks (see module doc)."""
+    words, _, lp1, bo1 = vocab
+    words, lp1, bo1 = list(words), list(lp1), list(bo1)
+    if UNK_WORD not in words:
         words.append(UNK_WORD)
         lp1.append(-100.0)
         bo1.append(0.0)
-    if BOS_WORD not in index:
-        index[BOS_WORD] = len(words)
+    if BOS_WORD not in words:
         words.append(BOS_WORD)
         lp1.append(-99.0)
         bo1.append(0.0)
@@ -220,31 +294,15 @@ def _build(sections, order: int, name: str) -> NgramModel:
     model = NgramModel(
         tuple(words), [np.arange(base, dtype=np.int64)], [np.asarray(lp1)], [np.asarray(bo1)]
     )
-
-    # Word-id matrices of every higher order, checked against the unigrams.
-    mats: list[np.ndarray] = []
-    cols_of: list[tuple[np.ndarray, np.ndarray]] = []
-    for k in range(2, order + 1):
-        start, rows = sections[k - 1]
-        lp, bo, cols = _columns(start, rows, k, name, k == order)
-        mat = np.empty((len(rows), k), dtype=np.int64)
-        for c, col in enumerate(cols):
-            try:
-                mat[:, c] = [index[w] for w in col]
-            except KeyError:
-                j = next(j for j, w in enumerate(col) if w not in index)
-                raise ArpaError(f"{name}:{start + j + 1}: the word {col[j]!r} is not among the unigrams") from None
-        mats.append(mat)
-        cols_of.append((lp, bo))
+    order = 1 + len(higher)
+    mats = [h[3] for h in higher]
 
     # Build orders bottom-up. Order k holds its own lines plus the k-word prefixes (contexts)
     # of every longer n-gram that are missing from the file ("blanks"). prefix_row[m] is, for
     # each line of order m+2 and up, the row of its current prefix in the table just built.
     prefix_row = [mat[:, 0].copy() for mat in mats]
     for k in range(2, order + 1):
-        own = mats[k - 2]
-        start = sections[k - 1][0]
-        lp, bo = cols_of[k - 2]
+        start, lp, bo, own = higher[k - 2]
         # Keys of this order's own lines (their context rows are final now).
         own_ctx = prefix_row[k - 2]
         if np.any(own_ctx < 0):  # pragma: no cover (blanks below make every context exist)
@@ -256,10 +314,16 @@ def _build(sections, order: int, name: str) -> NgramModel:
         if len(dup):
             j = int(order_idx[dup[0] + 1])
             raise ArpaError(f"{name}:{start + j + 1}: the {k}-gram {' '.join(words[x] for x in own[j])!r} appears twice")
-        # Prefixes of length k of all longer lines.
+        # k-word prefixes of all longer lines; those not among this order's own n-grams are
+        # missing contexts (none in a well-formed KenLM or hlbl file).
         longer = [(m, prefix_row[m - 2] * base + mats[m - 2][:, k - 1]) for m in range(k + 1, order + 1)]
-        pre = np.unique(np.concatenate([p for _, p in longer])) if longer else np.zeros(0, np.int64)
-        missing = pre[~np.isin(pre, sk)]
+        found_at, absent = {}, []
+        for m, p in longer:
+            pos = np.searchsorted(sk, p)
+            hit = (pos < len(sk)) & (sk[np.minimum(pos, len(sk) - 1)] == p) if len(sk) else np.zeros(len(p), bool)
+            found_at[m] = pos
+            absent.append(p[~hit])
+        missing = np.unique(np.concatenate(absent)) if absent else np.zeros(0, np.int64)
         keys = np.concatenate([own_keys, missing])
         prob = np.concatenate([lp, np.zeros(len(missing))])
         back = np.concatenate([bo, np.zeros(len(missing))])
@@ -274,8 +338,7 @@ def _build(sections, order: int, name: str) -> NgramModel:
         model.log10_prob.append(prob[srt])
         model.log10_backoff.append(back[srt])
         for m, p in longer:
-            prefix_row[m - 2] = np.searchsorted(model.keys[k - 1], p)
-        prefix_row[k - 2] = np.searchsorted(model.keys[k - 1], own_keys)
+            prefix_row[m - 2] = np.searchsorted(model.keys[k - 1], p) if len(missing) else found_at[m]
     return model
 
 

@@ -1,0 +1,74 @@
+"""Linear interpolation of two language models' per-token probabilities.
+
+``p(w) = lambda * p_neural(w) + (1 - lambda) * p_ngram(w)`` for every token, in log space:
+``log p = logaddexp(log lambda + log p_neural, log(1 - lambda) + log p_ngram)``.
+
+The weight is tuned on validation tokens by maximising their log-likelihood
+``L(lambda) = sum_t log(lambda a_t + (1 - lambda) b_t)``. ``L`` is concave in ``lambda``
+(a sum of logs of affine functions), so its derivative
+``L'(lambda) = sum_t (a_t - b_t) / (lambda a_t + (1 - lambda) b_t)`` is decreasing and the
+maximiser is 0 if ``L'(0) <= 0``, 1 if ``L'(1) >= 0``, and otherwise the unique zero of ``L'``,
+found by bisection (60 halvings: far below float precision). Unlike EM, which converges slowly
+when the optimum is near 0 or 1, this is exact and takes a fixed number of passes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _check_pair(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(
+            f"per-token log-probabilities must be two 1-D arrays of one length, got {a.shape} and {b.shape}"
+        )
+    if np.any(np.isnan(a)) or np.any(np.isnan(b)) or np.any(a > 1e-9) or np.any(b > 1e-9):
+        raise ValueError("per-token log-probabilities must be <= 0 and not NaN")
+    both = np.isneginf(a) & np.isneginf(b)
+    if np.any(both):
+        raise ValueError(f"token {int(np.flatnonzero(both)[0])} has probability 0 under both models")
+    return a, b
+
+
+def interpolate(neural_lp: np.ndarray, ngram_lp: np.ndarray, weight: float) -> np.ndarray:
+    """(N,) natural-log probability ``log(w p_neural + (1 - w) p_ngram)`` of each token.
+
+    Both inputs are (N,) natural-log probabilities of the same tokens in the same order.
+    """
+    a, b = _check_pair(neural_lp, ngram_lp)
+    w = float(weight)
+    if not 0.0 <= w <= 1.0:
+        raise ValueError(f"interpolation weight must be in [0, 1], got {weight}")
+    if w == 1.0:
+        return a.copy()
+    if w == 0.0:
+        return b.copy()
+    return np.logaddexp(np.log(w) + a, np.log1p(-w) + b)
+
+
+def _slope(a: np.ndarray, b: np.ndarray, w: float) -> float:
+    """dL/dlambda at ``w``, with both probabilities scaled by max(a, b) so nothing overflows."""
+    m = np.maximum(a, b)
+    pa, pb = np.exp(a - m), np.exp(b - m)  # one of the two is 1 per token
+    return float(np.sum((pa - pb) / (w * pa + (1.0 - w) * pb)))
+
+
+def tune_weight(neural_lp_valid: np.ndarray, ngram_lp_valid: np.ndarray) -> float:
+    """The neural weight in [0, 1] that maximises the validation log-likelihood of the mixture."""
+    a, b = _check_pair(neural_lp_valid, ngram_lp_valid)
+    if len(a) == 0:
+        raise ValueError("no validation tokens to tune the interpolation weight on")
+    if _slope(a, b, 0.0) <= 0.0:
+        return 0.0
+    if _slope(a, b, 1.0) >= 0.0:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if _slope(a, b, mid) > 0.0:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
