@@ -1,0 +1,67 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hlbl.tree import WordTree, huffman_tree, random_tree
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Each test session encodes corpora into its own cache, never the user's."""
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path_factory.getbasetemp() / "hlbl-cache"))
+
+
+def data_root() -> Path | None:
+    root = os.environ.get("HLBL_DATA")
+    return Path(root) if root and (Path(root) / "ptb" / "train.txt").is_file() else None
+
+
+needs_ptb = pytest.mark.skipif(data_root() is None, reason="set HLBL_DATA to the shared corpora to run PTB tests")
+
+
+def unbalanced_tree() -> WordTree:
+    """A hand-made caterpillar over 7 words (depths 1..6)."""
+    return WordTree.from_nested((0, (1, (2, (3, (4, (5, 6)))))), 7)
+
+
+def multi_code_tree() -> WordTree:
+    """6 words; word 2 has three leaves, word 4 two, at different depths."""
+    return WordTree.from_nested(((0, (2, 4)), ((2, 1), (3, (4, (5, 2))))), 6)
+
+
+def all_trees() -> dict[str, WordTree]:
+    counts = np.random.default_rng(0).integers(1, 1000, size=37)
+    return {
+        "random_v2": random_tree(2, 0),
+        "random_v37": random_tree(37, 1),
+        "huffman_v37": huffman_tree(counts),
+        "unbalanced": unbalanced_tree(),
+        "multi_code": multi_code_tree(),
+    }
+
+
+def write_corpus(root: Path, lines: dict[str, list[str]]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for split, text in lines.items():
+        (root / f"{split}.txt").write_text("\n".join(text) + "\n", encoding="utf-8")
+    return root
+
+
+def tiny_corpus(root: Path, n_train: int = 300, seed: int = 0) -> Path:
+    """A small synthetic corpus with some structure (a toy grammar), fast to train on."""
+    rng = np.random.default_rng(seed)
+    nouns, verbs, adjs = ["cat", "dog", "bird", "fish"], ["eats", "sees", "likes"], ["big", "small", "red"]
+
+    def sent():
+        return " ".join(["the", str(rng.choice(adjs)), str(rng.choice(nouns)), str(rng.choice(verbs)),
+                         "a", str(rng.choice(nouns))])
+
+    return write_corpus(root, {"train": [sent() for _ in range(n_train)],
+                               "valid": [sent() for _ in range(40)] + ["the zebra eats"],
+                               "test": [sent() for _ in range(40)]})
+

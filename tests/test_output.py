@@ -1,0 +1,176 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import all_trees, multi_code_tree
+from hlbl.output import FlatSoftmax, TreeSoftmax, make_output_layer
+
+
+def random_layer(tree, d=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    layer = TreeSoftmax(d, tree).double()
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=g, dtype=torch.float64))
+        layer.bias.copy_(torch.randn(layer.bias.shape, generator=g, dtype=torch.float64))
+    return layer, torch.randn(9, d, generator=g, dtype=torch.float64)
+
+
+def brute_force_log_prob(tree, weight, bias, h):
+    """Plain-Python reference: walk every root-to-leaf path from the children table."""
+    V = tree.num_words
+    out = []
+    for x in h.tolist():
+        probs = [0.0] * V
+
+        def walk(node, p):
+            s = sum(a * b for a, b in zip(weight[node], x)) + bias[node]
+            p_left = 1.0 / (1.0 + math.exp(-s))
+            for child, pc in ((tree.children[node][0], p_left), (tree.children[node][1], 1.0 - p_left)):
+                if child >= 0:
+                    walk(int(child), p * pc)
+                else:
+                    probs[-1 - int(child)] += p * pc
+
+        walk(0, 1.0)
+        out.append([math.log(p) for p in probs])
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("name,tree", all_trees().items())
+def test_distribution_sums_to_one(name, tree):
+    layer, h = random_layer(tree)
+    lp = layer.log_prob(h)
+    assert lp.shape == (9, tree.num_words)
+    assert torch.allclose(lp.exp().sum(1), torch.ones(9, dtype=torch.float64), atol=1e-5)
+    # float32 too, the precision used in training
+    assert torch.allclose(layer.float().log_prob(h.float()).exp().sum(1), torch.ones(9), atol=1e-5)
+
+
+@pytest.mark.parametrize("name,tree", all_trees().items())
+def test_matches_brute_force_enumeration(name, tree):
+    layer, h = random_layer(tree)
+    ref = brute_force_log_prob(tree, layer.weight.tolist(), layer.bias.tolist(), h)
+    assert torch.allclose(layer.log_prob(h), ref, atol=1e-10)
+    targets = torch.arange(9) % tree.num_words
+    out = layer(h, targets)
+    assert torch.allclose(out.output, ref[torch.arange(9), targets], atol=1e-10)
+    assert out.loss.item() == pytest.approx(-ref[torch.arange(9), targets].mean().item())
+
+
+def logsumexp_reference_loss(layer, h, targets):
+    """log P(w) = log sum over leaves of prod of decisions, written out with autograd ops."""
+    tree = layer.tree
+    total = 0.0
+    for x, w in zip(h, targets.tolist()):
+        path_lps = []
+        for nodes, bits in tree.codes(w):
+            s = layer.weight[nodes] @ x + layer.bias[nodes]
+            sign = torch.tensor([1.0 if b else -1.0 for b in bits], dtype=s.dtype)
+            path_lps.append(torch.nn.functional.logsigmoid(sign * s).sum())
+        total = total - torch.logsumexp(torch.stack(path_lps), 0)
+    return total / len(targets)
+
+
+def averaged_path_loss(layer, h, targets):
+    """The wrong objective: mean of the paths' log-losses."""
+    tree = layer.tree
+    total = 0.0
+    for x, w in zip(h, targets.tolist()):
+        losses = []
+        for nodes, bits in tree.codes(w):
+            s = layer.weight[nodes] @ x + layer.bias[nodes]
+            sign = torch.tensor([1.0 if b else -1.0 for b in bits], dtype=s.dtype)
+            losses.append(-torch.nn.functional.logsigmoid(sign * s).sum())
+        total = total + torch.stack(losses).mean()
+    return total / len(targets)
+
+
+def grads(layer, loss_fn, h, targets):
+    layer.zero_grad()
+    h = h.clone().requires_grad_(True)
+    loss_fn(h).backward()
+    return torch.cat([layer.weight.grad.flatten(), layer.bias.grad.flatten(), h.grad.flatten()])
+
+
+def test_multi_code_gradient_is_the_exact_log_sum_gradient():
+    tree = multi_code_tree()
+    layer, h = random_layer(tree, seed=1)
+    targets = torch.tensor([2, 4, 2, 0, 1, 4, 5, 3, 2])
+    ours = grads(layer, lambda x: layer(x, targets).loss, h, targets)
+    ref = grads(layer, lambda x: logsumexp_reference_loss(layer, x, targets), h, targets)
+    assert torch.allclose(ours, ref, atol=1e-10)
+    wrong = grads(layer, lambda x: averaged_path_loss(layer, x, targets), h, targets)
+    assert (ours - wrong).abs().max() > 1e-2, "averaging path losses must give a different gradient"
+    # finite differences on the weights and the input, all in float64
+    assert torch.autograd.gradcheck(lambda w, b, x: _loss_with(layer, w, b, x, targets),
+                                    (layer.weight.detach().clone().requires_grad_(True),
+                                     layer.bias.detach().clone().requires_grad_(True),
+                                     h.clone().requires_grad_(True)))
+
+
+def _loss_with(layer, w, b, x, targets):
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.bias.zero_()
+    # functional call with the given parameters
+    return torch.func.functional_call(layer, {"weight": w, "bias": b}, (x, targets)).loss
+
+
+def test_gradient_weights_each_path_by_its_posterior_share():
+    # d log P(w) / dh = sum_k P(path k | w, h) * d log P(path k) / dh
+    tree = multi_code_tree()
+    layer, h = random_layer(tree, seed=4)
+    with torch.no_grad():
+        layer.weight.mul_(0.2)
+        layer.bias.mul_(0.2)
+    x = h[:1].clone().requires_grad_(True)
+    w = torch.tensor([2])  # three codes
+    paths = layer.path_log_probs(x, w)[0]
+    post = torch.softmax(paths, 0).detach()
+    assert (post > 0.05).all(), "the test needs every path to matter"
+    per_path = [torch.autograd.grad(paths[k], x, retain_graph=True)[0] for k in range(3)]
+    expected = sum(p * g for p, g in zip(post, per_path))
+    (got,) = torch.autograd.grad(layer(x, w).output.sum(), x)
+    assert torch.allclose(got, expected, atol=1e-12)
+    assert not torch.allclose(got, sum(per_path) / 3, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["tree", "flat"])
+def test_zero_weights_and_unigram_biases_give_the_unigram_model(kind):
+    tree = multi_code_tree() if kind == "tree" else None
+    counts = np.array([5.0, 1.0, 7.0, 2.0, 3.0, 9.0])
+    layer = make_output_layer(kind, 4, 6, tree).double()
+    with torch.no_grad():
+        layer.weight.zero_()
+    layer.init_unigram(counts)
+    p = counts / counts.sum()
+    lp = layer.log_prob(torch.randn(3, 4, dtype=torch.float64))
+    assert torch.allclose(lp.exp(), torch.tensor(p).expand(3, 6), atol=1e-12)
+    # Perplexity of a stream with these frequencies equals the unigram perplexity.
+    stream = np.repeat(np.arange(6), counts.astype(int))
+    out = layer(torch.zeros(len(stream), 4, dtype=torch.float64), torch.from_numpy(stream))
+    assert math.exp(out.loss.item()) == pytest.approx(math.exp(-(p * np.log(p)).sum()))
+
+
+@pytest.mark.parametrize("name,tree", all_trees().items())
+def test_uniform_model_has_perplexity_v(name, tree):
+    V = tree.num_words
+    for layer in (TreeSoftmax(3, tree), FlatSoftmax(3, V)):
+        layer = layer.double()
+        with torch.no_grad():
+            layer.weight.zero_()
+        layer.init_unigram(np.ones(V))
+        targets = torch.arange(V)
+        out = layer(torch.randn(V, 3, dtype=torch.float64), targets)
+        assert math.exp(out.loss.item()) == pytest.approx(V, rel=1e-9)
+
+
+def test_factory_rejects_bad_requests():
+    with pytest.raises(ValueError, match="unknown output layer"):
+        make_output_layer("softmaxx", 4, 6)
+    with pytest.raises(ValueError, match="needs a WordTree"):
+        make_output_layer("tree", 4, 6)
+    with pytest.raises(ValueError, match="tree has 6 words"):
+        make_output_layer("tree", 4, 7, multi_code_tree())

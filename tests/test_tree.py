@@ -1,0 +1,127 @@
+import json
+
+import numpy as np
+import pytest
+
+from conftest import all_trees, multi_code_tree, unbalanced_tree
+from hlbl.tree import TreeError, WordTree, balanced_tree, build_tree, huffman_tree, leaf, random_tree
+
+
+def test_codes_follow_the_documented_layout():
+    # The diagram in tree.py: "the"=0, "cat"=1, "a"=2 (two codes), "sat"=3.
+    t = WordTree.from_nested(((0, (2, 3)), (1, 2)), 4)
+    assert t.children.tolist() == [[1, 2], [leaf(0), 3], [leaf(1), leaf(2)], [leaf(2), leaf(3)]]
+    assert t.codes(0) == [([0, 1], [1, 1])]
+    assert t.codes(1) == [([0, 2], [0, 1])]
+    assert sorted(t.codes(2)) == sorted([([0, 2], [0, 0]), ([0, 1, 3], [1, 0, 1])])
+    assert t.codes(3) == [([0, 1, 3], [1, 0, 0])]
+    assert t.num_nodes == len(t.leaf_word) - 1
+
+
+def test_breadth_first_numbering_is_canonical():
+    # The same tree given with scrambled ids canonicalises to the same children.
+    a = WordTree.from_nested(((0, 1), (2, (3, 4))), 5)
+    b = WordTree.from_children([[leaf(3), leaf(4)], [leaf(0), leaf(1)], [1, 3], [leaf(2), 0]], root=2, num_words=5)
+    assert np.array_equal(a.children, b.children)
+    for level in a.levels:
+        assert np.array_equal(level, np.arange(level[0], level[-1] + 1))
+
+
+@pytest.mark.parametrize("name,tree", all_trees().items())
+def test_paths_are_consistent_with_children(name, tree):
+    ch = tree.children
+    for lf in range(len(tree.leaf_word)):
+        nodes = tree.path_nodes[lf][tree.path_mask[lf]]
+        bits = tree.path_bits[lf][tree.path_mask[lf]]
+        assert nodes[0] == 0
+        for j, nxt, b in zip(nodes[:-1], nodes[1:], bits[:-1]):
+            assert ch[j, 0 if b == 1 else 1] == nxt
+        assert ch[nodes[-1], 0 if bits[-1] == 1 else 1] == leaf(tree.leaf_word[lf])
+    assert (tree.codes_per_word >= 1).all()
+
+
+@pytest.mark.parametrize(
+    "children,num_words,message",
+    [
+        ([[leaf(0), leaf(0)]], 1, "at least 2 words"),
+        ([[leaf(0), leaf(0)]], 2, "word 1 has no leaf"),
+        ([[1, leaf(0)], [leaf(1), 5]], 3, "node 1 points to internal node 5"),
+        ([[1, leaf(0)], [leaf(1), leaf(1)]], 2, "two leaves of word 1"),
+        ([[1, leaf(0)], [leaf(1), leaf(2)]], 4, "word 3 has no leaf"),
+        ([[1, 1], [leaf(0), leaf(1)]], 2, "node 1 has 2 parents"),
+        ([[leaf(0), leaf(1)], [2, leaf(0)], [1, leaf(1)]], 2, "not reachable"),
+        ([[1, leaf(0)], [0, leaf(1)]], 2, "root"),
+        ([[leaf(0), leaf(9)]], 2, "word 9"),
+    ],
+)
+def test_validation_names_the_problem(children, num_words, message):
+    with pytest.raises(TreeError, match=message):
+        WordTree(np.array(children), num_words)
+
+
+def test_random_tree_is_balanced_and_seeded():
+    t = random_tree(1000, seed=3)
+    assert t.leaf_depth.min() >= 9 and t.leaf_depth.max() == 10
+    assert np.array_equal(t.children, random_tree(1000, seed=3).children)
+    assert not np.array_equal(t.children, random_tree(1000, seed=4).children)
+    assert sorted(t.leaf_word.tolist()) == list(range(1000))
+
+
+def test_balanced_tree_keeps_order():
+    t = balanced_tree([3, 1, 0, 2])
+    assert t.codes(3)[0][1] == [1, 1] and t.codes(2)[0][1] == [0, 0]
+
+
+def test_huffman_is_optimal_on_a_known_case():
+    # Counts 1,1,2,4: Huffman code lengths 3,3,2,1.
+    t = huffman_tree([1, 1, 2, 4])
+    assert [len(t.codes(w)[0][0]) for w in range(4)] == [3, 3, 2, 1]
+    assert t.stats([1, 1, 2, 4])["mean_code_length"] == pytest.approx((3 + 3 + 4 + 4) / 8)
+
+
+def test_stats_follow_table1_definitions():
+    t = multi_code_tree()
+    counts = np.arange(1, 7, dtype=float)
+    p = counts / counts.sum()
+    total_len = [sum(len(n) for n, _ in t.codes(w)) for w in range(6)]
+    ncodes = [len(t.codes(w)) for w in range(6)]
+    s = t.stats(counts)
+    assert s["mean_code_length"] == pytest.approx(float(p @ total_len))
+    assert s["codes_per_word"] == pytest.approx(float(p @ ncodes))
+    assert s["internal_nodes"] == s["leaves"] - 1
+    assert s["codes_per_word"] > 1
+
+
+@pytest.mark.parametrize("suffix", [".json", ".npz"])
+def test_save_load_round_trip(tmp_path, suffix):
+    t = multi_code_tree()
+    t.save(tmp_path / f"t{suffix}")
+    u = WordTree.load(tmp_path / f"t{suffix}")
+    assert np.array_equal(t.children, u.children) and u.num_words == t.num_words
+
+
+def test_load_rejects_damaged_and_foreign_files(tmp_path):
+    t = unbalanced_tree()
+    t.save(tmp_path / "t.json")
+    text = (tmp_path / "t.json").read_text()
+    (tmp_path / "cut.json").write_text(text[: len(text) // 2])
+    with pytest.raises(TreeError, match="not a readable word tree"):
+        WordTree.load(tmp_path / "cut.json")
+    (tmp_path / "foreign.json").write_text(json.dumps({"hello": 1}))
+    with pytest.raises(TreeError, match="not an hlbl word tree"):
+        WordTree.load(tmp_path / "foreign.json")
+    bad = t.to_json()
+    bad["children"][1][0] = 0  # a cycle back to the root
+    (tmp_path / "cycle.json").write_text(json.dumps(bad))
+    with pytest.raises(TreeError, match="cycle.json"):
+        WordTree.load(tmp_path / "cycle.json")
+    (tmp_path / "t.npz").write_bytes(b"PK\x03\x04garbage")
+    with pytest.raises(TreeError, match="not a readable word tree"):
+        WordTree.load(tmp_path / "t.npz")
+
+
+def test_build_tree_checks_vocabulary_size(tmp_path):
+    random_tree(5).save(tmp_path / "t.json")
+    with pytest.raises(TreeError, match="5 words"):
+        build_tree(str(tmp_path / "t.json"), 6)
+    assert build_tree("huffman", 3, [5, 1, 1]).num_words == 3
