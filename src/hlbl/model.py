@@ -102,25 +102,36 @@ class LBL(nn.Module):
 
 
     # ---- inference ------------------------------------------------------------------------
+    # The output layer decides how (hlbl.inference.topk / .sample dispatch): exact best-first
+    # search and ancestral sampling on a tree, the full distribution otherwise.
 
     @torch.no_grad()
     def topk(self, context: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The k most probable next words: (log-probs (B, k), word ids (B, k)), best first."""
-        lp = self.log_prob(context)
-        return lp.topk(min(k, lp.shape[1]), dim=1)
+        """The k most probable next words: (log-probs (B, k), word ids (B, k)), best first;
+        ties rank the lower word id first."""
+        from .inference import topk
+
+        return topk(self.out, self.context_vector(context), k)
 
     @torch.no_grad()
     def generate(self, prompt: Sequence[int], num_tokens: int, pad: int,
-                 generator: torch.Generator | None = None) -> list[int]:
-        """Sample ``num_tokens`` words after ``prompt`` (word ids); contexts padded with ``pad``."""
+                 generator: torch.Generator | None = None, temperature: float = 1.0,
+                 per_node_temperature: bool = False) -> list[int]:
+        """Sample ``num_tokens`` words after ``prompt`` (word ids); contexts padded with ``pad``.
+
+        ``temperature`` T != 1 samples from ``p(w)^(1/T) / Z`` (O(V d) per token), or with
+        ``per_node_temperature`` applies T at every tree decision (O(depth d), a different
+        distribution); see :mod:`hlbl.inference`.
+        """
+        from .inference import sample
+
         n = self.config.context
         device = self.R.weight.device
         ids = [pad] * n + list(prompt)
         out = []
         for _ in range(num_tokens):
             ctx = torch.tensor([ids[-n:]], device=device)
-            p = self.log_prob(ctx)[0].exp().cpu()
-            w = int(torch.multinomial(p, 1, generator=generator))
+            w = int(sample(self.out, self.context_vector(ctx), generator, temperature, per_node_temperature)[0])
             ids.append(w)
             out.append(w)
         return out

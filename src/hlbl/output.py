@@ -150,6 +150,25 @@ class TreeSoftmax(nn.Module):
         lp = leaf_lp[:, wl.clamp(min=0)].masked_fill(wl < 0, float("-inf"))  # (B, V, K)
         return torch.logsumexp(lp, dim=2)
 
+    @torch.no_grad()
+    def topk(self, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact top-k words by best-first search down the tree (see :mod:`hlbl.inference`)."""
+        from .inference import tree_topk
+
+        res = tree_topk(self.tree, self.weight, self.bias, input, k)
+        return res.values, res.indices
+
+    @torch.no_grad()
+    def sample(self, input: torch.Tensor, generator: torch.Generator | None = None,
+               temperature: float = 1.0, per_node: bool = False) -> torch.Tensor:
+        """(B,) sampled words: ancestral O(depth) when ``temperature == 1`` or ``per_node``,
+        else the exact tempered distribution via ``log_prob`` (O(N d))."""
+        from .inference import ancestral_sample, sample_from_log_prob
+
+        if temperature == 1.0 or per_node:
+            return ancestral_sample(self.tree, self.weight, self.bias, input, generator, temperature)
+        return sample_from_log_prob(self.log_prob(input), generator, temperature)
+
 
 class FlatSoftmax(nn.Module):
     """The non-hierarchical LBL output: ``P(w | h) = exp(h . q_w + b_w) / Z``."""
@@ -171,6 +190,21 @@ class FlatSoftmax(nn.Module):
     def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         logits = F.linear(input, self.weight, self.bias)
         return -F.cross_entropy(logits, target, reduction="none")
+
+    @torch.no_grad()
+    def topk(self, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k by sorting the full distribution (ties: lower word id first)."""
+        from .inference import full_topk
+
+        return full_topk(self.log_prob(input), k)
+
+    @torch.no_grad()
+    def sample(self, input: torch.Tensor, generator: torch.Generator | None = None,
+               temperature: float = 1.0, per_node: bool = False) -> torch.Tensor:
+        """(B,) words from ``softmax(logits / T)`` (``per_node`` has no meaning here)."""
+        from .inference import sample_from_log_prob
+
+        return sample_from_log_prob(self.log_prob(input), generator, temperature)
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
         lp = self.target_log_prob(input, target)

@@ -1,0 +1,477 @@
+"""Inference on a trained model: exact top-k on the tree, sampling, sentence scoring.
+
+**Exact top-k by best-first search.** Every internal node ``j`` of a word tree carries the
+probability of reaching it, ``P(prefix) = prod of the decisions from the root to j``, and every
+leaf below ``j`` has a probability at most ``P(prefix)`` (it multiplies further factors <= 1).
+So a best-first search, which keeps a max-heap of frontier items (internal nodes and leaves)
+keyed by log-probability and always expands the most probable one, meets the leaves in order of
+decreasing probability, and a node is scored (``h . q_j + b_j``, O(d)) only when it is expanded.
+For a single-code tree the first k leaves it pops are the exact top k; it scores only the nodes
+whose prefix probability is at least the k-th best word's probability. (The textbook view that
+the most likely word needs all |V| probabilities holds for greedy descent, not for this search.)
+
+Multi-code trees (a word's probability is the sum over its leaves). When the search pops the
+first leaf of a word, that word is *resolved*: its probability is computed exactly by
+evaluating the paths of all its leaves (O(K D d), reusing nodes already scored); later leaves of
+a resolved word are skipped. Stopping rule: let ``p_top`` be the probability of the heap's top
+item and ``K`` the largest number of codes of any word. An unresolved word has had none of its
+leaves popped, so each of its (at most K) leaves lies below some heap item, and each heap item
+has probability at most ``p_top``; hence ``P(w) <= K * p_top``. Once k words are resolved and the
+k-th best of them exceeds ``K * p_top`` (with a 1e-12 margin in log space for rounding), no
+unresolved word can enter the top k, and the resolved ones are exact: the answer is exact.
+(If the heap empties, every word is resolved.) For K = 1 this is the plain rule above.
+
+The bound holds in floating point too: a prefix log-probability is a running sum of
+``log sigmoid`` terms <= 0, and rounding is monotone, so a child's key never exceeds its
+parent's; a path's log-probability is accumulated from the root in the same order during
+expansion and resolution, so both give bit-identical values.
+
+**Ties** are broken deterministically: equal probabilities rank the lower word id first. The
+heap orders items by (log-probability descending, internal nodes before leaves, then id
+ascending), so an internal node whose subtree could hold an equally probable lower-id word is
+always expanded before a leaf of equal value is accepted.
+
+**Cost accounting.** ``TopK.nodes`` counts the distinct internal nodes whose score was computed
+for each context (expansion and resolution together); the full distribution scores all N.
+
+**Sampling.** Ancestral sampling walks from the root, going left at node j with probability
+``sigmoid(h . q_j + b_j)``: O(depth d) per token, and exact for multi-code trees too (a word is
+drawn with the summed probability of its leaves). *Temperature* ``T`` can mean two different
+distributions: per-node temperature ``sigmoid(s_j / T)`` at every decision (cheap, O(depth d),
+but *not* ``p(w)^(1/T) / Z``: the normaliser does not factor over the tree, and multi-code sums
+do not commute with powers), or the exact tempered distribution ``p(w)^(1/T) / Z``, which needs
+every word's probability (O(N d) per token, the cost of the full distribution). We offer both;
+exact is the default, per-node is opt-in.
+
+**Scoring protocol** (:func:`score_sentences`): each sentence is scored independently as its
+tokens followed by ``<eos>``; the context of its first token is all ``<eos>`` (as at the start
+of a corpus stream), so a sentence's score does not depend on its neighbours. Words outside the
+vocabulary are scored as ``<unk>`` and counted. Log-probabilities are reported in base 10, as
+KenLM's ``query`` does; perplexity is ``10 ** (-total log10 prob / tokens)``, with every token
+(``<eos>`` and ``<unk>`` included) counted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, NamedTuple, Sequence
+
+import numba
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .tree import WordTree
+
+# Margin (in log space) by which the k-th resolved word must beat the bound on unresolved words
+# in multi-code trees; covers rounding in log-sum-exp. Conservative: a larger margin only
+# expands more nodes, it never changes the answer.
+_LOG_MARGIN = 1e-12
+
+
+class TopK(NamedTuple):
+    values: torch.Tensor  # (B, k) log-probabilities, best first
+    indices: torch.Tensor  # (B, k) int64 word ids; ties: lower word id first
+    nodes: torch.Tensor  # (B,) int64 internal nodes scored per context
+
+
+# ---- numba kernels ----------------------------------------------------------------------------
+
+
+@numba.njit(cache=True, inline="always")
+def _log_sigmoid(x):
+    if x >= 0.0:
+        return -math.log1p(math.exp(-x))
+    return x - math.log1p(math.exp(x))
+
+
+@numba.njit(cache=True, inline="always")
+def _before(ka, ta, ia, kb, tb, ib):
+    """Heap order: higher log-prob first; at equal log-prob internal (0) before leaf (1); lower id."""
+    if ka != kb:
+        return ka > kb
+    if ta != tb:
+        return ta < tb
+    return ia < ib
+
+
+@numba.njit(cache=True)
+def _heap_push(hk, ht, hi, size, k, t, i):
+    pos = size
+    while pos > 0:
+        parent = (pos - 1) >> 1
+        if _before(k, t, i, hk[parent], ht[parent], hi[parent]):
+            hk[pos] = hk[parent]
+            ht[pos] = ht[parent]
+            hi[pos] = hi[parent]
+            pos = parent
+        else:
+            break
+    hk[pos] = k
+    ht[pos] = t
+    hi[pos] = i
+    return size + 1
+
+
+@numba.njit(cache=True)
+def _heap_pop(hk, ht, hi, size):
+    """Remove the top item (read it before calling); returns the new size."""
+    size -= 1
+    k, t, i = hk[size], ht[size], hi[size]
+    pos = 0
+    while True:
+        c = 2 * pos + 1
+        if c >= size:
+            break
+        if c + 1 < size and _before(hk[c + 1], ht[c + 1], hi[c + 1], hk[c], ht[c], hi[c]):
+            c += 1
+        if _before(hk[c], ht[c], hi[c], k, t, i):
+            hk[pos] = hk[c]
+            ht[pos] = ht[c]
+            hi[pos] = hi[c]
+            pos = c
+        else:
+            break
+    if size > 0:
+        hk[pos] = k
+        ht[pos] = t
+        hi[pos] = i
+    return size
+
+
+@numba.njit(cache=True)
+def _node_score(j, h, W, b, score, stamp, tag, counter):
+    """s_j = h . q_j + b_j, computed once per context (``stamp[j] == tag`` marks it cached)."""
+    if stamp[j] != tag:
+        acc = 0.0
+        for e in range(h.shape[0]):
+            acc += h[e] * W[j, e]
+        score[j] = acc + b[j]
+        stamp[j] = tag
+        counter[0] += 1
+    return score[j]
+
+
+@numba.njit(cache=True)
+def _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, stamp, tag, counter, buf):
+    """Exact log P(w) = log-sum-exp over w's leaves (in word_leaves order, so deterministic)."""
+    n = 0
+    m = -np.inf
+    for r in range(word_leaves.shape[1]):
+        lf = word_leaves[w, r]
+        if lf < 0:
+            break
+        acc = 0.0  # accumulated from the root, exactly as during expansion
+        for t in range(leaf_depth[lf]):
+            s = _node_score(path_nodes[lf, t], h, W, b, score, stamp, tag, counter)
+            acc += _log_sigmoid(s) if path_bits[lf, t] == 1 else _log_sigmoid(-s)
+        buf[n] = acc
+        n += 1
+        if acc > m:
+            m = acc
+    if m == -np.inf:
+        return m
+    tot = 0.0
+    for r in range(n):
+        tot += math.exp(buf[r] - m)
+    return m + math.log(tot)
+
+
+@numba.njit(cache=True)
+def _topk_one(h, W, b, children, ncodes, kmax, word_leaves, path_nodes, path_bits, leaf_depth, k,
+              hk, ht, hi, score, stamp, resolved, tag, buf, out_v, out_w):
+    """Best-first exact top-k for one context; fills out_v/out_w (k,), returns nodes scored."""
+    counter = np.zeros(1, dtype=np.int64)
+    log_kmax = math.log(kmax)
+    size = _heap_push(hk, ht, hi, 0, 0.0, 0, 0)  # the root, reached with probability 1
+    n_res = 0
+    while size > 0:
+        kp, kt, ki = hk[0], ht[0], hi[0]
+        if n_res == k:
+            # Single-code: leaves pop in final order, so k of them are the answer. Multi-code:
+            # every unresolved word has P <= kmax * P(top) (see the module docstring).
+            if kmax == 1 or out_v[k - 1] > kp + log_kmax + _LOG_MARGIN:
+                break
+        size = _heap_pop(hk, ht, hi, size)
+        if kt == 0:  # internal node: score it, push both children
+            s = _node_score(ki, h, W, b, score, stamp, tag, counter)
+            for side in range(2):
+                c = children[ki, side]
+                lp = kp + (_log_sigmoid(s) if side == 0 else _log_sigmoid(-s))
+                if c >= 0:
+                    size = _heap_push(hk, ht, hi, size, lp, 0, c)
+                else:
+                    size = _heap_push(hk, ht, hi, size, lp, 1, -1 - c)
+            continue
+        w = ki  # a leaf of word w
+        if resolved[w] == tag:
+            continue
+        resolved[w] = tag
+        if ncodes[w] == 1:
+            v = kp
+        else:
+            v = _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, stamp,
+                         tag, counter, buf)
+        # Insert (v, w) into the sorted top list (value descending, word ascending).
+        if n_res < k:
+            pos = n_res
+            n_res += 1
+        elif v > out_v[k - 1] or (v == out_v[k - 1] and w < out_w[k - 1]):
+            pos = k - 1
+        else:
+            continue
+        while pos > 0 and (v > out_v[pos - 1] or (v == out_v[pos - 1] and w < out_w[pos - 1])):
+            out_v[pos] = out_v[pos - 1]
+            out_w[pos] = out_w[pos - 1]
+            pos -= 1
+        out_v[pos] = v
+        out_w[pos] = w
+    return counter[0]
+
+
+@numba.njit(cache=True, parallel=True)
+def _topk_batch(H, W, b, children, ncodes, kmax, word_leaves, path_nodes, path_bits, leaf_depth, k,
+                chunk, out_v, out_w, out_nodes):
+    B = H.shape[0]
+    N = W.shape[0]
+    V = ncodes.shape[0]
+    n_chunks = (B + chunk - 1) // chunk
+    for c in numba.prange(n_chunks):
+        # Scratch reused by the contexts of one chunk; stamps (context index + 1) avoid clearing.
+        hk = np.empty(N + 2, dtype=np.float64)
+        ht = np.empty(N + 2, dtype=np.int8)
+        hi = np.empty(N + 2, dtype=np.int64)
+        score = np.empty(N, dtype=np.float64)
+        stamp = np.zeros(N, dtype=np.int64)
+        resolved = np.zeros(V, dtype=np.int64)
+        buf = np.empty(word_leaves.shape[1], dtype=np.float64)
+        for i in range(c * chunk, min(B, (c + 1) * chunk)):
+            out_nodes[i] = _topk_one(H[i], W, b, children, ncodes, kmax, word_leaves, path_nodes,
+                                     path_bits, leaf_depth, k, hk, ht, hi, score, stamp, resolved,
+                                     i + 1, buf, out_v[i], out_w[i])
+
+
+# ---- top-k ------------------------------------------------------------------------------------
+
+
+class TreeArrays(NamedTuple):
+    """The tree and weights in the numpy layout the search kernel reads (float64 weights)."""
+
+    W: np.ndarray  # (N, d) float64 node vectors q_j
+    b: np.ndarray  # (N,) float64 node biases
+    children: np.ndarray  # (N, 2) int64
+    ncodes: np.ndarray  # (V,) int64 leaves per word
+    word_leaves: np.ndarray  # (V, K) int64, -1 padded
+    path_nodes: np.ndarray  # (L, D) int64
+    path_bits: np.ndarray  # (L, D) int8, 1 = left
+    leaf_depth: np.ndarray  # (L,) int64
+
+
+def tree_arrays(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor) -> TreeArrays:
+    W = np.ascontiguousarray(weight.detach().to("cpu", torch.float64).numpy())
+    b = np.ascontiguousarray(bias.detach().to("cpu", torch.float64).numpy())
+    if W.shape != (tree.num_nodes, W.shape[1]) or b.shape != (tree.num_nodes,):
+        raise ValueError(f"weights {W.shape} / biases {b.shape} do not fit a tree of {tree.num_nodes} internal nodes")
+    return TreeArrays(W, b, tree.children, tree.codes_per_word.astype(np.int64), tree.word_leaves,
+                      tree.path_nodes, tree.path_bits, tree.leaf_depth.astype(np.int64))
+
+
+def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: torch.Tensor, k: int,
+              chunk: int = 64) -> TopK:
+    """Exact top-k words under the tree softmax for each row of ``input`` (B, d).
+
+    Scores are computed in float64 on the CPU (numba, parallel over chunks of ``chunk``
+    contexts; threads follow ``numba.set_num_threads``). Returns values in ``input``'s dtype and
+    everything on ``input``'s device.
+    """
+    if input.dim() != 2:
+        raise ValueError(f"input must have shape (B, d), got {tuple(input.shape)}")
+    k = _check_k(k, tree.num_words)
+    a = tree_arrays(tree, weight, bias)
+    if input.shape[1] != a.W.shape[1]:
+        raise ValueError(f"input has {input.shape[1]} features, the tree layer {a.W.shape[1]}")
+    H = np.ascontiguousarray(input.detach().to("cpu", torch.float64).numpy())
+    B = H.shape[0]
+    out_v = np.full((B, k), -np.inf)
+    out_w = np.full((B, k), -1, dtype=np.int64)
+    out_n = np.zeros(B, dtype=np.int64)
+    if B:
+        _topk_batch(H, a.W, a.b, a.children, a.ncodes, int(a.ncodes.max()), a.word_leaves, a.path_nodes,
+                    a.path_bits, a.leaf_depth, k, max(1, int(chunk)), out_v, out_w, out_n)
+    dev = input.device
+    return TopK(torch.from_numpy(out_v).to(dev, input.dtype), torch.from_numpy(out_w).to(dev),
+                torch.from_numpy(out_n).to(dev))
+
+
+def _check_k(k: int, vocab_size: int) -> int:
+    k = int(k)
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    return min(k, vocab_size)
+
+
+def full_topk(log_prob: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of a full (B, V) distribution by sorting, ties broken by lower word id (stable sort)."""
+    k = _check_k(k, log_prob.shape[1])
+    values, idx = torch.sort(log_prob, dim=1, descending=True, stable=True)
+    return values[:, :k], idx[:, :k]
+
+
+def topk(layer, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k next words from any output layer: its own ``topk`` if it has one, else by sorting."""
+    own = getattr(layer, "topk", None)
+    if own is not None:
+        return own(input, k)
+    return full_topk(layer.log_prob(input), k)
+
+
+def topk_matches(values: torch.Tensor, indices: torch.Tensor, full_log_prob: torch.Tensor,
+                 atol: float = 1e-5) -> bool:
+    """Whether (values, indices) is a correct top-k of ``full_log_prob`` (B, V) up to ``atol``.
+
+    Checks what exactness means when probabilities are only known to rounding: the ids are
+    distinct, ``values`` are their log-probabilities under ``full_log_prob``, and they equal the
+    k largest values of ``full_log_prob``. (Ids may differ from a sort only among near-ties.)
+    """
+    k = values.shape[1]
+    ref_values, _ = full_topk(full_log_prob, k)
+    own = full_log_prob.gather(1, indices)
+    distinct = bool((indices.sort(dim=1).values.diff(dim=1) != 0).all()) if k > 1 else True
+    return (distinct and torch.allclose(own, values.to(own.dtype), atol=atol, rtol=0)
+            and torch.allclose(ref_values, values.to(own.dtype), atol=atol, rtol=0))
+
+
+# ---- sampling ---------------------------------------------------------------------------------
+
+
+def ancestral_sample(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: torch.Tensor,
+                     generator: torch.Generator | None = None, temperature: float = 1.0) -> torch.Tensor:
+    """(B,) words drawn by walking down the tree from the root, O(depth d) per row.
+
+    With ``temperature`` T != 1 every decision uses ``sigmoid(s_j / T)`` (per-node temperature,
+    which is *not* the tempered word distribution; see the module docstring).
+    """
+    _check_temperature(temperature)
+    B = input.shape[0]
+    dev = input.device
+    children = torch.as_tensor(tree.children, device=dev)
+    depth = int(tree.leaf_depth.max())
+    # One uniform per row and level, drawn up front so the result depends only on the generator.
+    u = torch.rand(B, depth, generator=generator, device=generator.device if generator is not None else "cpu").to(dev)
+    node = torch.zeros(B, dtype=torch.int64, device=dev)
+    word = torch.full((B,), -1, dtype=torch.int64, device=dev)
+    active = torch.arange(B, device=dev)
+    for t in range(depth):
+        if len(active) == 0:
+            break
+        j = node[active]
+        s = (input[active] * weight[j]).sum(1) + bias[j]
+        left = u[active, t] < torch.sigmoid(s.double() / temperature)
+        nxt = children[j, (~left).long()]  # column 0 = left child, 1 = right child
+        done = nxt < 0
+        word[active[done]] = -1 - nxt[done]
+        node[active[~done]] = nxt[~done]
+        active = active[~done]
+    return word
+
+
+def sample_from_log_prob(log_prob: torch.Tensor, generator: torch.Generator | None = None,
+                         temperature: float = 1.0) -> torch.Tensor:
+    """(B,) words drawn from ``softmax(log_prob / T)``: the exact tempered distribution."""
+    _check_temperature(temperature)
+    p = torch.softmax(log_prob.double() / temperature, dim=1)
+    if generator is not None and generator.device != p.device:
+        p = p.to(generator.device)
+    return torch.multinomial(p, 1, generator=generator).squeeze(1).to(log_prob.device)
+
+
+def sample(layer, input: torch.Tensor, generator: torch.Generator | None = None, temperature: float = 1.0,
+           per_node: bool = False) -> torch.Tensor:
+    """Next words from any output layer: its own ``sample`` if it has one, else the full distribution."""
+    own = getattr(layer, "sample", None)
+    if own is not None:
+        return own(input, generator, temperature, per_node)
+    return sample_from_log_prob(layer.log_prob(input), generator, temperature)
+
+
+def _check_temperature(t: float) -> None:
+    if not (t > 0 and math.isfinite(t)):
+        raise ValueError(f"temperature must be a positive number, got {t}")
+
+
+# ---- scoring ----------------------------------------------------------------------------------
+
+
+class SentenceScore(NamedTuple):
+    log10_prob: float  # log10 P(tokens + <eos>) from an all-<eos> context
+    tokens: int  # words + 1 for <eos>
+    oov: int  # words not in the vocabulary (scored as <unk>)
+
+
+def score_sentences(model, vocab, sentences: Iterable[str | Sequence[str]], batch_size: int = 4096,
+                    device: str | torch.device | None = None) -> list[SentenceScore]:
+    """Score each sentence independently: its tokens, then ``<eos>``, context padded with ``<eos>``.
+
+    ``sentences`` are strings (split on whitespace) or token lists. Blank sentences are scored
+    too (just ``<eos>``); the CLI skips blank lines, as corpus loading does.
+    """
+    from .data import contexts
+
+    index = vocab.index
+    eos, unk = vocab.eos, vocab.unk
+    n = model.config.context
+    device = device if device is not None else next(model.parameters()).device
+    ctxs, tgts, owner, result_oov = [], [], [], []
+    for s_id, sent in enumerate(sentences):
+        toks = sent.split() if isinstance(sent, str) else list(sent)
+        ids = [index.get(t, -1) for t in toks]
+        result_oov.append(sum(i < 0 for i in ids))
+        stream = np.asarray([unk if i < 0 else i for i in ids] + [eos], dtype=np.int64)
+        ctxs.append(contexts(stream, np.arange(len(stream)), n, eos))
+        tgts.append(stream)
+        owner.append(np.full(len(stream), s_id, dtype=np.int64))
+    if not tgts:
+        return []
+    ctx, tgt, own = np.concatenate(ctxs), np.concatenate(tgts), np.concatenate(owner)
+    lp = np.empty(len(tgt), dtype=np.float64)
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(tgt), batch_size):
+            sl = slice(start, start + batch_size)
+            out = model(torch.from_numpy(ctx[sl]).to(device), torch.from_numpy(tgt[sl]).to(device)).output
+            lp[sl] = out.double().cpu().numpy()
+    model.train(was_training)
+    per_sent = np.bincount(own, weights=lp, minlength=len(tgts)) / math.log(10.0)
+    lengths = np.bincount(own, minlength=len(tgts))
+    return [SentenceScore(float(per_sent[i]), int(lengths[i]), int(result_oov[i])) for i in range(len(tgts))]
+
+
+def score_report(scores: Sequence[SentenceScore]) -> dict:
+    """Totals: ``{"log10_prob", "tokens", "sentences", "oov", "perplexity"}`` (all tokens counted)."""
+    total = float(sum(s.log10_prob for s in scores))
+    tokens = int(sum(s.tokens for s in scores))
+    if tokens == 0:
+        raise ValueError("no sentences to score")
+    return {"log10_prob": total, "tokens": tokens, "sentences": len(scores),
+            "oov": int(sum(s.oov for s in scores)), "perplexity": 10.0 ** (-total / tokens)}
+
+
+# ---- model-level helpers ----------------------------------------------------------------------
+
+
+def encode_context(vocab, tokens: Sequence[str], n: int) -> tuple[list[int], int]:
+    """The last ``n`` word ids of ``tokens`` left-padded with ``<eos>`` (a sentence start), and
+    the number of out-of-vocabulary tokens (mapped to ``<unk>``)."""
+    index = vocab.index
+    ids = [index.get(t, -1) for t in tokens]
+    oov = sum(i < 0 for i in ids)
+    ids = [vocab.unk if i < 0 else i for i in ids]
+    ctx = ([vocab.eos] * n + ids)[-n:] if n > 0 else []
+    return ctx, oov
+
+
+__all__ = [
+    "TopK", "tree_topk", "full_topk", "topk", "topk_matches", "ancestral_sample", "sample_from_log_prob",
+    "sample", "SentenceScore", "score_sentences", "score_report", "encode_context", "TreeArrays", "tree_arrays",
+]
