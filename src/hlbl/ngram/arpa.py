@@ -214,7 +214,7 @@ def _word_ids(cols: list[list[bytes]], bindex: dict[bytes, int], start: int, nam
     mat = np.empty((len(cols[0]), len(cols)), dtype=np.int64)
     for c, col in enumerate(cols):
         try:
-            mat[:, c] = [bindex[w] for w in col]
+            mat[:, c] = np.fromiter(map(bindex.__getitem__, col), dtype=np.int64, count=len(col))
         except KeyError:
             j = next(j for j, w in enumerate(col) if w not in bindex)
             word = col[j].decode("utf-8")
@@ -234,36 +234,30 @@ def _columns(start: int, nfields: np.ndarray, toks: list[bytes], first: np.ndarr
         j = int(bad[0])
         shape = f"log10 prob, {k} word{'s' if k > 1 else ''}" + ("" if top else ", optional back-off")
         raise ArpaError(f"{name}:{start + j + 1}: expected a {k}-gram line ({shape}), got {nfields[j]} fields")
-    width = int(nfields[0]) if len(nfields) else k + 1
-    if np.all(nfields == width):  # the usual case: slice the flat token list
-        col = lambda c: toks[c::width]  # noqa: E731
-    else:
-        pick = first.tolist()
-        col = lambda c: [toks[f + c] for f in pick]  # noqa: E731
+    # An object array of the fields lets numpy gather a column (field c of every line).
+    arr = np.empty(len(toks), dtype=object)
+    arr[:] = toks
+    col = lambda c: arr[first + c]  # noqa: E731
     lp = _floats(col(0), start, name, "probability")
-    if top or not np.any(nfields == k + 2):
-        bo = np.zeros(len(nfields))
-    elif np.all(nfields == k + 2):
-        bo = _floats(col(k + 1), start, name, "back-off")
-    else:
-        has = nfields == k + 2
-        bo = np.zeros(len(nfields))
+    has = nfields == k + 2
+    bo = np.zeros(len(nfields))
+    if not top and np.any(has):
         rows = np.flatnonzero(has)
-        bo[has] = _floats([toks[f + k + 1] for f in first[has].tolist()], start, name, "back-off", rows)
+        bo[rows] = _floats(arr[first[rows] + k + 1], start, name, "back-off", rows)
     if np.any(lp > 0):
         j = int(np.flatnonzero(lp > 0)[0])
         raise ArpaError(f"{name}:{start + j + 1}: log10 probability {lp[j]} is above 0")
-    return lp, bo, [col(1 + c) for c in range(k)]
+    return lp, bo, [col(1 + c).tolist() for c in range(k)]
 
 
-def _floats(fields: list[bytes], start: int, name: str, what: str, rows: np.ndarray | None = None) -> np.ndarray:
-    """Parse a column of numbers; name the first bad line on failure."""
+def _floats(fields: np.ndarray, start: int, name: str, what: str, rows: np.ndarray | None = None) -> np.ndarray:
+    """Parse an object array of number fields; name the first bad line on failure."""
     try:
-        out = np.asarray(fields).astype(np.float64) if fields else np.zeros(0)
+        out = fields.astype(np.float64)
         ok = np.isfinite(out)
     except ValueError:
-        ok = np.asarray([_is_number(f) for f in fields], dtype=bool)
         out = None
+        ok = np.asarray([_is_number(f) for f in fields], dtype=bool)
     if not ok.all():
         j = int(np.flatnonzero(~ok)[0])
         line = start + (int(rows[j]) if rows is not None else j) + 1
@@ -332,7 +326,7 @@ def _assemble(vocab, higher, name: str) -> NgramModel:
             ctx_rows, last = np.divmod(missing, base)
             win = _rows_text_ids(model, ctx_rows, k - 1)
             win = np.concatenate([win, last[:, None]], axis=1)
-            prob[len(own_keys):] = model.score_windows(win, max_order=k - 1)
+            prob[len(own_keys):] = model.score_windows(win, max_order=k)
         srt = np.argsort(keys, kind="stable")
         model.keys.append(keys[srt])
         model.log10_prob.append(prob[srt])

@@ -127,6 +127,8 @@ class NgramModel:
 
     def _extend(self, ctx_idx: np.ndarray, word: np.ndarray, k: int) -> np.ndarray:
         """Rows in the order-``k`` table of ``(context row, word)`` pairs; -1 where absent."""
+        if k > len(self.keys):  # an order not (yet) built: nothing stored there
+            return np.full(len(ctx_idx), -1, dtype=np.int64)
         keys = self.keys[k - 1]
         ok = (ctx_idx >= 0) & (word >= 0)
         key = np.where(ok, ctx_idx, 0) * self.base + np.where(ok, word, 0)
@@ -152,10 +154,10 @@ class NgramModel:
 
         ``windows`` is (L, n) word ids, the target in the last column and its history to the
         left, -1 where there is no history (left padding). Only the last ``order - 1`` history
-        words matter; ``max_order`` caps the orders used (ARPA loading scores "blank" n-grams
-        with the lower orders only).
+        words matter. ``max_order`` scores as a model of that order whose tables above the
+        built ones are empty (ARPA loading scores "blank" k-grams with k - 1 tables built).
         """
-        top = self.order if max_order is None else min(max_order, self.order)
+        top = self.order if max_order is None else max_order
         w = np.asarray(windows, dtype=np.int64)
         if w.shape[1] > top:
             w = w[:, w.shape[1] - top:]
@@ -180,7 +182,8 @@ class NgramModel:
         for k in range(n, 0, -1):
             h = hit[k]
             new = ~done & (h >= 0)
-            out[new] += self.log10_prob[k - 1][h[new]]
+            if new.any():
+                out[new] += self.log10_prob[k - 1][h[new]]
             done |= new
             if k >= 2:
                 c = ctx[k - 1]

@@ -1,0 +1,470 @@
+"""Kneser-Ney baseline: hand-computed tables, a brute-force reference, normalisation, back-off,
+ARPA round trip and errors, KenLM agreement, interpolation, the CLI, and PTB reference numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter, defaultdict
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hlbl.data import EOS, DataError, Vocab, load_corpus
+from hlbl.ngram import (
+    ArpaError,
+    NgramModel,
+    interpolate,
+    modified_kn_discounts,
+    parse_arpa,
+    read_arpa,
+    token_log_probs,
+    train_kneser_ney,
+    tune_weight,
+    write_arpa,
+)
+from hlbl.ngram.kneser_ney import FALLBACK_DISCOUNTS
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def make_vocab(sentences, max_vocab=None) -> Vocab:
+    c = Counter(w for s in sentences for w in s)
+    c[EOS] += len(sentences)
+    return Vocab.from_counts(c, max_vocab=max_vocab)
+
+
+def make_stream(sentences, vocab: Vocab) -> np.ndarray:
+    return np.asarray([i for s in sentences for i in vocab.encode(s) + [vocab.eos]], dtype=np.int32)
+
+
+def zipf_sentences(rng, n, n_words=40, max_len=12):
+    words = [f"w{i}" for i in range(n_words)]
+    p = 1.0 / np.arange(1, n_words + 1)
+    p /= p.sum()
+    return [[words[i] for i in rng.choice(n_words, size=rng.integers(1, max_len), p=p)] for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def small():
+    """A 3-gram model on 400 Zipfian sentences; vocabulary capped so <unk> is a real word."""
+    rng = np.random.default_rng(0)
+    train = zipf_sentences(rng, 400)
+    test = [s + (["never-seen"] if rng.random() < 0.3 else []) for s in zipf_sentences(rng, 60)]
+    vocab = make_vocab(train, max_vocab=30)
+    model = train_kneser_ney(make_stream(train, vocab), vocab, 3)
+    return train, test, vocab, model
+
+
+def prob(model: NgramModel, context, word) -> float:
+    """p(word | context) under the model's back-off rule (ARPA words)."""
+    ids = list(model.word_ids(list(context) + [word]))
+    return 10 ** float(model.score_windows(np.asarray([ids]))[0])
+
+
+# ---------------------------------------------------------------------- hand-computed tables
+
+
+def test_discounts_by_hand():
+    # n1=4, n2=2, n3=1, n4=1: Y = 4/(4+4) = 1/2; D1 = 1 - 2 Y 2/4 = 1/2;
+    # D2 = 2 - 3 Y 1/2 = 5/4; D3 = 3 - 4 Y 1/1 = 1. Counts of 5 and 0 do not enter.
+    a = np.array([1, 1, 1, 1, 2, 2, 3, 4, 5, 0])
+    d, ok = modified_kn_discounts(a)
+    assert ok and d == pytest.approx((0.5, 1.25, 1.0), abs=1e-12)
+    # No n-gram with count 3: the discounts are undefined -> KenLM's fallback.
+    d, ok = modified_kn_discounts(np.array([1, 1, 2, 4]))
+    assert not ok and d == FALLBACK_DISCOUNTS
+
+
+def test_unigram_table_by_hand():
+    # Raw counts a:4 b:3 c:2 d:1 <eos>:4 -> n1=n2=n3=1, n4=2: Y=1/3, D=(1/3, 1, 1/3).
+    sents = [["a", "b", "c", "d"], ["a", "b", "c"], ["a", "b"], ["a"]]
+    vocab = make_vocab(sents)
+    model = train_kneser_ney(make_stream(sents, vocab), vocab, 1)
+    d1, d2, d3 = Fraction(1, 3), Fraction(1), Fraction(1, 3)
+    assert model.discounts[0] == pytest.approx((float(d1), float(d2), float(d3)), abs=1e-12)
+    # gamma = (D1*1 + D2*1 + D3*3) / 14 = 1/6, spread uniformly over V = 6 words (<unk> too).
+    total, gamma, V = 14, Fraction(1, 6), 6
+    counts = {"a": 4, "b": 3, "c": 2, "d": 1, "</s>": 4, "<unk>": 0}
+    disc = {0: 0, 1: d1, 2: d2, 3: d3}
+    for w, c in counts.items():
+        expect = Fraction(c) - disc[min(c, 3)]
+        expect = expect / total + gamma / V
+        assert model.lookup([w])[0] == pytest.approx(math.log10(expect), abs=1e-12), w
+    assert model.lookup(["<s>"])[0] == -99.0
+
+
+def test_bigram_table_by_hand():
+    # <s> a b </s> twice, <s> b a </s> once. Bigram (top order) raw counts: <s>a 2, ab 2,
+    # b</s> 2, <s>b 1, ba 1, a</s> 1 -> n3 = 0, so both orders use the fallback (1/2, 1, 3/2).
+    sents = [["a", "b"], ["a", "b"], ["b", "a"]]
+    vocab = make_vocab(sents)
+    model = train_kneser_ney(make_stream(sents, vocab), vocab, 2)
+    assert model.discounts == [FALLBACK_DISCOUNTS, FALLBACK_DISCOUNTS]
+    # Unigram continuation counts: a {<s>, b} = 2, b {<s>, a} = 2, </s> {a, b} = 2, <unk> 0.
+    # total 6, gamma() = 3 * D2 / 6 = 1/2 over V = 4: p(a) = (2-1)/6 + 1/8 = 7/24, p(<unk>) = 1/8.
+    uni = {"a": Fraction(7, 24), "b": Fraction(7, 24), "</s>": Fraction(7, 24), "<unk>": Fraction(1, 8)}
+    for w, p in uni.items():
+        assert model.lookup([w])[0] == pytest.approx(math.log10(p), abs=1e-12)
+    # Context <s>: a 2, b 1 -> denominator 3, gamma(<s>) = (D2 + D1) / 3 = 1/2.
+    # p(a|<s>) = 1/3 + 1/2 * 7/24 = 23/48; p(b|<s>) = 1/2/3 + 7/48 = 15/48.
+    assert model.lookup(["<s>", "a"])[0] == pytest.approx(math.log10(23 / 48), abs=1e-12)
+    assert model.lookup(["<s>", "b"])[0] == pytest.approx(math.log10(15 / 48), abs=1e-12)
+    assert model.lookup(["<s>"])[1] == pytest.approx(math.log10(0.5), abs=1e-12)
+    assert model.lookup(["a", "b"])[0] == pytest.approx(math.log10(23 / 48), abs=1e-12)
+    assert model.lookup(["b", "a"])[0] == pytest.approx(math.log10(15 / 48), abs=1e-12)
+    # Unseen bigrams back off: p(</s>|<s>) = 1/2 * 7/24, p(<unk>|a) = 1/2 * 1/8.
+    assert model.lookup(["<s>", "</s>"]) is None
+    assert prob(model, ["<s>"], "</s>") == pytest.approx(7 / 48, abs=1e-12)
+    assert prob(model, ["a"], "<unk>") == pytest.approx(1 / 16, abs=1e-12)
+    # </s> and <unk> are never contexts: no back-off weight.
+    assert model.lookup(["</s>"])[1] == 0.0 and model.lookup(["<unk>"])[1] == 0.0
+
+
+def reference_kn(sentences, vocab_words, order):
+    """Brute-force dictionary version of the module docstring's formulas (slow, obvious)."""
+    seqs = [["<s>"] + s + ["</s>"] for s in sentences]
+    raw = [Counter() for _ in range(order + 1)]
+    for s in seqs:
+        for k in range(1, order + 1):
+            for i in range(len(s) - k + 1):
+                if not (k == 1 and s[i] == "<s>"):
+                    raw[k][tuple(s[i:i + k])] += 1
+    adj = [None] * (order + 1)
+    adj[order] = dict(raw[order])
+    for k in range(order - 1, 0, -1):
+        left = defaultdict(set)
+        for g in raw[k + 1]:
+            left[g[1:]].add(g[0])
+        adj[k] = {g: (c if g[0] == "<s>" else len(left[g])) for g, c in raw[k].items()}
+    disc = {}
+    for k in range(1, order + 1):
+        n = Counter(adj[k].values())  # n[j]: n-grams with adjusted count exactly j
+        if min(n[1], n[2], n[3]) == 0:
+            d = FALLBACK_DISCOUNTS
+        else:
+            y = n[1] / (n[1] + 2 * n[2])
+            d = tuple(j - (j + 1) * y * n[j + 1] / n[j] for j in (1, 2, 3))
+            if any(not 0 <= dj <= j for j, dj in zip((1, 2, 3), d)):
+                d = FALLBACK_DISCOUNTS
+        disc[k] = d
+    D = lambda k, c: 0.0 if c == 0 else disc[k][min(c, 3) - 1]  # noqa: E731
+    words = [w for w in vocab_words if w != "<s>"]
+    total = sum(adj[1].get((w,), 0) for w in words)
+    gamma0 = sum(D(1, adj[1].get((w,), 0)) for w in words) / total
+    p = {(w,): (adj[1].get((w,), 0) - D(1, adj[1].get((w,), 0))) / total + gamma0 / len(words) for w in words}
+    gamma = {}
+    for k in range(2, order + 1):
+        by_ctx = defaultdict(list)
+        for g, c in adj[k].items():
+            by_ctx[g[:-1]].append(c)
+        for h, cs in by_ctx.items():
+            gamma[h] = sum(D(k, c) for c in cs) / sum(cs)
+        for g, c in adj[k].items():
+            p[g] = (c - D(k, c)) / sum(by_ctx[g[:-1]]) + gamma[g[:-1]] * p[g[1:]]
+    return p, gamma, disc
+
+
+def test_matches_brute_force_reference(small):
+    train, _, vocab, model = small
+    words = [w if w != EOS else "</s>" for w in vocab.words]
+    mapped = [[w if w in vocab.index else "<unk>" for w in s] for s in train]
+    p, gamma, disc = reference_kn(mapped, words, 3)
+    assert [tuple(d) for d in model.discounts] == [pytest.approx(disc[k], abs=1e-12) for k in (1, 2, 3)]
+    assert sum(model.sizes()) == len(p) + 1  # + the <s> unigram
+    for g, pg in p.items():
+        lp, bo = model.lookup(list(g))
+        assert lp == pytest.approx(math.log10(pg), abs=1e-10), g
+        assert bo == pytest.approx(math.log10(gamma.get(g, 1.0)), abs=1e-10), g
+    assert model.lookup(["<s>"])[1] == pytest.approx(math.log10(gamma[("<s>",)]), abs=1e-10)
+
+
+# --------------------------------------------------------------- normalisation and back-off
+
+
+def test_distributions_sum_to_one(small):
+    _, _, _, model = small
+    rng = np.random.default_rng(1)
+    targets = np.asarray([i for i, w in enumerate(model.words) if w != "<s>"])
+    seen = model.keys[2] // model.base  # rows of bigrams that are contexts of trigrams
+    contexts = []
+    for row in rng.choice(np.unique(seen), 5, replace=False):  # seen 2-word contexts
+        contexts.append(list(np.divmod(model.keys[1][row], model.base)))
+    contexts += [list(rng.choice(targets, 2)) for _ in range(5)]  # random, mostly unseen
+    contexts += [[-1, model.bos], [model.bos, int(targets[0])], [-1, -1]]  # sentence starts, none
+    n_unseen = 0
+    for ctx in contexts:
+        win = np.column_stack([np.tile(ctx, (len(targets), 1)), targets])
+        n_unseen += int(model.lookup_rows(np.asarray([ctx]))[0] < 0)
+        total = np.sum(10.0 ** model.score_windows(win))
+        assert total == pytest.approx(1.0, abs=1e-9), ctx
+    assert n_unseen >= 2  # the check covered unseen contexts too
+
+
+def test_backoff_rule(small):
+    _, _, _, model = small
+    w = model.words
+    # Find a seen bigram context (u v) and a word x with (u v x) unseen but (v x) seen.
+    for row in range(len(model.keys[1])):
+        u, v = np.divmod(model.keys[1][row], model.base)
+        if model.log10_backoff[1][row] == 0.0:
+            continue
+        for x in range(model.base):
+            if w[x] == "<s>":
+                continue
+            if model.lookup([w[u], w[v], w[x]]) is None and model.lookup([w[v], w[x]]) is not None:
+                bo = model.lookup([w[u], w[v]])[1]
+                expect = bo + model.lookup([w[v], w[x]])[0]
+                assert math.log10(prob(model, [w[u], w[v]], w[x])) == pytest.approx(expect, abs=1e-12)
+                break
+        else:
+            continue
+        break
+    else:
+        pytest.fail("no seen context with an unseen continuation")
+    # An unseen context has back-off weight 1: p(x | unseen u v) = bo(v) p(x | ) or p(x | v).
+    unseen = next((a, b) for a in range(model.base) for b in range(model.base)
+                  if "<s>" not in (w[a], w[b]) and model.lookup([w[a], w[b]]) is None)
+    a, b = unseen
+    for x in range(model.base):
+        if w[x] != "<s>":
+            assert prob(model, [w[a], w[b]], w[x]) == pytest.approx(prob(model, [w[b]], w[x]), rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------ ARPA
+
+
+def test_arpa_round_trip(small, tmp_path):
+    _, test, _, model = small
+    path = tmp_path / "m.arpa"
+    write_arpa(model, path)
+    text = path.read_text()
+    assert text.startswith("\\data\\\nngram 1=") and text.rstrip().endswith("\\end\\")
+    for special in ("<s>", "</s>", "<unk>"):
+        assert f"\t{special}" in text
+    back = read_arpa(path)
+    assert back.words == model.words and back.sizes() == model.sizes()
+    for k in range(model.order):
+        np.testing.assert_array_equal(back.keys[k], model.keys[k])
+        np.testing.assert_allclose(back.log10_prob[k], model.log10_prob[k], rtol=1e-7, atol=1e-7)
+        np.testing.assert_allclose(back.log10_backoff[k], model.log10_backoff[k], rtol=1e-7, atol=1e-7)
+    np.testing.assert_allclose(back.score_sentences(test), model.score_sentences(test), atol=1e-5)
+
+
+def test_arpa_missing_contexts_become_blanks():
+    # The file lists "a b c" but not "a b": it is added with back-off 0 and the probability
+    # the back-off rule gives, so scores are as if it were absent; no <unk>: it gets -100.
+    text = "\n".join([
+        "\\data\\", "ngram 1=4", "ngram 2=1", "ngram 3=1", "",
+        "\\1-grams:", "-99\t<s>\t-0.1", "-0.5\ta\t-0.2", "-0.6\tb\t-0.3", "-0.7\tc", "",
+        "\\2-grams:", "-0.4\tb c", "",
+        "\\3-grams:", "-0.05\ta b c", "", "\\end\\", ""])
+    m = parse_arpa(text)
+    assert m.lookup(["a", "b"]) == pytest.approx((-0.2 - 0.6, 0.0))
+    assert m.lookup(["<unk>"]) == (-100.0, 0.0)
+    assert math.log10(prob(m, ["a", "b"], "c")) == pytest.approx(-0.05)
+    assert math.log10(prob(m, ["a", "b"], "b")) == pytest.approx(-0.3 - 0.6)  # bo(b) p(b)
+    assert math.log10(prob(m, ["c", "b"], "c")) == pytest.approx(-0.4)
+
+
+VALID_ARPA = [
+    "\\data\\",            # 1
+    "ngram 1=4",           # 2
+    "ngram 2=2",           # 3
+    "",                    # 4
+    "\\1-grams:",          # 5
+    "-99\t<s>\t-0.3",      # 6
+    "-0.6\ta\t-0.2",       # 7
+    "-0.7\t</s>",          # 8
+    "-1.0\t<unk>",         # 9
+    "",                    # 10
+    "\\2-grams:",          # 11
+    "-0.1\t<s> a",         # 12
+    "-0.2\ta </s>",        # 13
+    "",                    # 14
+    "\\end\\",             # 15
+]
+
+
+def corrupt(line_no, new):
+    lines = list(VALID_ARPA)
+    if new is None:
+        del lines[line_no - 1]
+    else:
+        lines[line_no - 1] = new
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("line_no, new, where, words", [
+    (1, "junk", 1, "\\data\\"),
+    (2, "ngram one=4", 2, "ngram K=COUNT"),
+    (7, "x\ta\t-0.2", 7, "bad log10 probability 'x'"),
+    (7, "-0.6\ta\tnan", 7, "bad log10 back-off"),
+    (7, "0.5\ta", 7, "above 0"),
+    (8, "-0.6\ta", 8, "appears twice"),
+    (12, "-0.1\t<s> b", 12, "'b' is not among the unigrams"),
+    (13, "-0.2\ta", 13, "expected a 2-gram line"),
+    (13, "-0.2\ta </s>\t-0.1", 13, "expected a 2-gram line"),
+    (13, "-0.1\t<s> a", 13, "appears twice"),
+    (3, "ngram 2=3", 14, "promises 3 2-grams, the section has 2"),
+    (2, "ngram 1=3", 9, "more 1-grams than the header's 3"),
+    (15, None, 14, "expected \\end\\"),
+    (11, "\\3-grams:", 11, "expected \\2-grams:"),
+])
+def test_malformed_arpa_names_the_line(tmp_path, line_no, new, where, words):
+    parse_arpa("\n".join(VALID_ARPA) + "\n")  # the unchanged file is valid
+    path = tmp_path / "bad.arpa"
+    path.write_text(corrupt(line_no, new))
+    with pytest.raises(ArpaError) as e:
+        read_arpa(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}:{where}: ") and words in msg and "\n" not in msg
+    assert isinstance(e.value, DataError)
+
+
+def test_arpa_file_errors(tmp_path):
+    with pytest.raises(ArpaError, match="no such file"):
+        read_arpa(tmp_path / "none.arpa")
+    (tmp_path / "bin.arpa").write_bytes(b"\\data\\\nngram 1=1\n\n\\1-grams:\n-1 \xff\n")
+    with pytest.raises(ArpaError, match=r"bin.arpa:5: not UTF-8"):
+        read_arpa(tmp_path / "bin.arpa")
+
+
+# ------------------------------------------------------------------------------------ KenLM
+
+
+def test_kenlm_agrees_with_our_scores(small, tmp_path):
+    kenlm = pytest.importorskip("kenlm", reason="the kenlm query module (pip install kenlm-ex) is not installed")
+    _, test, _, model = small
+    path = tmp_path / "m.arpa"
+    write_arpa(model, path)
+    km = kenlm.Model(str(path))
+    theirs = np.asarray([km.score(" ".join(s), bos=True, eos=True) for s in test])
+    assert any("never-seen" in s for s in test)  # OOV words (-> <unk>) are covered
+    np.testing.assert_allclose(read_arpa(path).score_sentences(test), theirs, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(model.score_sentences(test), theirs, atol=1e-4, rtol=0)
+
+
+# --------------------------------------------------------------------------- stream protocol
+
+
+def test_token_log_probs_stream_protocol(small, tmp_path):
+    _, test, vocab, model = small
+    stream = make_stream(test, vocab)
+    lp = token_log_probs(model, stream, vocab)
+    assert lp.shape == (len(stream),) and lp.dtype == np.float64 and np.all(lp < 0)
+    # One sentence at a time from <s>, natural log: the same totals as sentence scoring.
+    ends = np.flatnonzero(stream == vocab.eos)
+    per_sentence = np.add.reduceat(lp, np.r_[0, ends[:-1] + 1])
+    expect = model.score_sentences([[w if w in vocab.index else "<unk>" for w in s] for s in test])
+    np.testing.assert_allclose(per_sentence, expect * math.log(10), atol=1e-9)
+    path = tmp_path / "m.arpa"
+    write_arpa(model, path)
+    np.testing.assert_allclose(token_log_probs(path, stream, vocab), lp, atol=1e-5)
+    # A stream that does not end with <eos>: its tail is still predicted token by token.
+    np.testing.assert_allclose(token_log_probs(model, stream[:-1], vocab), lp[:-1], atol=1e-12)
+
+
+def test_bad_training_input():
+    sents = [["a", "b"]]
+    vocab = make_vocab(sents)
+    with pytest.raises(DataError, match="order"):
+        train_kneser_ney(make_stream(sents, vocab), vocab, 0)
+    with pytest.raises(DataError, match="outside the vocabulary"):
+        train_kneser_ney(np.array([0, 99]), vocab, 2)
+    with pytest.raises(DataError, match="reserve"):
+        bad = make_vocab([["<s>", "a"]])
+        train_kneser_ney(make_stream([["<s>", "a"]], bad), bad, 2)
+
+
+# ------------------------------------------------------------------------------ interpolation
+
+
+def test_interpolate():
+    rng = np.random.default_rng(2)
+    a, b = np.log(rng.uniform(1e-6, 1, 50)), np.log(rng.uniform(1e-6, 1, 50))
+    np.testing.assert_allclose(interpolate(a, b, 0.3), np.log(0.3 * np.exp(a) + 0.7 * np.exp(b)), rtol=1e-12)
+    np.testing.assert_array_equal(interpolate(a, b, 1.0), a)
+    np.testing.assert_array_equal(interpolate(a, b, 0.0), b)
+    # Tiny probabilities do not underflow to -inf.
+    assert interpolate(np.array([-2000.0]), np.array([-2001.0]), 0.5)[0] == pytest.approx(
+        -2000 + math.log(0.5 + 0.5 * math.exp(-1)))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        interpolate(a, b, 1.5)
+    with pytest.raises(ValueError, match="one length"):
+        interpolate(a, b[:-1], 0.5)
+
+
+def test_tune_weight_maximises_likelihood():
+    rng = np.random.default_rng(3)
+    a, b = np.log(rng.uniform(1e-4, 1, 2000)), np.log(rng.uniform(1e-4, 1, 2000))
+    w = tune_weight(a, b)
+    grid = np.linspace(0, 1, 2001)
+    best = grid[np.argmax([interpolate(a, b, g).sum() for g in grid])]
+    assert 0 < w < 1 and abs(w - best) <= 1e-3
+    ll = interpolate(a, b, w).sum()
+    assert ll >= interpolate(a, b, min(w + 1e-4, 1)).sum() and ll >= interpolate(a, b, max(w - 1e-4, 0)).sum()
+    assert tune_weight(a, a - 1.0) == 1.0  # one model always better: all weight on it
+    assert tune_weight(a - 1.0, a) == 0.0
+
+
+# ------------------------------------------------------------------------------------- CLI
+
+
+def _write_corpus(root: Path, rng) -> Path:
+    root.mkdir()
+    for split, n in (("train", 300), ("valid", 40), ("test", 40)):
+        (root / f"{split}.txt").write_text("\n".join(" ".join(s) for s in zipf_sentences(rng, n)) + "\n")
+    return root
+
+
+def test_cli_train_and_eval(tmp_path, monkeypatch, capsys):
+    cli = pytest.importorskip("hlbl.cli")
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    data = _write_corpus(tmp_path / "toy", np.random.default_rng(4))
+    out = tmp_path / "kn3.arpa"
+    assert cli.main(["ngram", "train", "--data", str(data), "--order", "3", "--out", str(out)]) == 0
+    info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert info["order"] == 3 and len(info["ngrams"]) == 3 and out.exists()
+    assert cli.main(["ngram", "eval", str(out), "--data", str(data), "--split", "valid"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    rep = json.loads(lines[0])
+    corpus = load_corpus(data)
+    assert set(rep) == {"perplexity", "tokens", "nll"} and rep["tokens"] == len(corpus["valid"])
+    assert rep["perplexity"] == pytest.approx(math.exp(rep["nll"]))
+    lp = token_log_probs(read_arpa(out), corpus["valid"], corpus.vocab)
+    assert rep["nll"] == pytest.approx(-lp.mean(), rel=1e-12)
+    # A broken ARPA file: exit status 2 and one line naming the line.
+    bad = tmp_path / "bad.arpa"
+    bad.write_text(corrupt(12, "-0.1\t<s> zzz"))
+    assert cli.main(["ngram", "eval", str(bad), "--data", str(data)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{bad}:12:" in err
+
+
+# ------------------------------------------------------------------------------------- PTB
+
+
+def _ptb_or_skip():
+    root = os.environ.get("HLBL_DATA")
+    if not root or not (Path(root) / "ptb" / "train.txt").is_file():
+        pytest.skip("PTB not found under $HLBL_DATA")
+    return load_corpus(Path(root) / "ptb")
+
+
+def test_ptb_matches_kenlm_reference():
+    """KenLM lmplz on PTB (<unk> an ordinary word, one </s> a line): test 148.28 / 142.72 / 141.19
+    for orders 3 / 4 / 5, valid 148.01 for order 5."""
+    corpus = _ptb_or_skip()
+    assert len(corpus["test"]) == 82430
+    for order in (3, 4, 5):
+        model = train_kneser_ney(corpus["train"], corpus.vocab, order)
+        refs = {"test": {3: 148.28, 4: 142.72, 5: 141.19}[order], **({"valid": 148.01} if order == 5 else {})}
+        for split, ref in refs.items():
+            lp = token_log_probs(model, corpus[split], corpus.vocab)
+            assert len(lp) == len(corpus[split])
+            assert math.exp(-lp.mean()) == pytest.approx(ref, abs=0.5), (order, split)
