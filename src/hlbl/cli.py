@@ -178,6 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--seed", type=int, default=0)
     tm.add_argument("--out", required=True)
     tm.set_defaults(func=cmd_tree_make)
+    from .ngram import add_subcommands as add_ngram_commands  # hlbl ngram train|eval
+    add_ngram_commands(sub)
     return p
 
 
