@@ -8,7 +8,8 @@ Default recipe, after Mnih & Hinton (2008, appendix; 2007 for what 2008 leaves o
   many more epochs on it (``--optimizer sgd`` gives the plain recipe);
 * learning rate 1e-3 until validation perplexity rises, then the best weights so far are
   restored and training goes on at 3e-5 until it rises again; the best weights are kept;
-* L2 penalty 1e-4 on word vectors, 1e-5 on other weights, none on biases;
+* L2 penalty 1e-4 on word vectors, 1e-5 on other weights, none on biases, per example (the
+  penalised objective is the mean over examples of NLL + penalty);
 * non-bias weights from N(0, 0.1^2) (the context weights C_i around 1), node biases set so
   the untrained model predicts the unigram distribution.
 
@@ -37,6 +38,7 @@ from .evaluate import evaluate
 from .model import LBL
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
+ENGINES = ("torch", "fast", "auto")  # see epoch_runner
 
 
 @dataclass
@@ -53,16 +55,20 @@ class TrainConfig:
     device: str = "cpu"
     max_train_tokens: int | None = None  # train on a prefix only (smoke tests, benchmarks)
     progress: bool = True
+    engine: str = "auto"  # "fast" (hlbl.fast, CPU numba), "torch" (autograd), "auto": fast where it applies
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; choose from {', '.join(ENGINES)}")
         if self.batch_size < 1 or self.max_epochs < 1 or self.lr <= 0:
             raise ValueError("batch size, epochs and learning rate must be positive")
 
 
 def make_optimizer(model: LBL, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
-    groups = model.param_groups(cfg.weight_decay_words, cfg.weight_decay_other)
+    # The penalty is per example, like the loss: a summed minibatch carries batch_size copies.
+    groups = model.param_groups(cfg.weight_decay_words * cfg.batch_size, cfg.weight_decay_other * cfg.batch_size)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(groups, lr=lr)
     if cfg.optimizer == "momentum":
@@ -107,6 +113,27 @@ def train_epoch(model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray
     return total / max(seen, 1), seen / (time.perf_counter() - start)
 
 
+def epoch_runner(model: LBL, cfg: TrainConfig):
+    """The one place that picks the step implementation; both have train_epoch's signature.
+
+    ``hlbl.fast.train_epoch`` (numba kernels, sparse exact updates; tree output, diagonal context,
+    SGD with or without momentum, CPU, not distributed) or :func:`train_epoch` (autograd: GPU,
+    distributed, any output layer and optimiser). Both take the same steps on the same batches.
+    """
+    if cfg.engine == "torch":
+        return train_epoch
+    from . import fast  # lazily: numba compiles its kernels on first use
+
+    why = fast.unsupported(model, cfg=cfg)
+    if why is None and dist.is_available() and dist.is_initialized():
+        why = "distributed training uses the PyTorch path"
+    if why is None:
+        return fast.train_epoch
+    if cfg.engine == "fast":
+        raise ValueError(f"engine 'fast' cannot train this model: {why}")
+    return train_epoch
+
+
 def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool = False,
         corpus_spec: str = "", log=print) -> dict:
     """Train with early stopping; checkpoint each epoch into ``run_dir``. Returns the final state."""
@@ -134,9 +161,9 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
     while not state["done"] and state["epoch"] < cfg.max_epochs:
         epoch = state["epoch"] + 1
         t0 = time.perf_counter()
-        loss, wps = train_epoch(model, optimizer, train, pad, cfg, epoch, cfg.progress and rank == 0)
+        loss, wps = epoch_runner(model, cfg)(model, optimizer, train, pad, cfg, epoch, cfg.progress and rank == 0)
         train_time = time.perf_counter() - t0
-        val = evaluate(model, valid, pad, device=device)
+        val = evaluate(model, valid, pad, device=device, engine=cfg.engine)
         state["elapsed"] += time.perf_counter() - t0
         ppl = val["perplexity"]
         if not math.isfinite(loss) or not math.isfinite(ppl):

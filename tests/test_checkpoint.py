@@ -1,0 +1,77 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import multi_code_tree, tiny_corpus
+from hlbl import checkpoint as ckpt
+from hlbl.data import load_corpus
+from hlbl.model import LBL, LBLConfig
+from hlbl.train import TrainConfig, fit
+
+
+@pytest.fixture
+def run(tmp_path):
+    corpus = load_corpus(tiny_corpus(tmp_path / "corpus"))
+    V = len(corpus.vocab)
+    from hlbl.tree import huffman_tree
+
+    model = LBL(LBLConfig(V, dim=8, context=3), huffman_tree(corpus.vocab.counts), torch.Generator().manual_seed(0))
+    model.init_unigram(corpus.vocab.counts)
+    fit(model, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), tmp_path / "run", log=lambda *a: None)
+    return model, corpus, tmp_path / "run"
+
+
+def test_save_load_gives_identical_log_probs_and_tree(run):
+    model, corpus, run_dir = run
+    loaded, vocab, info = ckpt.load_model(run_dir)
+    assert vocab == corpus.vocab
+    assert np.array_equal(loaded.tree.children, model.tree.children)
+    ctx = torch.randint(0, len(vocab), (20, 3))
+    assert torch.equal(loaded.log_prob(ctx), model.log_prob(ctx))
+    assert info["model"]["dim"] == 8
+
+
+def test_files_are_safetensors_and_json(run):
+    _, _, run_dir = run
+    names = sorted(p.name for p in run_dir.iterdir())
+    assert names == ["best.safetensors", "last.safetensors", "metrics.jsonl", "optimizer.safetensors",
+                     "run.json", "state.json", "tree.json", "vocab.json"]
+    assert not list(run_dir.glob("*.tmp"))
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["epoch"] for x in lines] == [1, 2]
+    assert {"train_loss", "valid_ppl", "words_per_sec", "lr", "elapsed_s"} <= set(lines[0])
+
+
+def test_truncated_checkpoint_gives_a_clear_error(run):
+    _, _, run_dir = run
+    data = (run_dir / "best.safetensors").read_bytes()
+    (run_dir / "best.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ckpt.CheckpointError, match="damaged or truncated"):
+        ckpt.load_model(run_dir)
+
+
+def test_foreign_files_are_refused(run, tmp_path):
+    _, _, run_dir = run
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(run_dir / "best.safetensors"))
+    with pytest.raises(ckpt.CheckpointError, match="not an hlbl checkpoint"):
+        ckpt.load_model(run_dir)
+    (run_dir / "run.json").write_text('{"format": "something-else"}')
+    with pytest.raises(ckpt.CheckpointError, match="not an hlbl run"):
+        ckpt.load_model(run_dir)
+    (run_dir / "run.json").write_text('{"format": ')
+    with pytest.raises(ckpt.CheckpointError, match="damaged"):
+        ckpt.load_model(run_dir)
+    with pytest.raises(ckpt.CheckpointError, match="not a run directory"):
+        ckpt.load_model(tmp_path / "nothing")
+
+
+def test_shape_mismatch_is_reported(tmp_path):
+    m = LBL(LBLConfig(6, dim=4), multi_code_tree())
+    ckpt.save_weights(tmp_path / "w.safetensors", m)
+    other = LBL(LBLConfig(6, dim=5), multi_code_tree())
+    with pytest.raises(ckpt.CheckpointError, match="shape"):
+        ckpt.load_weights(tmp_path / "w.safetensors", other)

