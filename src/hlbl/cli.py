@@ -178,9 +178,130 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--seed", type=int, default=0)
     tm.add_argument("--out", required=True)
     tm.set_defaults(func=cmd_tree_make)
+    _add_inference_commands(sub)
     from .ngram import add_subcommands as add_ngram_commands  # hlbl ngram train|eval
     add_ngram_commands(sub)
     return p
+
+
+# ---- generate / score / predict (hlbl.inference) ------------------------------------------
+
+
+def _load_for_inference(args):
+    device = pick_device(args.device)
+    model, vocab, _ = load_model(args.run, which=args.which, device=device)
+    model.eval()
+    return model, vocab, device
+
+
+def _stdin_chunks(size: int = 1024):
+    """Lines of stdin (trailing newline removed) in lists of ``size``, read lazily."""
+    chunk = []
+    for line in sys.stdin:
+        chunk.append(line.rstrip("\r\n"))
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def cmd_generate(args) -> int:
+    from .data import EOS
+    from .inference import encode_context
+
+    if args.tokens < 0:
+        raise DataError(f"--tokens must be at least 0, got {args.tokens}")
+    if not args.temperature > 0:
+        raise DataError(f"--temperature must be positive, got {args.temperature}")
+    model, vocab, _ = _load_for_inference(args)
+    prompt = args.prompt.split() if args.prompt else []
+    ids, oov = encode_context(vocab, prompt, len(prompt))
+    if oov:
+        print(f"hlbl: {oov} prompt word(s) not in the vocabulary, read as {vocab.words[vocab.unk]}", file=sys.stderr)
+    gen = torch.Generator().manual_seed(args.seed)
+    sample = model.generate(ids, args.tokens, vocab.eos, gen, args.temperature, args.per_node_temperature)
+    # The prompt as typed, then the sample; every <eos> ends a line.
+    lines, cur = [], list(prompt)
+    for w in vocab.decode(sample):
+        if w == EOS:
+            lines.append(" ".join(cur))
+            cur = []
+        else:
+            cur.append(w)
+    if cur:
+        lines.append(" ".join(cur))
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_score(args) -> int:
+    from .inference import score_report, score_sentences
+
+    model, vocab, device = _load_for_inference(args)
+    scores = []
+    for chunk in _stdin_chunks():
+        sentences = [line for line in chunk if line.strip()]  # blank lines are not sentences
+        for s in score_sentences(model, vocab, sentences, device=device):
+            scores.append(s)
+            if args.json:
+                print(json.dumps({"log10_prob": s.log10_prob, "tokens": s.tokens, "oov": s.oov}))
+            else:
+                print(f"{s.log10_prob:.6f}\t{s.tokens}\t{s.oov}")
+    if not scores:
+        raise DataError("no sentences on standard input")
+    print(json.dumps(score_report(scores)))
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from .inference import encode_context
+
+    if args.k < 1:
+        raise DataError(f"--k must be at least 1, got {args.k}")
+    model, vocab, device = _load_for_inference(args)
+    n = model.config.context
+    for chunk in _stdin_chunks():
+        encoded = [encode_context(vocab, line.split(), n) for line in chunk]
+        ctx = torch.tensor([c for c, _ in encoded], dtype=torch.int64, device=device).view(len(chunk), n)
+        values, idx = model.topk(ctx, args.k)
+        probs = values.double().exp().cpu().tolist()
+        for line, (_, oov), p, w in zip(chunk, encoded, probs, idx.cpu().tolist()):
+            words = vocab.decode(w)
+            if args.json:
+                print(json.dumps({"context": line, "oov": oov, "words": words, "probs": p}))
+            else:
+                print(" ".join(f"{word} {prob:.6g}" for word, prob in zip(words, p)))
+    return 0
+
+
+def _add_inference_commands(sub) -> None:
+    def common(c):
+        c.add_argument("run", help="run directory")
+        c.add_argument("--which", choices=("best", "last"), default="best")
+        c.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+
+    g = sub.add_parser("generate", help="sample text from a trained model (reproducible under --seed)")
+    common(g)
+    g.add_argument("--tokens", type=int, default=100, help="number of words to sample (<eos> counts)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--prompt", default="", help="words to continue (the start of a sentence)")
+    g.add_argument("--temperature", type=float, default=1.0,
+                   help="sample from p(w)^(1/T)/Z (exact; costs the full distribution when T != 1)")
+    g.add_argument("--per-node-temperature", action="store_true",
+                   help="apply the temperature at each tree decision instead (fast; a different distribution)")
+    g.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("score", help="log10 probability of each sentence on stdin, then perplexity (JSON)")
+    common(s)
+    s.add_argument("--json", action="store_true", help="one JSON object per sentence")
+    s.set_defaults(func=cmd_score)
+
+    pr = sub.add_parser("predict", help="the k most probable next words for each context on stdin")
+    common(pr)
+    pr.add_argument("--k", type=int, default=10)
+    pr.add_argument("--json", action="store_true", help="one JSON object per context")
+    pr.set_defaults(func=cmd_predict)
 
 
 def main(argv: list[str] | None = None) -> int:

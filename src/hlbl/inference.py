@@ -354,7 +354,7 @@ def ancestral_sample(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, i
     _check_temperature(temperature)
     B = input.shape[0]
     dev = input.device
-    children = torch.as_tensor(tree.children, device=dev)
+    children = torch.tensor(tree.children, device=dev)  # a copy: tree arrays are read-only
     depth = int(tree.leaf_depth.max())
     # One uniform per row and level, drawn up front so the result depends only on the generator.
     u = torch.rand(B, depth, generator=generator, device=generator.device if generator is not None else "cpu").to(dev)
