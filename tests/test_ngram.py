@@ -446,6 +446,37 @@ def test_cli_train_and_eval(tmp_path, monkeypatch, capsys):
     assert err.count("\n") == 0 and f"{bad}:12:" in err
 
 
+def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
+    cli = pytest.importorskip("hlbl.cli")
+    from hlbl.checkpoint import load_model
+    from hlbl.evaluate import token_log_probs as neural_log_probs
+
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    data = _write_corpus(tmp_path / "toy", np.random.default_rng(5))
+    run, arpa = tmp_path / "run", tmp_path / "kn3.arpa"
+    assert cli.main(["train", "--data", str(data), "--out", str(run), "--epochs", "1", "--dim", "8",
+                     "--context", "2", "--quiet", "--device", "cpu"]) == 0
+    assert cli.main(["ngram", "train", "--data", str(data), "--order", "3", "--out", str(arpa)]) == 0
+    capsys.readouterr()
+    model, vocab, _ = load_model(run, device="cpu")
+    corpus = load_corpus(data, vocab=vocab)
+    a = {s: neural_log_probs(model, corpus[s], vocab.eos) for s in ("valid", "test")}
+    b = {s: token_log_probs(arpa, corpus[s], vocab) for s in ("valid", "test")}
+    for weight, expect_w in (("0.25", 0.25), ("auto", tune_weight(a["valid"], b["valid"])), ("1", 1.0)):
+        assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--weight", weight]) == 0
+        rep = json.loads(capsys.readouterr().out.strip())
+        assert rep["weight"] == pytest.approx(expect_w, abs=1e-12)
+        assert rep["tokens"] == len(corpus["test"])
+        mix = interpolate(a["test"], b["test"], expect_w)
+        assert rep["nll"] == pytest.approx(-mix.mean(), rel=1e-6)
+        assert rep["perplexity"] == pytest.approx(math.exp(rep["nll"]))
+        assert rep["ngram_perplexity"] == pytest.approx(math.exp(-b["test"].mean()), rel=1e-9)
+    assert rep["perplexity"] == pytest.approx(rep["model_perplexity"], rel=1e-9)  # weight 1: the model alone
+    assert 0 < tune_weight(a["valid"], b["valid"]) < 1
+    assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--weight", "2"]) == 2
+    assert "--weight" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------------------- PTB
 
 

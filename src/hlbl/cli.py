@@ -97,6 +97,11 @@ def cmd_eval(args) -> int:
     device = pick_device(args.device)
     model, vocab, info = load_model(args.run, which=args.which, device=device)
     corpus = load_corpus(args.data or info["corpus"], vocab=vocab)
+    if args.interpolate:  # mixture with an n-gram model (hlbl.ngram)
+        from .ngram.commands import interpolated_report
+
+        print(json.dumps(interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device)))
+        return 0
     print(json.dumps(evaluate(model, corpus[args.split], vocab.eos, device=device)))
     return 0
 
@@ -162,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
     e.add_argument("--which", choices=("best", "last"), default="best")
     e.add_argument("--device", default="auto")
+    e.add_argument("--interpolate", metavar="ARPA", default=None,
+                   help="also mix with this n-gram model: W p_model + (1-W) p_ngram, per token")
+    e.add_argument("--weight", default="auto", help="with --interpolate: W in [0, 1], or auto (tuned on valid)")
     e.set_defaults(func=cmd_eval)
 
     tr = sub.add_parser("tree", help="word trees: statistics, builders")

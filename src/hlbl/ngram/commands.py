@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 
 from ..data import DataError, load_corpus
 from .arpa import read_arpa, write_arpa
 from .kneser_ney import train_kneser_ney
 from . import token_log_probs
+from .mixture import interpolate, tune_weight
 
 SPLITS = ("train", "valid", "test")
 
@@ -48,6 +50,51 @@ def cmd_ngram_eval(args) -> int:
     lp = token_log_probs(model, corpus[args.split], corpus.vocab)
     print(json.dumps(perplexity_report(lp)))
     return 0
+
+
+def parse_weight(text: str) -> float | None:
+    """``--weight``: a number in [0, 1], or ``auto`` (None: tune on the valid split)."""
+    if str(text).strip().lower() == "auto":
+        return None
+    try:
+        w = float(text)
+    except ValueError:
+        w = float("nan")
+    if not 0.0 <= w <= 1.0:
+        raise DataError(f"--weight must be a number in [0, 1] or auto, got {text!r}")
+    return w
+
+
+def interpolated_report(model, corpus, split: str, arpa, weight: str | float = "auto", device="cpu") -> dict:
+    """``hlbl eval RUN --interpolate ARPA --weight W|auto``: perplexity of the linear mixture
+    ``W p_model + (1 - W) p_ngram`` on ``split``, per token under the stream protocol.
+
+    ``auto`` picks W maximising the likelihood of the valid split (:func:`tune_weight`). The
+    JSON has ``hlbl eval``'s keys for the mixture, plus ``weight`` and both models' own
+    perplexities. ``corpus`` is encoded with the neural model's vocabulary.
+    """
+    from ..evaluate import perplexity_report
+    from ..evaluate import token_log_probs as neural_log_probs
+
+    w = parse_weight(str(weight))
+    auto = w is None
+    ngram = read_arpa(arpa)
+    vocab = corpus.vocab
+    scored = {}
+    for s in {split, "valid"} if auto else {split}:
+        scored[s] = (neural_log_probs(model, corpus[s], vocab.eos, device=device),
+                     token_log_probs(ngram, corpus[s], vocab))
+    if auto:
+        w = tune_weight(*scored["valid"])
+    a, b = scored[split]
+    report = perplexity_report(interpolate(a, b, w))
+    report.update({
+        "weight": w,
+        "weight_tuned_on": "valid" if auto else None,
+        "model_perplexity": math.exp(-float(a.mean())),
+        "ngram_perplexity": math.exp(-float(b.mean())),
+    })
+    return report
 
 
 def add_subcommands(subparsers) -> None:
