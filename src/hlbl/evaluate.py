@@ -17,8 +17,18 @@ from .data import batches
 
 @torch.no_grad()
 def token_log_probs(model, stream: np.ndarray, pad: int, batch_size: int = 4096,
-                    device: str | torch.device = "cpu") -> np.ndarray:
-    """(N,) float64 natural-log probability of every token of ``stream`` given its context."""
+                    device: str | torch.device = "cpu", engine: str = "auto") -> np.ndarray:
+    """(N,) float64 natural-log probability of every token of ``stream`` given its context.
+
+    ``engine="torch"`` always uses the model's forward; otherwise tree models on the CPU are
+    scored by ``hlbl.fast`` (the same values up to float32 rounding, several times faster).
+    """
+    if engine != "torch":
+        from .fast import scorer  # lazily: numba compiles its kernels on first use
+
+        score = scorer(model, device)
+        if score is not None:
+            return score(stream, pad)
     was_training = model.training
     model.eval()
     out = np.empty(len(stream), dtype=np.float64)
@@ -41,5 +51,5 @@ def perplexity_report(log_probs: np.ndarray) -> dict:
 
 
 def evaluate(model, stream: np.ndarray, pad: int, batch_size: int = 4096,
-             device: str | torch.device = "cpu") -> dict:
-    return perplexity_report(token_log_probs(model, stream, pad, batch_size, device))
+             device: str | torch.device = "cpu", engine: str = "auto") -> dict:
+    return perplexity_report(token_log_probs(model, stream, pad, batch_size, device, engine))

@@ -1,0 +1,644 @@
+"""Fast CPU engine for HLBL: fused numba kernels, sparse row updates, exact objective and optimiser.
+
+What it computes is exactly what the PyTorch path computes (``hlbl.train.train_epoch`` with
+``torch.optim.SGD``): for each minibatch the gradient of the *summed* negative log-likelihood at
+the current parameters, then one SGD step (optionally with momentum and L2 weight decay, per
+parameter group). Only the bookkeeping differs: the engine never materialises dense gradients.
+
+Objective (unchanged from :class:`hlbl.output.TreeSoftmax`): for target ``w`` with leaves
+``l_1..l_K`` (multi-code trees have K > 1)::
+
+    log P(w | h) = logsumexp_k  sum_{t < depth(l_k)} logsigmoid(sign_kt * (h . q_{n_kt} + b_{n_kt}))
+
+with exact ``logsigmoid`` (no lookup table, no skipped saturated nodes). The gradient of the
+loss w.r.t. the score ``s`` of node ``n_kt`` is ``-pi_k * sign_kt * sigmoid(-sign_kt * s)``,
+where ``pi_k = P(path k | w, h)`` is the path's posterior share; a node on two of a word's paths
+gets both contributions.
+
+One step (number t) on a batch of B positions (context n words, dimension d, paths padded to
+K x D):
+
+1. ``_gather`` (parallel over examples): the context words, straight from the token stream, and
+   the tree nodes on the target's paths: the rows this step reads and writes.
+2. ``_csr`` (sequential): groups the (example, node) and (example, context word) pairs by row
+   (compressed sparse rows, pairs in example order), so every touched row is owned by exactly
+   one thread below -- no atomics, no locks, no Hogwild races.
+3. ``_catch_up`` (parallel over touched rows): brings those rows to their step t-1 values (see
+   laziness below) before anything reads them.
+4. ``_forward_backward`` (parallel over examples): ``h_b = sum_i C_i * R[ctx_bi]`` (diagonal C),
+   node scores, per-node loss gradients ``gs (B, K*D)``, ``dh_b = dLoss/dh_b`` and the NLL.
+   Reads parameters only.
+5. ``_grad_C``: the dense gradient of the context weights, from the old R.
+6. ``_update_rows`` (parallel over touched rows, cost-balanced): each row sums its gradient in
+   example order and takes its optimiser step. Then C takes its (dense) step.
+
+Optimiser semantics and laziness. ``torch.optim.SGD`` with momentum ``mu``, weight decay ``wd``
+and learning rate ``lr`` does, for *every* row every step (rows a batch does not touch get a
+zero gradient, but decay and momentum still move them)::
+
+    buf <- mu * buf + g + wd * p ;    p <- p - lr * buf           (torch: dampening 0)
+
+With ``g = 0`` this is linear in ``(p, buf)``: ``(p, buf) <- A (p, buf)`` with
+``A = [[1 - lr*wd, -lr*mu], [wd, mu]]``. So the engine is *lazy but exact*: each row remembers
+the last step it was brought up to date (``last``); when a batch touches it at step t it first
+applies ``A^(t-1-last)`` (powers precomputed in float64 per parameter group and epoch; step 3),
+then, after the forward pass, the step with its gradient. At the end of each epoch every row is caught up (``_catch_up``), so the
+parameters and the momentum buffers stored in the torch optimiser (``state[p]["momentum_buffer"]``)
+are exactly those of the dense PyTorch path, up to float32 rounding. Cost per step is
+proportional to the rows a batch touches, plus O(V d) once per epoch: training cost grows with
+log V, not V. Plain SGD (``momentum = 0``) is the special case ``A = [[1 - lr*wd]]`` with no buffer.
+Adam/Adagrad are not implemented here (their lazy forms are not exact); ``engine="auto"`` uses the
+PyTorch path for them.
+
+Determinism: every output value is computed by one thread in a fixed order (rows sum their
+contributions in example order; the C gradient sums over examples in order), so results are
+bit-identical across runs *and* across thread counts for a given seed. (A Hogwild design, with
+threads racing on shared rows, would not be.)
+
+Scoring (``token_log_probs``) is one parallel pass over the stream, O(K D d) per token.
+
+Limitations: tree output layer, diagonal context weights, float32 parameters on the CPU.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Callable
+
+import numba
+import numpy as np
+import torch
+from numba import njit, prange
+from tqdm import tqdm
+
+from .output import TreeSoftmax
+
+# Vectorised float reductions and FMAs; never approximate functions ('afn') or assume no NaN/inf.
+_FM = {"reassoc", "contract", "nsz"}
+_TASKS_PER_THREAD = 4  # row-update tasks per thread: balances load without tiny tasks
+
+
+# ---- scalar helpers ------------------------------------------------------------------------
+
+
+@njit(inline="always", cache=True)
+def _log_sigmoid(z):
+    """Exact, overflow-free log(sigmoid(z)) for float64 z."""
+    if z >= 0.0:
+        return -math.log1p(math.exp(-z))
+    return z - math.log1p(math.exp(z))
+
+
+@njit(inline="always", cache=True)
+def _sigmoid_neg(z):
+    """sigmoid(-z) = 1 - sigmoid(z), without overflow."""
+    if z >= 0.0:
+        e = math.exp(-z)
+        return e / (1.0 + e)
+    return 1.0 / (1.0 + math.exp(z))
+
+
+@njit(inline="always", fastmath=_FM, cache=True)
+def _context(stream, p, pad, n, i):
+    o = p - n + i
+    return stream[o] if o >= 0 else pad
+
+
+# ---- training kernels ----------------------------------------------------------------------
+
+
+@njit(parallel=True, cache=True)
+def _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys):
+    """The rows example b reads: context words ctx[b] (n,) and tree nodes keys[b] (K*D,).
+
+    ``keys[b, k*D + t]`` is the node at step t of the target's path k, -1 where there is none.
+    """
+    n = ctx.shape[1]
+    K = wleaves.shape[1]
+    D = pnodes.shape[1]
+    for b in prange(pos.shape[0]):
+        p = pos[b]
+        for i in range(n):
+            ctx[b, i] = _context(stream, p, pad, n, i)
+        for e in range(K * D):
+            keys[b, e] = -1
+        target = stream[p]
+        for c in range(K):
+            lf = wleaves[target, c]
+            if lf < 0:
+                continue
+            for t in range(pdepth[lf]):
+                keys[b, c * D + t] = pnodes[lf, t]
+
+
+@njit(parallel=True, fastmath=_FM, cache=True)
+def _forward_backward(stream, pos, R, C, Q, qb, pnodes, psign, pdepth, wleaves,
+                      ctx, h, dh, gs, plp, nll):
+    """Per example b (ctx from _gather): h (B, d), dh (B, d) = dLoss/dh, gs (B, K*D), plp (B, K), nll (B,).
+
+    ``gs[b, k*D + t]`` is the loss gradient w.r.t. the score of the node at step t of path k.
+    """
+    B = pos.shape[0]
+    n, d = C.shape
+    K = wleaves.shape[1]
+    D = pnodes.shape[1]
+    for b in prange(B):
+        p = pos[b]
+        hb = h[b]
+        for k in range(d):
+            hb[k] = 0.0
+        for i in range(n):
+            w = ctx[b, i]
+            for k in range(d):
+                hb[k] += C[i, k] * R[w, k]
+        target = stream[p]
+        best = -np.inf
+        for c in range(K):
+            lf = wleaves[target, c]
+            if lf < 0:
+                plp[b, c] = -np.inf
+                continue
+            lp = 0.0
+            for t in range(pdepth[lf]):
+                j = pnodes[lf, t]
+                s = np.float32(0.0)
+                for k in range(d):
+                    s += hb[k] * Q[j, k]
+                sg = psign[lf, t]
+                z = sg * (np.float64(s) + qb[j])
+                lp += _log_sigmoid(z)
+                gs[b, c * D + t] = sg * _sigmoid_neg(z)  # d log P(path) / d score
+            plp[b, c] = lp
+            best = max(best, lp)
+        tot = 0.0
+        for c in range(K):
+            if plp[b, c] > -np.inf:
+                tot += math.exp(plp[b, c] - best)
+        logp = best + math.log(tot)
+        nll[b] = -logp
+        dhb = dh[b]
+        for k in range(d):
+            dhb[k] = 0.0
+        for c in range(K):
+            if plp[b, c] == -np.inf:
+                continue
+            share = math.exp(plp[b, c] - logp)  # posterior P(path c | target, h)
+            lf = wleaves[target, c]
+            for t in range(pdepth[lf]):
+                j = pnodes[lf, t]
+                g = np.float32(-share * gs[b, c * D + t])  # d loss / d score
+                gs[b, c * D + t] = g
+                for k in range(d):
+                    dhb[k] += g * Q[j, k]
+
+
+@njit(cache=True)
+def _csr(keys, slot, uniq, start, cursor, ent):
+    """Group entries by key: returns the number of distinct keys ``nu``.
+
+    keys (E,) int32, -1 = no entry; slot (M,) int32, all -1 on entry and on return.
+    Out: uniq[:nu] keys in order of first appearance; entries of key uniq[u] are
+    ent[start[u]:start[u+1]], in increasing entry order (so sums run in example order).
+    """
+    nu = 0
+    start[0] = 0
+    for e in range(keys.shape[0]):
+        key = keys[e]
+        if key < 0:
+            continue
+        s = slot[key]
+        if s < 0:
+            s = nu
+            slot[key] = s
+            uniq[nu] = key
+            start[nu + 1] = 0
+            nu += 1
+        start[s + 1] += 1
+    for u in range(nu):
+        start[u + 1] += start[u]
+        cursor[u] = start[u]
+    for e in range(keys.shape[0]):
+        key = keys[e]
+        if key < 0:
+            continue
+        s = slot[key]
+        ent[cursor[s]] = e
+        cursor[s] += 1
+    for u in range(nu):
+        slot[uniq[u]] = -1
+    return nu
+
+
+@njit(cache=True)
+def _balance(start, nu, bounds):
+    """Split rows 0..nu into len(bounds)-1 contiguous tasks of about equal cost.
+
+    Cost of row u = its entries + 2 (the row update costs about two entries).
+    """
+    T = bounds.shape[0] - 1
+    total = start[nu] + 2 * nu
+    bounds[0] = 0
+    u = 0
+    for task in range(1, T):
+        goal = total * task // T
+        while u < nu and start[u] + 2 * u < goal:
+            u += 1
+        bounds[task] = u
+    bounds[T] = nu
+
+
+@njit(inline="always", fastmath=_FM, cache=True)
+def _sgd_row(p, buf, g, gap, P, lr, mu, wd):
+    """Catch row p (with momentum buffer buf) up over ``gap`` gradient-free steps, then step.
+
+    P (S+1, 2, 2) = powers of A (see module docstring). With mu == 0 buf is never touched.
+    """
+    d = p.shape[0]
+    if gap > 0:
+        a00, a01, a10, a11 = P[gap, 0, 0], P[gap, 0, 1], P[gap, 1, 0], P[gap, 1, 1]
+        if mu != 0.0:
+            for k in range(d):
+                pk = p[k]
+                bk = buf[k]
+                p[k] = a00 * pk + a01 * bk
+                buf[k] = a10 * pk + a11 * bk
+        else:
+            for k in range(d):
+                p[k] = a00 * p[k]
+    lr32, mu32, wd32 = np.float32(lr), np.float32(mu), np.float32(wd)
+    if mu != 0.0:
+        for k in range(d):
+            bk = mu32 * buf[k] + (g[k] + wd32 * p[k])
+            buf[k] = bk
+            p[k] -= lr32 * bk
+    else:
+        for k in range(d):
+            p[k] -= lr32 * (g[k] + wd32 * p[k])
+
+
+@njit(inline="always", cache=True)
+def _sgd_scalar(p, buf, j, g, gap, P, lr, mu, wd):
+    """:func:`_sgd_row` for the single value p[j] (a node bias), in float64."""
+    pj = np.float64(p[j])
+    if gap > 0:
+        if mu != 0.0:
+            bj = np.float64(buf[j])
+            buf[j] = P[gap, 1, 0] * pj + P[gap, 1, 1] * bj
+            pj = P[gap, 0, 0] * pj + P[gap, 0, 1] * bj
+        else:
+            pj = P[gap, 0, 0] * pj
+    if mu != 0.0:
+        bj = mu * buf[j] + (g + wd * pj)
+        buf[j] = bj
+        pj -= lr * bj
+    else:
+        pj -= lr * (g + wd * pj)
+    p[j] = pj
+
+
+@njit(parallel=True, fastmath=_FM, cache=True)
+def _update_rows(uniq, start, ent, bounds, stride, coef, coef_vec, src, P, lr, mu, wd,
+                 W, Wbuf, bias, bbuf, Pb, lrb, mub, wdb, last, t, scratch):
+    """Sum each touched row's gradient and take its optimiser step (parallel over tasks).
+
+    The rows were caught up to step t-1 by _catch_up before the forward pass read them.
+
+    For entry e = b * stride + i, the row's gradient gets ``coef[e] * src[b]`` when coef_vec is
+    empty (tree nodes: coef = gs, src = h), else ``coef_vec[i] * src[b]`` elementwise (context
+    words: coef_vec = C, src = dh). ``bias`` (may be empty) gets the sum of coef[e].
+    """
+    d = W.shape[1]
+    vec = coef_vec.shape[0] > 0
+    has_bias = bias.shape[0] > 0
+    for task in prange(bounds.shape[0] - 1):
+        g = scratch[task]
+        for u in range(bounds[task], bounds[task + 1]):
+            j = uniq[u]
+            for k in range(d):
+                g[k] = 0.0
+            gb = 0.0
+            for x in range(start[u], start[u + 1]):
+                e = ent[x]
+                b = e // stride
+                sb = src[b]
+                if vec:
+                    cv = coef_vec[e - b * stride]
+                    for k in range(d):
+                        g[k] += cv[k] * sb[k]
+                else:
+                    c = coef[e]
+                    gb += c
+                    for k in range(d):
+                        g[k] += c * sb[k]
+            gap = t - 1 - last[j]  # 0: see _catch_up
+            _sgd_row(W[j], Wbuf[j], g, gap, P, lr, mu, wd)
+            if has_bias:
+                _sgd_scalar(bias, bbuf, j, gb, gap, Pb, lrb, mub, wdb)
+            last[j] = t
+
+
+@njit(parallel=True, fastmath=_FM, cache=True)
+def _grad_C(R, ctx, dh, gC, B):
+    """gC (n, d) = sum_{b < B} R[ctx[b, i]] * dh[b] (in example order)."""
+    n, d = gC.shape
+    for i in prange(n):
+        for k in range(d):
+            gC[i, k] = 0.0
+        for b in range(B):
+            w = ctx[b, i]
+            for k in range(d):
+                gC[i, k] += R[w, k] * dh[b, k]
+
+
+@njit(parallel=True, fastmath=_FM, cache=True)
+def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
+    """Bring ``rows`` of W (and bias) up to step S: apply the gradient-free steps they skipped.
+
+    Before a forward pass (S = t-1, rows = those the batch reads) and at the end of an epoch
+    (all rows).
+    """
+    has_bias = bias.shape[0] > 0
+    for r in prange(rows.shape[0]):
+        j = rows[r]
+        gap = S - last[j]
+        if gap <= 0:
+            continue
+        a00, a01, a10, a11 = P[gap, 0, 0], P[gap, 0, 1], P[gap, 1, 0], P[gap, 1, 1]
+        for k in range(W.shape[1]):
+            pk = W[j, k]
+            if mu != 0.0:
+                bk = Wbuf[j, k]
+                W[j, k] = a00 * pk + a01 * bk
+                Wbuf[j, k] = a10 * pk + a11 * bk
+            else:
+                W[j, k] = a00 * pk
+        if has_bias:
+            pk = bias[j]
+            b00, b01, b10, b11 = Pb[gap, 0, 0], Pb[gap, 0, 1], Pb[gap, 1, 0], Pb[gap, 1, 1]
+            if mub != 0.0:
+                bk = bbuf[j]
+                bias[j] = b00 * pk + b01 * bk
+                bbuf[j] = b10 * pk + b11 * bk
+            else:
+                bias[j] = b00 * pk
+        last[j] = S
+
+
+@njit(cache=True)
+def _train_batch(t, stream, pos, pad, R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf,
+                 pnodes, psign, pdepth, wleaves, hyper, P_words, P_other, P_bias,
+                 last_w, last_n, ctx, h, dh, gs, keys, plp, nll, gC,
+                 slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor,
+                 bounds, scratch, empty_f, empty_2d):
+    """One exact minibatch step (step number t >= 1); returns the summed NLL of the batch.
+
+    hyper (3, 3) float64: rows words / other / biases, columns lr, momentum, weight decay.
+    """
+    B = pos.shape[0]  # scratch arrays have room for a full batch; rows >= B are stale
+    n, d = C.shape
+    KD = keys.shape[1]
+    _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys)
+    nu_n = _csr(keys.ravel()[: B * KD], slot_n, uniq_n, start_n, cursor, ent_n)
+    nu_w = _csr(ctx.ravel()[: B * n], slot_w, uniq_w, start_w, cursor, ent_w)
+    # The rows this batch reads must hold their step t-1 values (decay and momentum moved them
+    # while no batch touched them).
+    _catch_up(uniq_n[:nu_n], Q, Qbuf, qb, qbbuf, last_n, t - 1, P_other, hyper[1, 1], P_bias, hyper[2, 1])
+    _catch_up(uniq_w[:nu_w], R, Rbuf, empty_f, empty_f, last_w, t - 1, P_words, hyper[0, 1], P_bias, 0.0)
+    _forward_backward(stream, pos, R, C, Q, qb, pnodes, psign, pdepth, wleaves,
+                      ctx, h, dh, gs, plp, nll)
+    _grad_C(R, ctx, dh, gC, B)  # before R moves
+    # tree nodes (weights: group "other"; biases: group "biases")
+    _balance(start_n, nu_n, bounds)
+    _update_rows(uniq_n, start_n, ent_n, bounds, KD, gs.ravel(), empty_2d, h,
+                 P_other, hyper[1, 0], hyper[1, 1], hyper[1, 2],
+                 Q, Qbuf, qb, qbbuf, P_bias, hyper[2, 0], hyper[2, 1], hyper[2, 2], last_n, t, scratch)
+    # context words (group "words"); C is read before its own step below
+    _balance(start_w, nu_w, bounds)
+    _update_rows(uniq_w, start_w, ent_w, bounds, n, empty_f, C, dh,
+                 P_words, hyper[0, 0], hyper[0, 1], hyper[0, 2],
+                 R, Rbuf, empty_f, empty_f, P_bias, 0.0, 0.0, 0.0, last_w, t, scratch)
+    for i in range(n):
+        _sgd_row(C[i], Cbuf[i], gC[i], 0, P_other, hyper[1, 0], hyper[1, 1], hyper[1, 2])
+    return nll[:B].sum()
+
+
+# ---- scoring -------------------------------------------------------------------------------
+
+
+@njit(parallel=True, fastmath=_FM, cache=True)
+def _score(stream, pad, R, C, Q, qb, pnodes, psign, pdepth, wleaves, out):
+    """out[p] = log P(stream[p] | its n preceding tokens), float64, for every position p."""
+    N = stream.shape[0]
+    n, d = C.shape
+    K = wleaves.shape[1]
+    chunk = 256
+    for c in prange((N + chunk - 1) // chunk):
+        h = np.empty(d, dtype=np.float32)
+        plp = np.empty(K)
+        for p in range(c * chunk, min(N, (c + 1) * chunk)):
+            for k in range(d):
+                h[k] = 0.0
+            for i in range(n):
+                w = _context(stream, p, pad, n, i)
+                for k in range(d):
+                    h[k] += C[i, k] * R[w, k]
+            target = stream[p]
+            best = -np.inf
+            for cc in range(K):
+                lf = wleaves[target, cc]
+                if lf < 0:
+                    plp[cc] = -np.inf
+                    continue
+                lp = 0.0
+                for t in range(pdepth[lf]):
+                    j = pnodes[lf, t]
+                    s = np.float32(0.0)
+                    for k in range(d):
+                        s += h[k] * Q[j, k]
+                    lp += _log_sigmoid(psign[lf, t] * (np.float64(s) + qb[j]))
+                plp[cc] = lp
+                best = max(best, lp)
+            tot = 0.0
+            for cc in range(K):
+                if plp[cc] > -np.inf:
+                    tot += math.exp(plp[cc] - best)
+            out[p] = best + math.log(tot)
+
+
+# ---- Python side ---------------------------------------------------------------------------
+
+
+def _tree_tables(layer: TreeSoftmax) -> tuple[np.ndarray, ...]:
+    """int32/float32 copies of the tree's path tables: nodes (L, D), sign (L, D), depth (L,), leaves (V, K)."""
+    tree = layer.tree
+    pnodes = np.ascontiguousarray(tree.path_nodes, dtype=np.int32)
+    psign = np.where(tree.path_bits == 1, 1.0, -1.0).astype(np.float32)
+    pdepth = np.ascontiguousarray(tree.leaf_depth, dtype=np.int32)
+    wleaves = np.ascontiguousarray(tree.word_leaves, dtype=np.int32)
+    return pnodes, psign, pdepth, wleaves
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A writable numpy view of a CPU float32 contiguous tensor (shares memory)."""
+    return t.detach().numpy()
+
+
+def unsupported(model, optimizer: torch.optim.Optimizer | None = None, cfg=None) -> str | None:
+    """Why the fast engine cannot train/score ``model`` (None if it can)."""
+    out = getattr(model, "out", None)
+    if not isinstance(out, TreeSoftmax):
+        return "it handles the tree output layer only"
+    if model.config.full_context:
+        return "it handles diagonal context weights only (not --full-context)"
+    for p in model.parameters():
+        if p.device.type != "cpu" or p.dtype != torch.float32 or not p.is_contiguous():
+            return "it needs contiguous float32 parameters on the CPU"
+    if cfg is not None:
+        if cfg.optimizer not in ("sgd", "momentum"):
+            return f"it implements SGD with or without momentum, not {cfg.optimizer!r}"
+        if torch.device(cfg.device).type != "cpu":
+            return f"it runs on the CPU, not {cfg.device!r}"
+    if optimizer is not None:
+        if type(optimizer) is not torch.optim.SGD:
+            return f"it implements torch.optim.SGD only, not {type(optimizer).__name__}"
+        for g in optimizer.param_groups:
+            if g.get("nesterov") or g.get("dampening", 0) != 0 or g.get("maximize"):
+                return "it implements SGD without Nesterov, dampening or maximize"
+        owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if any(id(p) not in owned for p in model.parameters()):
+            return "the optimiser does not hold every model parameter"
+    return None
+
+
+def _powers(lr: float, mu: float, wd: float, steps: int) -> np.ndarray:
+    """(steps+1, 2, 2) float64: A^k for the gradient-free SGD step A (module docstring)."""
+    A = np.array([[1.0 - lr * wd, -lr * mu], [wd, mu]])
+    out = np.empty((steps + 1, 2, 2))
+    out[0] = np.eye(2)
+    for k in range(1, steps + 1):
+        out[k] = A @ out[k - 1]
+    return out
+
+
+class _Optim:
+    """The torch SGD optimiser's hyperparameters and momentum buffers, as numpy views."""
+
+    def __init__(self, model, optimizer: torch.optim.Optimizer):
+        params = {"R": model.R.weight, "C": model.C, "Q": model.out.weight, "qb": model.out.bias}
+        group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        self.hyper = {}
+        self.buf = {}
+        for name, p in params.items():
+            g = group_of[id(p)]
+            mu = float(g.get("momentum", 0.0))
+            self.hyper[name] = (float(g["lr"]), mu, float(g.get("weight_decay", 0.0)))
+            if mu != 0.0:
+                st = optimizer.state[p]
+                if st.get("momentum_buffer") is None:
+                    # torch's first step sets buf = grad, the same as mu * 0 + grad.
+                    st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                self.buf[name] = _np(st["momentum_buffer"])
+            else:
+                self.buf[name] = _np(p)  # never touched when mu == 0
+        if self.hyper["C"] != self.hyper["Q"]:
+            # C and Q share P_other in the kernels.
+            raise ValueError("the fast engine needs C and the tree weights in one optimiser group")
+        self.matrix = np.array([self.hyper["R"], self.hyper["Q"], self.hyper["qb"]], dtype=np.float64)
+
+    def powers(self, steps: int) -> dict[str, np.ndarray]:
+        return {k: _powers(*self.hyper[k], steps) for k in ("R", "Q", "qb")}
+
+
+def _set_threads(threads: int | None) -> int:
+    n = threads or torch.get_num_threads()
+    n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
+    numba.set_num_threads(n)
+    return n
+
+
+def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg, epoch: int,
+                show: bool, threads: int | None = None, max_batches: int | None = None) -> tuple[float, float]:
+    """Drop-in for :func:`hlbl.train.train_epoch`: one pass in the same seeded order.
+
+    Returns (mean NLL, words/s). ``threads`` defaults to ``torch.get_num_threads()``;
+    ``max_batches`` stops early (benchmarks). Parameters and optimiser state are exact at return.
+    """
+    why = unsupported(model, optimizer, cfg)
+    if why:
+        raise ValueError(f"the fast engine cannot train this model: {why}")
+    n_threads = _set_threads(threads)
+    stream = np.ascontiguousarray(stream, dtype=np.int32)
+    order = np.random.default_rng([cfg.seed, epoch]).permutation(len(stream))
+    B = int(cfg.batch_size)
+    steps = (len(order) + B - 1) // B
+    if max_batches is not None:
+        steps = min(steps, max_batches)
+    opt = _Optim(model, optimizer)
+    P = opt.powers(steps)
+    R, C, Q, qb = _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias)
+    Rbuf, Cbuf, Qbuf, qbbuf = (opt.buf[k] for k in ("R", "C", "Q", "qb"))
+    pnodes, psign, pdepth, wleaves = _tree_tables(model.out)
+    V, d = R.shape
+    N = Q.shape[0]
+    n = C.shape[0]
+    KD = wleaves.shape[1] * pnodes.shape[1]
+    E = max(B * KD, B * n)
+    # Per-epoch scratch (the kernels allocate nothing per step). last_*: the step each row is
+    # up to date with (0 = start of epoch); slot_*: -1 between steps (see _csr).
+    last_w, last_n = np.zeros(V, np.int64), np.zeros(N, np.int64)
+    slot_w, slot_n = np.full(V, -1, np.int32), np.full(N, -1, np.int32)
+    ctx = np.empty((B, n), np.int32)
+    h, dh = np.empty((B, d), np.float32), np.empty((B, d), np.float32)
+    gs, keys = np.zeros((B, KD), np.float32), np.full((B, KD), -1, np.int32)
+    plp, nll = np.empty((B, wleaves.shape[1])), np.empty(B)
+    gC = np.empty((n, d), np.float32)
+    uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor = (np.empty(E + 1, np.int64) for _ in range(7))
+    tasks = n_threads * _TASKS_PER_THREAD
+    bounds = np.empty(tasks + 1, np.int64)
+    scratch = np.empty((tasks, d), np.float32)
+    empty_f, empty_2d = np.empty(0, np.float32), np.empty((0, d), np.float32)
+    total, seen = 0.0, 0
+    begin = time.perf_counter()
+    bar = tqdm(total=min(len(order), steps * B), unit="w", unit_scale=True, desc=f"epoch {epoch}",
+               disable=not show, leave=False, file=sys.stderr, mininterval=1.0)
+    with torch.no_grad():
+        for t in range(1, steps + 1):
+            pos = order[(t - 1) * B : t * B]
+            total += _train_batch(t, stream, pos, pad, R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf,
+                                  pnodes, psign, pdepth, wleaves, opt.matrix, P["R"], P["Q"], P["qb"],
+                                  last_w, last_n, ctx, h, dh, gs, keys, plp, nll, gC,
+                                  slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor,
+                                  bounds, scratch, empty_f, empty_2d)
+            seen += len(pos)
+            bar.update(len(pos))
+            bar.set_postfix(loss=f"{total / seen:.3f}", wps=f"{seen / (time.perf_counter() - begin):.0f}", refresh=False)
+        # Catch every row up to the last step: parameters and momentum buffers are now exact.
+        _catch_up(np.arange(V), R, Rbuf, empty_f, empty_f, last_w, steps, P["R"], opt.hyper["R"][1], P["qb"], 0.0)
+        _catch_up(np.arange(N), Q, Qbuf, qb, qbbuf, last_n, steps, P["Q"], opt.hyper["Q"][1], P["qb"], opt.hyper["qb"][1])
+    bar.close()
+    if not math.isfinite(total):
+        total = math.inf
+    return total / max(seen, 1), seen / (time.perf_counter() - begin)
+
+
+def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = None) -> np.ndarray:
+    """(N,) float64 log P of every token of ``stream`` given its context (the fast scorer)."""
+    why = unsupported(model)
+    if why:
+        raise ValueError(f"the fast engine cannot score this model: {why}")
+    _set_threads(threads)
+    stream = np.ascontiguousarray(stream, dtype=np.int32)
+    out = np.empty(len(stream), dtype=np.float64)
+    with torch.no_grad():
+        _score(stream, pad, _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias),
+               *_tree_tables(model.out), out)
+    return out
+
+
+def scorer(model, device="cpu") -> Callable[[np.ndarray, int], np.ndarray] | None:
+    """The fast scoring function for ``model`` on ``device``, or None where it does not apply."""
+    if torch.device(device).type != "cpu" or unsupported(model) is not None:
+        return None
+    return lambda stream, pad: token_log_probs(model, stream, pad)

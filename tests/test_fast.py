@@ -1,0 +1,133 @@
+"""The fast CPU engine against the PyTorch (autograd + torch.optim.SGD) path, on the same batches."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import multi_code_tree
+from hlbl import fast
+from hlbl.evaluate import token_log_probs
+from hlbl.model import LBL, LBLConfig
+from hlbl.train import TrainConfig, make_optimizer, train_epoch
+from hlbl.tree import WordTree, random_tree
+
+
+def doubled_tree(V: int, dup: int, seed: int) -> WordTree:
+    """Random tree over all V words beside a random tree over the first ``dup`` words, under a new root.
+
+    Words < dup have two codes (at different depths), the others one: exercises -1 padding of
+    word_leaves and the posterior split of the gradient between paths.
+    """
+    a = random_tree(V, seed).children
+    b = random_tree(dup, seed + 1).children.copy()
+    b = np.where(b >= 0, b + 1 + len(a), b)  # internal ids after the root and tree a; leaves keep words < dup
+    a = np.where(a >= 0, a + 1, a)
+    return WordTree(np.concatenate([[[1, 1 + len(a)]], a, b]), V)
+
+
+TREES = {
+    "single": lambda: random_tree(41, 3),
+    "multi_partial": lambda: doubled_tree(41, 13, 5),
+    "multi_hand": multi_code_tree,  # a word with three leaves
+}
+
+
+def make_model(tree: WordTree, seed: int = 0, dim: int = 16, context: int = 3) -> LBL:
+    V = tree.num_words
+    model = LBL(LBLConfig(V, dim=dim, context=context), tree, torch.Generator().manual_seed(seed))
+    counts = np.random.default_rng(seed).integers(1, 100, size=V)
+    model.init_unigram(counts)
+    with torch.no_grad():  # non-trivial biases and scores, so saturation and signs matter
+        model.out.bias.add_(torch.randn(model.out.bias.shape, generator=torch.Generator().manual_seed(seed + 1)))
+    return model
+
+
+def stream_for(V: int, n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, V, size=n).astype(np.int32)
+
+
+def run_both(tree, optimizer, n_tokens, batch, lr=0.05, wd=(0.1, 0.03), threads=2):
+    """Train one epoch with both engines from identical copies; return (torch model, fast model, losses, start)."""
+    model = make_model(tree)
+    start = copy.deepcopy(model)
+    cfg = TrainConfig(lr=lr, batch_size=batch, optimizer=optimizer, momentum=0.9,
+                      weight_decay_words=wd[0], weight_decay_other=wd[1], seed=7, progress=False)
+    stream = stream_for(tree.num_words, n_tokens, 11)
+    pad = 0
+    m_t, m_f = copy.deepcopy(model), copy.deepcopy(model)
+    opt_t, opt_f = make_optimizer(m_t, cfg, lr), make_optimizer(m_f, cfg, lr)
+    loss_t, _ = train_epoch(m_t, opt_t, stream, pad, cfg, 1, False)
+    loss_f, _ = fast.train_epoch(m_f, opt_f, stream, pad, cfg, 1, False, threads=threads)
+    return (m_t, opt_t), (m_f, opt_f), (loss_t, loss_f), start
+
+
+def assert_params_close(a: LBL, b: LBL, start: LBL, atol=2e-6):
+    for (name, pa), (_, pb), (_, p0) in zip(a.named_parameters(), b.named_parameters(), start.named_parameters()):
+        moved = (pa - p0).abs().max().item()
+        assert moved > 50 * atol, f"{name} did not move: the comparison would be vacuous"
+        err = (pa - pb).abs().max().item()
+        assert err <= atol + 1e-5 * moved, f"{name}: fast and torch differ by {err:.3g} (moved {moved:.3g})"
+
+
+@pytest.mark.parametrize("tree_name", list(TREES))
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
+def test_one_step_equals_autograd_sgd(tree_name, optimizer):
+    """One batch = the whole stream: one SGD step on the summed loss, with L2 on every row."""
+    (m_t, _), (m_f, _), (lt, lf), start = run_both(TREES[tree_name](), optimizer, n_tokens=96, batch=96)
+    assert lf == pytest.approx(lt, rel=1e-5)
+    assert_params_close(m_t, m_f, start)
+
+
+@pytest.mark.parametrize("tree_name", ["single", "multi_partial"])
+def test_many_steps_lazy_momentum_is_exact(tree_name):
+    """Several steps with momentum and decay: rows skipped by batches are caught up exactly,
+    and the momentum buffers left in the torch optimiser equal torch's own."""
+    (m_t, o_t), (m_f, o_f), (lt, lf), start = run_both(TREES[tree_name](), "momentum", n_tokens=700, batch=64)
+    assert lf == pytest.approx(lt, rel=1e-5)
+    assert_params_close(m_t, m_f, start, atol=1e-5)
+    for p_t, p_f in zip(m_t.parameters(), m_f.parameters()):
+        b_t, b_f = o_t.state[p_t]["momentum_buffer"], o_f.state[p_f]["momentum_buffer"]
+        assert torch.allclose(b_t, b_f, atol=2e-4, rtol=1e-4)
+
+
+def test_gradient_is_split_by_path_posterior():
+    """Every word of doubled_tree(V, V) has two codes; a one-path (or averaged) gradient would not match torch."""
+    (m_t, _), (m_f, _), _, start = run_both(doubled_tree(20, 20, 2), "sgd", n_tokens=60, batch=60, wd=(0.0, 0.0))
+    assert_params_close(m_t, m_f, start)
+
+
+def test_deterministic_across_runs_and_threads():
+    tree = TREES["multi_partial"]()
+    results = []
+    for threads in (1, 1, 2):
+        _, (m_f, _), _, _ = run_both(tree, "momentum", n_tokens=500, batch=50, threads=threads)
+        results.append(torch.cat([p.detach().reshape(-1) for p in m_f.parameters()]))
+    assert torch.equal(results[0], results[1])
+    assert torch.equal(results[0], results[2])
+
+
+@pytest.mark.parametrize("tree_name", list(TREES))
+def test_scoring_matches_torch(tree_name):
+    model = make_model(TREES[tree_name](), seed=4)
+    stream = stream_for(model.config.vocab_size, 1000, 3)
+    ref = token_log_probs(model, stream, pad=1, engine="torch")
+    got = fast.token_log_probs(model, stream, pad=1)
+    assert got.dtype == np.float64 and got.shape == (1000,)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    # auto (the default) takes the fast path on the CPU
+    np.testing.assert_array_equal(token_log_probs(model, stream, pad=1), got)
+
+
+def test_unsupported_models_are_named():
+    tree = random_tree(10, 0)
+    flat = LBL(LBLConfig(10, dim=4, context=2, output="flat"))
+    assert "tree output" in fast.unsupported(flat)
+    full = LBL(LBLConfig(10, dim=4, context=2, full_context=True), tree)
+    assert "diagonal" in fast.unsupported(full)
+    ok = LBL(LBLConfig(10, dim=4, context=2), tree)
+    assert fast.unsupported(ok, cfg=TrainConfig(optimizer="adam")) is not None
+    assert fast.unsupported(ok, cfg=TrainConfig()) is None
+    with pytest.raises(ValueError, match="fast engine"):
+        fast.train_epoch(flat, make_optimizer(flat, TrainConfig(), 1e-3), np.zeros(10, np.int32), 0, TrainConfig(), 1, False)
