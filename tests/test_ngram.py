@@ -270,6 +270,15 @@ def test_arpa_missing_contexts_become_blanks():
     assert math.log10(prob(m, ["c", "b"], "c")) == pytest.approx(-0.4)
 
 
+def test_arpa_empty_order_and_missing_backoffs():
+    m = parse_arpa("\\data\\\nngram 1=3\nngram 2=1\nngram 3=0\n\n\\1-grams:\n-1\t<s>\t-0.5\n-0.3\ta\n"
+                   "-0.4\t</s>\n\n\\2-grams:\n-0.2\t<s> a\n\n\\3-grams:\n\n\\end\\\n")
+    assert m.sizes() == [4, 1, 0]  # + <unk>
+    # "a": p(a|<s>) = -0.2; p(</s>|<s> a) backs off with weight 1 to p(</s>) = -0.4.
+    # "a a": -0.2, then p(a|<s> a) -> p(a) = -0.3, then p(</s>|a a) -> -0.4.
+    np.testing.assert_allclose(m.score_sentences([["a"], ["a", "a"]]), [-0.6, -0.9])
+
+
 VALID_ARPA = [
     "\\data\\",            # 1
     "ngram 1=4",           # 2

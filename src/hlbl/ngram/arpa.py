@@ -95,6 +95,7 @@ def read_arpa(path: str | os.PathLike) -> NgramModel:
 # ASCII whitespace: what bytes.split() splits on (and so what separates ARPA fields here).
 _WS = np.zeros(256, dtype=bool)
 _WS[[9, 10, 11, 12, 13, 32]] = True
+_WS.setflags(write=False)
 
 
 def parse_arpa(data: bytes | str, name: str = "<arpa>") -> NgramModel:

@@ -127,7 +127,7 @@ class NgramModel:
 
     def _extend(self, ctx_idx: np.ndarray, word: np.ndarray, k: int) -> np.ndarray:
         """Rows in the order-``k`` table of ``(context row, word)`` pairs; -1 where absent."""
-        if k > len(self.keys):  # an order not (yet) built: nothing stored there
+        if k > len(self.keys) or len(self.keys[k - 1]) == 0:  # nothing stored at this order
             return np.full(len(ctx_idx), -1, dtype=np.int64)
         keys = self.keys[k - 1]
         ok = (ctx_idx >= 0) & (word >= 0)
