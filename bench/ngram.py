@@ -4,11 +4,12 @@
 
 For each order: estimation time (counting + discounts + probabilities, corpus already
 encoded), ARPA write time, test scoring time from the model in memory, and, for the highest
-order, the ``hlbl ngram eval`` path (read the ARPA file, score the test split). Perplexities of
+order, the ``hlbl ngram eval`` path (read the ARPA file, score the test split), both parsing
+the text and from the binary copy kept in the hlbl cache. Perplexities of
 test (every order) and valid (highest order) are printed next to KenLM lmplz's reference
 values on PTB. Peak RSS is the whole process's (``getrusage``), so it bounds every step.
 The last line is one JSON object with everything, and whether the budgets
-(train <= 30 s, score <= 10 s, peak <= 2 GiB) were met.
+(train <= 30 s, score <= 10 s, peak <= 2 GiB; parsing the ARPA text also <= 10 s) were met.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import sys
 import tempfile
@@ -53,6 +55,8 @@ def main(argv=None) -> int:
           f"corpus load {load_s:.2f}s", file=sys.stderr)
     tmp = tempfile.TemporaryDirectory() if args.out is None else None
     out_dir = Path(args.out or tmp.name)
+    if tmp is not None:  # the binary copies of temporary ARPA files go with them, not into the user's cache
+        os.environ["HLBL_CACHE"] = str(out_dir / "cache")
     out_dir.mkdir(parents=True, exist_ok=True)
 
     rows = []
@@ -69,19 +73,23 @@ def main(argv=None) -> int:
             row["valid_ppl"] = round(ppl(token_log_probs(model, corpus["valid"], vocab)), 3)
         path = out_dir / f"kn{order}.arpa"
         t = time.perf_counter()
-        write_arpa(model, path)
+        write_arpa(model, path, cache=order == max(args.orders))
         row["write_arpa_s"] = round(time.perf_counter() - t, 3)
         row["arpa_mb"] = round(path.stat().st_size / 2**20, 1)
         del model
         if order == max(args.orders):
-            # The `hlbl ngram eval` path: read the ARPA file, then score.
+            # The `hlbl ngram eval` path: read the ARPA file (parsing the text, and from the
+            # binary copy that write_arpa left in the cache), then score.
             t = time.perf_counter()
-            loaded = read_arpa(path)
-            row["read_arpa_s"] = round(time.perf_counter() - t, 3)
+            loaded = read_arpa(path, cache=False)
+            row["parse_arpa_s"] = round(time.perf_counter() - t, 3)
             lp2 = token_log_probs(loaded, corpus["test"], vocab)
-            row["eval_from_arpa_s"] = round(time.perf_counter() - t, 3)
+            row["eval_parsing_arpa_s"] = round(time.perf_counter() - t, 3)
             row["test_ppl_from_arpa"] = round(ppl(lp2), 3)
             del loaded
+            t = time.perf_counter()
+            lp2 = token_log_probs(read_arpa(path), corpus["test"], vocab)
+            row["eval_cached_arpa_s"] = round(time.perf_counter() - t, 3)
         for split in ("test", "valid"):
             ref = KENLM_PTB.get((split, order)) if args.data == "ptb" else None
             if ref is not None and f"{split}_ppl" in row:
@@ -90,8 +98,8 @@ def main(argv=None) -> int:
         refs = ", ".join(f"{s} {row[f'{s}_ppl']} (KenLM {row.get(f'{s}_kenlm', '-')})"
                          for s in ("test", "valid") if f"{s}_ppl" in row)
         print(f"order {order}: train {train_s:.2f}s, score test {score_s:.2f}s, write ARPA {row['write_arpa_s']:.2f}s"
-              + (f", read ARPA {row['read_arpa_s']:.2f}s, eval from ARPA {row['eval_from_arpa_s']:.2f}s"
-                 if "read_arpa_s" in row else "") + f"; {refs}; peak RSS {peak_rss_mb():.0f} MB", file=sys.stderr)
+              + (f", eval from ARPA {row['eval_parsing_arpa_s']:.2f}s parsing it, "
+                 f"{row['eval_cached_arpa_s']:.2f}s from the cached copy" if "parse_arpa_s" in row else "") + f"; {refs}; peak RSS {peak_rss_mb():.0f} MB", file=sys.stderr)
 
     top = rows[-1]
     peak = peak_rss_mb()
@@ -100,7 +108,10 @@ def main(argv=None) -> int:
         "peak_rss_mb": round(peak, 1),
         "within_budget": {
             "train": top["train_s"] <= BUDGET["train_s"],
-            "score": max(top["score_test_s"], top.get("eval_from_arpa_s", 0.0)) <= BUDGET["score_s"],
+            # Scoring the test split: from the model in memory and from the ARPA file's cached
+            # copy. (Parsing the ARPA text the first time is reported separately: parse_arpa_s.)
+            "score": max(top["score_test_s"], top.get("eval_cached_arpa_s", 0.0)) <= BUDGET["score_s"],
+            "parse_arpa": top.get("parse_arpa_s", 0.0) <= BUDGET["score_s"],
             "memory": peak <= BUDGET["peak_rss_mb"],
         },
         "matches_kenlm": all(abs(r[f"{s}_ppl"] - r[f"{s}_kenlm"]) <= 0.5

@@ -245,13 +245,35 @@ def test_arpa_round_trip(small, tmp_path):
     assert text.startswith("\\data\\\nngram 1=") and text.rstrip().endswith("\\end\\")
     for special in ("<s>", "</s>", "<unk>"):
         assert f"\t{special}" in text
-    back = read_arpa(path)
+    back = read_arpa(path, cache=False)  # really parse the text
     assert back.words == model.words and back.sizes() == model.sizes()
     for k in range(model.order):
         np.testing.assert_array_equal(back.keys[k], model.keys[k])
         np.testing.assert_allclose(back.log10_prob[k], model.log10_prob[k], rtol=1e-7, atol=1e-7)
         np.testing.assert_allclose(back.log10_backoff[k], model.log10_backoff[k], rtol=1e-7, atol=1e-7)
     np.testing.assert_allclose(back.score_sentences(test), model.score_sentences(test), atol=1e-5)
+
+
+def test_arpa_binary_cache(small, tmp_path, monkeypatch):
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    _, test, _, model = small
+    path = tmp_path / "m.arpa"
+    write_arpa(model, path)  # leaves the parsed form in the cache
+    assert len(list((tmp_path / "cache" / "arpa").glob("*.npz"))) == 1
+    parsed = parse_arpa(path.read_bytes())
+    for m in (read_arpa(path), read_arpa(path, cache=False)):
+        assert m.words == parsed.words
+        for k in range(parsed.order):  # bit for bit what parsing the text gives
+            np.testing.assert_array_equal(m.keys[k], parsed.keys[k])
+            np.testing.assert_array_equal(m.log10_prob[k], parsed.log10_prob[k])
+            np.testing.assert_array_equal(m.log10_backoff[k], parsed.log10_backoff[k])
+    # A changed file is parsed again, not served from the stale copy.
+    path.write_text(corrupt(7, "-0.25\ta\t-0.2"))
+    assert read_arpa(path).lookup(["a"]) == (-0.25, -0.2)
+    # A damaged copy is ignored.
+    for f in (tmp_path / "cache" / "arpa").glob("*.npz"):
+        f.write_bytes(b"junk")
+    assert read_arpa(path).lookup(["a"]) == (-0.25, -0.2)
 
 
 def test_arpa_missing_contexts_become_blanks():
@@ -464,7 +486,7 @@ def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
     data = _write_corpus(tmp_path / "toy", np.random.default_rng(5))
     run, arpa = tmp_path / "run", tmp_path / "kn3.arpa"
     assert cli.main(["train", "--data", str(data), "--out", str(run), "--epochs", "1", "--dim", "8",
-                     "--context", "2", "--quiet", "--device", "cpu"]) == 0
+                     "--context", "2", "--output", "flat", "--quiet", "--device", "cpu"]) == 0  # flat: no JIT
     assert cli.main(["ngram", "train", "--data", str(data), "--order", "3", "--out", str(arpa)]) == 0
     capsys.readouterr()
     model, vocab, _ = load_model(run, device="cpu")

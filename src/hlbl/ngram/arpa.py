@@ -22,17 +22,24 @@ the context of one of its n-grams (SRILM pruning can do that), the context is ad
 "blank" entry: back-off 0 and the probability the back-off rule would give it, which leaves
 every score unchanged (KenLM does the same). A missing ``<unk>`` gets log10 probability -100
 and a missing ``<s>`` is added as a context-only word, also as KenLM does.
+
+Parsing PTB's 5-gram file (100 MB) takes seconds, so :func:`read_arpa` keeps a binary copy of
+each model it parses in the hlbl cache (``$HLBL_CACHE/arpa/*.npz``, keyed by the file's resolved
+path, size and modification time) and :func:`write_arpa` leaves one for the file it writes; an
+unchanged file is then loaded in a fraction of a second. ``cache=False`` turns this off.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from ..data import DataError
+from ..data import DataError, default_cache_dir
 from .model import BOS_WORD, UNK_WORD, NgramModel
 
 
@@ -45,11 +52,19 @@ class ArpaError(DataError):
 _FMT = "{:.8g}"
 
 
-def write_arpa(model: NgramModel, path: str | os.PathLike) -> None:
-    """Write ``model`` as an ARPA file (atomically: a temporary file, then a rename)."""
+def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True) -> None:
+    """Write ``model`` as an ARPA file (atomically: a temporary file, then a rename).
+
+    With ``cache``, the binary copy that :func:`read_arpa` would make is stored too, holding
+    the values exactly as written (8 digits), so reading the file back is instant and gives
+    what parsing it would.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     words = list(model.words)
+    fmt = _FMT.format
+    written_lp: list[np.ndarray] = []
+    written_bo: list[np.ndarray] = []
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
             f.write("\\data\\\n")
@@ -63,33 +78,95 @@ def write_arpa(model: NgramModel, path: str | os.PathLike) -> None:
                     prev = text
                     text = [prev[c] + " " + words[x] for c, x in zip(ctx.tolist(), w.tolist())]
                 f.write(f"\n\\{k}-grams:\n")
-                lp = model.log10_prob[k - 1].tolist()
+                lp = list(map(fmt, model.log10_prob[k - 1].tolist()))
                 bo = model.log10_backoff[k - 1]
-                # An n-gram is written with a back-off when it is a context (weight != 1), and
-                # in any case below the top order, except where it cannot be one (ends in </s>).
-                has_bo = (bo != 0.0).tolist() if k < model.order else [False] * len(lp)
-                bo = bo.tolist()
-                fmt = _FMT.format
-                lines = [
-                    f"{fmt(p)}\t{t}\t{fmt(b)}\n" if h else f"{fmt(p)}\t{t}\n"
-                    for p, t, b, h in zip(lp, text, bo, has_bo)
-                ]
-                f.writelines(lines)
+                # A back-off is written where it is not 0 (weight 1): never at the top order,
+                # nor for n-grams that are no context (ending in </s>, say).
+                has_bo = bo != 0.0 if k < model.order else np.zeros(len(bo), dtype=bool)
+                bo_txt = [fmt(b) if h else "" for b, h in zip(bo.tolist(), has_bo.tolist())]
+                f.writelines([
+                    f"{p}\t{t}\t{b}\n" if b else f"{p}\t{t}\n" for p, t, b in zip(lp, text, bo_txt)
+                ])
+                written_lp.append(np.asarray(lp, dtype=np.float64))
+                written_bo.append(np.asarray([b or "0" for b in bo_txt], dtype=np.float64))
             f.write("\n\\end\\\n")
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    if cache:
+        as_read = NgramModel(model.words, list(model.keys), written_lp, written_bo)
+        _save_cached(as_read, _cache_file(path))
 
 
-def read_arpa(path: str | os.PathLike) -> NgramModel:
-    """Load an ARPA file into an :class:`NgramModel` (word ids in unigram-section order)."""
+def read_arpa(path: str | os.PathLike, cache: bool = True) -> NgramModel:
+    """Load an ARPA file into an :class:`NgramModel` (word ids in unigram-section order).
+
+    With ``cache``, a binary copy of the parsed model is kept in the hlbl cache
+    (``$HLBL_CACHE/arpa``), keyed by the file's resolved path, size and modification time, and
+    used on later reads of the unchanged file (parsing PTB's 5-gram file takes seconds).
+    """
     path = Path(path)
     if path.is_dir():
         raise ArpaError(f"{path} is a directory, expected an ARPA file")
     if not path.exists():
         raise ArpaError(f"{path}: no such file")
-    return parse_arpa(path.read_bytes(), str(path))
+    where = _cache_file(path) if cache else None
+    if where is not None and where.exists():
+        model = _load_cached(where)
+        if model is not None:
+            return model
+    model = parse_arpa(path.read_bytes(), str(path))
+    if where is not None:
+        _save_cached(model, where)
+    return model
+
+
+_CACHE_VERSION = 1
+
+
+def _cache_file(path: Path) -> Path | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = f"{_CACHE_VERSION}:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    return default_cache_dir() / "arpa" / (hashlib.sha1(key.encode()).hexdigest()[:20] + ".npz")
+
+
+def _save_cached(model: NgramModel, where: Path | None) -> None:
+    """Best effort: a cache that cannot be written is simply not used."""
+    if where is None:
+        return
+    arrays = {"words": np.frombuffer("\n".join(model.words).encode("utf-8"), dtype=np.uint8)}
+    for k in range(model.order):
+        arrays[f"keys{k}"] = model.keys[k]
+        arrays[f"lp{k}"] = model.log10_prob[k]
+        arrays[f"bo{k}"] = model.log10_backoff[k]
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=where.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, where)
+    except OSError:
+        pass
+
+
+def _load_cached(where: Path) -> NgramModel | None:
+    """The cached model, or None if the copy is unreadable (then the file is parsed again)."""
+    try:
+        with np.load(where, allow_pickle=False) as z:
+            words = tuple(z["words"].tobytes().decode("utf-8").split("\n"))
+            order = sum(1 for n in z.files if n.startswith("keys"))
+            return NgramModel(
+                words,
+                [z[f"keys{k}"] for k in range(order)],
+                [z[f"lp{k}"] for k in range(order)],
+                [z[f"bo{k}"] for k in range(order)],
+            )
+    except (OSError, ValueError, KeyError, UnicodeDecodeError):
+        return None
 
 
 # ASCII whitespace: what bytes.split() splits on (and so what separates ARPA fields here).
