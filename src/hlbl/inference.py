@@ -14,9 +14,10 @@ Multi-code trees (a word's probability is the sum over its leaves). When the sea
 first leaf of a word, that word is *resolved*: its probability is computed exactly by
 evaluating the paths of all its leaves (O(K D d), reusing nodes already scored); later leaves of
 a resolved word are skipped. Stopping rule: let ``p_top`` be the probability of the heap's top
-item and ``K`` the largest number of codes of any word. An unresolved word has had none of its
+item. An unresolved word has had none of its
 leaves popped, so each of its (at most K) leaves lies below some heap item, and each heap item
-has probability at most ``p_top``; hence ``P(w) <= K * p_top``. Once k words are resolved and the
+has probability at most ``p_top``; hence ``P(w) <= K * p_top``, where K is the largest number
+of codes among the still-unresolved words. Once k words are resolved and the
 k-th best of them exceeds ``K * p_top`` (with a 1e-12 margin in log space for rounding), no
 unresolved word can enter the top k, and the resolved ones are exact: the answer is exact.
 (If the heap empties, every word is resolved.) For K = 1 this is the plain rule above.
@@ -178,11 +179,14 @@ def _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, 
 
 
 @numba.njit(cache=True)
-def _topk_one(h, W, b, children, ncodes, kmax, word_leaves, path_nodes, path_bits, leaf_depth, k,
+def _topk_one(h, W, b, children, ncodes, code_hist, kmax, word_leaves, path_nodes, path_bits, leaf_depth, k,
               hk, ht, hi, score, stamp, resolved, tag, buf, out_v, out_w):
     """Best-first exact top-k for one context; fills out_v/out_w (k,), returns nodes scored."""
     counter = np.zeros(1, dtype=np.int64)
-    log_kmax = math.log(kmax)
+    # unresolved[c] = number of unresolved words with c codes; kmax tracks the largest c with
+    # unresolved[c] > 0, so the bound uses the most codes any still-unresolved word has.
+    unresolved = code_hist.copy()
+    single = kmax == 1
     size = _heap_push(hk, ht, hi, 0, 0.0, 0, 0)  # the root, reached with probability 1
     n_res = 0
     while size > 0:
@@ -190,7 +194,7 @@ def _topk_one(h, W, b, children, ncodes, kmax, word_leaves, path_nodes, path_bit
         if n_res == k:
             # Single-code: leaves pop in final order, so k of them are the answer. Multi-code:
             # every unresolved word has P <= kmax * P(top) (see the module docstring).
-            if kmax == 1 or out_v[k - 1] > kp + log_kmax + _LOG_MARGIN:
+            if single or out_v[k - 1] > kp + math.log(kmax) + _LOG_MARGIN:
                 break
         size = _heap_pop(hk, ht, hi, size)
         if kt == 0:  # internal node: score it, push both children
@@ -207,6 +211,9 @@ def _topk_one(h, W, b, children, ncodes, kmax, word_leaves, path_nodes, path_bit
         if resolved[w] == tag:
             continue
         resolved[w] = tag
+        unresolved[ncodes[w]] -= 1
+        while kmax > 1 and unresolved[kmax] == 0:
+            kmax -= 1
         if ncodes[w] == 1:
             v = kp
         else:
@@ -236,6 +243,9 @@ def _topk_batch(H, W, b, children, ncodes, kmax, word_leaves, path_nodes, path_b
     N = W.shape[0]
     V = ncodes.shape[0]
     n_chunks = (B + chunk - 1) // chunk
+    code_hist = np.zeros(kmax + 1, dtype=np.int64)  # words per number of codes
+    for w in range(V):
+        code_hist[ncodes[w]] += 1
     for c in numba.prange(n_chunks):
         # Scratch reused by the contexts of one chunk; stamps (context index + 1) avoid clearing.
         hk = np.empty(N + 2, dtype=np.float64)
@@ -246,7 +256,7 @@ def _topk_batch(H, W, b, children, ncodes, kmax, word_leaves, path_nodes, path_b
         resolved = np.zeros(V, dtype=np.int64)
         buf = np.empty(word_leaves.shape[1], dtype=np.float64)
         for i in range(c * chunk, min(B, (c + 1) * chunk)):
-            out_nodes[i] = _topk_one(H[i], W, b, children, ncodes, kmax, word_leaves, path_nodes,
+            out_nodes[i] = _topk_one(H[i], W, b, children, ncodes, code_hist, kmax, word_leaves, path_nodes,
                                      path_bits, leaf_depth, k, hk, ht, hi, score, stamp, resolved,
                                      i + 1, buf, out_v[i], out_w[i])
 
