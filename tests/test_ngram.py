@@ -423,6 +423,8 @@ def test_interpolate():
     # Tiny probabilities do not underflow to -inf.
     assert interpolate(np.array([-2000.0]), np.array([-2001.0]), 0.5)[0] == pytest.approx(
         -2000 + math.log(0.5 + 0.5 * math.exp(-1)))
+    with pytest.raises(ValueError, match="<= 0"):
+        interpolate(a + 1.0, b, 0.5)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         interpolate(a, b, 1.5)
     with pytest.raises(ValueError, match="one length"):

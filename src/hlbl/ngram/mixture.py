@@ -24,8 +24,10 @@ def _check_pair(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(
             f"per-token log-probabilities must be two 1-D arrays of one length, got {a.shape} and {b.shape}"
         )
-    if np.any(np.isnan(a)) or np.any(np.isnan(b)) or np.any(a > 1e-9) or np.any(b > 1e-9):
+    if np.any(np.isnan(a)) or np.any(np.isnan(b)) or np.any(a > 1e-5) or np.any(b > 1e-5):
         raise ValueError("per-token log-probabilities must be <= 0 and not NaN")
+    # float32 models can round log(1 - tiny) to a tiny positive number: that is log 1.
+    a, b = np.minimum(a, 0.0), np.minimum(b, 0.0)
     both = np.isneginf(a) & np.isneginf(b)
     if np.any(both):
         raise ValueError(f"token {int(np.flatnonzero(both)[0])} has probability 0 under both models")
