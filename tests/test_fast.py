@@ -48,7 +48,7 @@ def stream_for(V: int, n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, V, size=n).astype(np.int32)
 
 
-def run_both(tree, optimizer, n_tokens, batch, lr=0.05, wd=(0.1, 0.03), threads=2):
+def run_both(tree, optimizer, n_tokens, batch, lr=0.05, wd=(0.1, 0.03), threads=1):
     """Train one epoch with both engines from identical copies; return (torch model, fast model, losses, start)."""
     model = make_model(tree)
     start = copy.deepcopy(model)
@@ -98,14 +98,16 @@ def test_gradient_is_split_by_path_posterior():
     assert_params_close(m_t, m_f, start)
 
 
-def test_deterministic_across_runs_and_threads():
+def test_one_thread_is_reproducible_and_hogwild_stays_close():
     tree = TREES["multi_partial"]()
-    results = []
-    for threads in (1, 1, 2):
-        _, (m_f, _), _, _ = run_both(tree, "momentum", n_tokens=500, batch=50, threads=threads)
-        results.append(torch.cat([p.detach().reshape(-1) for p in m_f.parameters()]))
-    assert torch.equal(results[0], results[1])
-    assert torch.equal(results[0], results[2])
+    flat = lambda m: torch.cat([p.detach().reshape(-1) for p in m.parameters()])
+    (_, (a, _), (_, la), start), (_, (b, _), (_, lb), _) = (
+        run_both(tree, "momentum", n_tokens=2000, batch=50, lr=0.01, threads=1) for _ in range(2))
+    assert torch.equal(flat(a), flat(b)) and la == lb
+    _, (c, _), (_, lc), _ = run_both(tree, "momentum", n_tokens=2000, batch=50, lr=0.01, threads=2)
+    # Hogwild: the same steps, overlapping in time; close to the sequential result, not equal to it.
+    assert (flat(c) - flat(a)).norm() < 0.3 * (flat(a) - flat(start)).norm()
+    assert lc == pytest.approx(la, rel=0.03)
 
 
 @pytest.mark.parametrize("tree_name", list(TREES))

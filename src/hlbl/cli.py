@@ -19,7 +19,7 @@ from .data import DataError, load_corpus
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .output import OUTPUT_KINDS
-from .train import OPTIMIZERS, TrainConfig, fit
+from .train import ENGINES, OPTIMIZERS, TrainConfig, fit
 from .tree import TreeError, WordTree, build_tree
 
 USER_ERRORS = (DataError, TreeError, CheckpointError, FloatingPointError)
@@ -66,6 +66,7 @@ def cmd_train(args) -> int:
                           seed=args.seed, device=device, max_train_tokens=args.max_train_tokens,
                           progress=not args.quiet)
     cfg.device = device
+    cfg.engine = args.engine  # like the device, a choice of how to run, not of what is learned
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     print(f"{model.config.output} output, {V:,} words, {model.num_parameters():,} parameters, "
           f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, device {device}", file=sys.stderr)
@@ -153,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=d.lr, help="learning rate per example (gradients are summed over a batch)")
     t.add_argument("--lr-final", type=float, default=d.lr_final, help="learning rate after validation perplexity first rises")
     t.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
+    t.add_argument("--engine", choices=ENGINES, default=d.engine,
+                   help="fast = numba CPU kernels (tree output, SGD/momentum), torch = autograd (GPU, any model); auto picks fast where it applies")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     t.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")

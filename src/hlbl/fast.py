@@ -16,21 +16,18 @@ where ``pi_k = P(path k | w, h)`` is the path's posterior share; a node on two o
 gets both contributions.
 
 One step (number t) on a batch of B positions (context n words, dimension d, paths padded to
-K x D):
+K x D), ``_step``:
 
-1. ``_gather`` (parallel over examples): the context words, straight from the token stream, and
-   the tree nodes on the target's paths: the rows this step reads and writes.
-2. ``_csr`` (sequential): groups the (example, node) and (example, context word) pairs by row
-   (compressed sparse rows, pairs in example order), so every touched row is owned by exactly
-   one thread below -- no atomics, no locks, no Hogwild races.
-3. ``_catch_up`` (parallel over touched rows): brings those rows to their step t-1 values (see
-   laziness below) before anything reads them.
-4. ``_forward_backward`` (parallel over examples): ``h_b = sum_i C_i * R[ctx_bi]`` (diagonal C),
-   node scores, per-node loss gradients ``gs (B, K*D)``, ``dh_b = dLoss/dh_b`` and the NLL.
-   Reads parameters only.
-5. ``_grad_C``: the dense gradient of the context weights, from the old R.
-6. ``_update_rows`` (parallel over touched rows, cost-balanced): each row sums its gradient in
-   example order and takes its optimiser step. Then C takes its (dense) step.
+1. ``_gather``: the context words, straight from the token stream, and the tree nodes on the
+   target's paths -- the rows this step reads and writes.
+2. ``_csr``: groups the (example, node) and (example, context word) pairs by row (compressed
+   sparse rows, pairs in example order).
+3. ``_catch_up``: brings those rows to their step t-1 values (see laziness below).
+4. ``_forward_backward``: ``h_b = sum_i C_i * R[ctx_bi]`` (diagonal C), node scores, per-node
+   loss gradients ``gs (B, K*D)``, ``dh_b = dLoss/dh_b``, the NLL, and ``R[ctx_bi] * dh_b``
+   for the gradient of C. Reads parameters only.
+5. ``_update_nodes`` / ``_update_words``: each touched row sums its gradient in example order
+   and takes its optimiser step; then C takes its (dense) step.
 
 Optimiser semantics and laziness. ``torch.optim.SGD`` with momentum ``mu``, weight decay ``wd``
 and learning rate ``lr`` does, for *every* row every step (rows a batch does not touch get a
@@ -50,10 +47,14 @@ log V, not V. Plain SGD (``momentum = 0``) is the special case ``A = [[1 - lr*wd
 Adam/Adagrad are not implemented here (their lazy forms are not exact); ``engine="auto"`` uses the
 PyTorch path for them.
 
-Determinism: every output value is computed by one thread in a fixed order (rows sum their
-contributions in example order; the C gradient sums over examples in order), so results are
-bit-identical across runs *and* across thread counts for a given seed. (A Hogwild design, with
-threads racing on shared rows, would not be.)
+Threads and determinism. A step is sequential; ``threads=T > 1`` runs T Python threads (the
+kernels release the GIL), thread r taking steps r+1, r+1+T, ... on the shared parameters
+without locks: Hogwild (Recht et al. 2011) at the granularity of exact minibatch steps. There is
+no barrier between steps, so a thread never waits for another (the reason for this design: on a
+loaded machine, per-step barriers between threads cost a scheduler time slice each). Steps of
+different threads overlap, so a step may read rows another is writing, and results are not
+bit-reproducible. With ``threads=1`` the engine is deterministic: a seed fixes the result to the
+bit, and it equals the PyTorch path up to float32 rounding.
 
 Scoring (``token_log_probs``) is one parallel pass over the stream, O(K D d) per token.
 
@@ -65,6 +66,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numba
@@ -77,7 +79,6 @@ from .output import TreeSoftmax
 
 # Vectorised float reductions and FMAs; never approximate functions ('afn') or assume no NaN/inf.
 _FM = {"reassoc", "contract", "nsz"}
-_TASKS_PER_THREAD = 4  # row-update tasks per thread: balances load without tiny tasks
 
 
 # ---- scalar helpers ------------------------------------------------------------------------
@@ -106,10 +107,10 @@ def _context(stream, p, pad, n, i):
     return stream[o] if o >= 0 else pad
 
 
-# ---- training kernels ----------------------------------------------------------------------
+# ---- training kernels (sequential; threads run them side by side, see train_epoch) ----------
 
 
-@njit(parallel=True, cache=True)
+@njit(fastmath=_FM, cache=True)
 def _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys):
     """The rows example b reads: context words ctx[b] (n,) and tree nodes keys[b] (K*D,).
 
@@ -118,7 +119,7 @@ def _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys):
     n = ctx.shape[1]
     K = wleaves.shape[1]
     D = pnodes.shape[1]
-    for b in prange(pos.shape[0]):
+    for b in range(pos.shape[0]):
         p = pos[b]
         for i in range(n):
             ctx[b, i] = _context(stream, p, pad, n, i)
@@ -133,19 +134,17 @@ def _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys):
                 keys[b, c * D + t] = pnodes[lf, t]
 
 
-@njit(parallel=True, fastmath=_FM, cache=True)
-def _forward_backward(stream, pos, R, C, Q, qb, pnodes, psign, pdepth, wleaves,
-                      ctx, h, dh, gs, plp, nll):
-    """Per example b (ctx from _gather): h (B, d), dh (B, d) = dLoss/dh, gs (B, K*D), plp (B, K), nll (B,).
+@njit(fastmath=_FM, cache=True)
+def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, rdh):
+    """Per example b: h (B, d), dh (B, d) = dLoss/dh, gs (B, K*D), plp (B, K), nll (B,), rdh (B, n, d).
 
-    ``gs[b, k*D + t]`` is the loss gradient w.r.t. the score of the node at step t of path k.
+    ``gs[b, k*D + t]`` is the loss gradient w.r.t. the score of node keys[b, k*D + t];
+    ``rdh[b, i] = R[ctx[b, i]] * dh[b]``, example b's part of the gradient of C_i.
     """
-    B = pos.shape[0]
     n, d = C.shape
     K = wleaves.shape[1]
-    D = pnodes.shape[1]
-    for b in prange(B):
-        p = pos[b]
+    D = keys.shape[1] // K
+    for b in range(pos.shape[0]):
         hb = h[b]
         for k in range(d):
             hb[k] = 0.0
@@ -153,7 +152,7 @@ def _forward_backward(stream, pos, R, C, Q, qb, pnodes, psign, pdepth, wleaves,
             w = ctx[b, i]
             for k in range(d):
                 hb[k] += C[i, k] * R[w, k]
-        target = stream[p]
+        target = stream[pos[b]]
         best = -np.inf
         for c in range(K):
             lf = wleaves[target, c]
@@ -162,7 +161,7 @@ def _forward_backward(stream, pos, R, C, Q, qb, pnodes, psign, pdepth, wleaves,
                 continue
             lp = 0.0
             for t in range(pdepth[lf]):
-                j = pnodes[lf, t]
+                j = keys[b, c * D + t]
                 s = np.float32(0.0)
                 for k in range(d):
                     s += hb[k] * Q[j, k]
@@ -187,11 +186,15 @@ def _forward_backward(stream, pos, R, C, Q, qb, pnodes, psign, pdepth, wleaves,
             share = math.exp(plp[b, c] - logp)  # posterior P(path c | target, h)
             lf = wleaves[target, c]
             for t in range(pdepth[lf]):
-                j = pnodes[lf, t]
+                j = keys[b, c * D + t]
                 g = np.float32(-share * gs[b, c * D + t])  # d loss / d score
                 gs[b, c * D + t] = g
                 for k in range(d):
                     dhb[k] += g * Q[j, k]
+        for i in range(n):
+            w = ctx[b, i]
+            for k in range(d):
+                rdh[b, i, k] = R[w, k] * dhb[k]
 
 
 @njit(cache=True)
@@ -231,64 +234,24 @@ def _csr(keys, slot, uniq, start, cursor, ent):
     return nu
 
 
-@njit(cache=True)
-def _balance(start, nu, bounds):
-    """Split rows 0..nu into len(bounds)-1 contiguous tasks of about equal cost.
-
-    Cost of row u = its entries + 2 (the row update costs about two entries).
-    """
-    T = bounds.shape[0] - 1
-    total = start[nu] + 2 * nu
-    bounds[0] = 0
-    u = 0
-    for task in range(1, T):
-        goal = total * task // T
-        while u < nu and start[u] + 2 * u < goal:
-            u += 1
-        bounds[task] = u
-    bounds[T] = nu
-
-
 @njit(inline="always", fastmath=_FM, cache=True)
-def _sgd_row(p, buf, g, gap, P, lr, mu, wd):
-    """Catch row p (with momentum buffer buf) up over ``gap`` gradient-free steps, then step.
-
-    P (S+1, 2, 2) = powers of A (see module docstring). With mu == 0 buf is never touched.
-    """
-    d = p.shape[0]
-    if gap > 0:
-        a00, a01, a10, a11 = P[gap, 0, 0], P[gap, 0, 1], P[gap, 1, 0], P[gap, 1, 1]
-        if mu != 0.0:
-            for k in range(d):
-                pk = p[k]
-                bk = buf[k]
-                p[k] = a00 * pk + a01 * bk
-                buf[k] = a10 * pk + a11 * bk
-        else:
-            for k in range(d):
-                p[k] = a00 * p[k]
+def _sgd_row(p, buf, g, lr, mu, wd):
+    """torch.optim.SGD on one row: buf <- mu*buf + g + wd*p; p <- p - lr*buf (no buf if mu == 0)."""
     lr32, mu32, wd32 = np.float32(lr), np.float32(mu), np.float32(wd)
     if mu != 0.0:
-        for k in range(d):
+        for k in range(p.shape[0]):
             bk = mu32 * buf[k] + (g[k] + wd32 * p[k])
             buf[k] = bk
             p[k] -= lr32 * bk
     else:
-        for k in range(d):
+        for k in range(p.shape[0]):
             p[k] -= lr32 * (g[k] + wd32 * p[k])
 
 
 @njit(inline="always", cache=True)
-def _sgd_scalar(p, buf, j, g, gap, P, lr, mu, wd):
+def _sgd_scalar(p, buf, j, g, lr, mu, wd):
     """:func:`_sgd_row` for the single value p[j] (a node bias), in float64."""
     pj = np.float64(p[j])
-    if gap > 0:
-        if mu != 0.0:
-            bj = np.float64(buf[j])
-            buf[j] = P[gap, 1, 0] * pj + P[gap, 1, 1] * bj
-            pj = P[gap, 0, 0] * pj + P[gap, 0, 1] * bj
-        else:
-            pj = P[gap, 0, 0] * pj
     if mu != 0.0:
         bj = mu * buf[j] + (g + wd * pj)
         buf[j] = bj
@@ -298,130 +261,121 @@ def _sgd_scalar(p, buf, j, g, gap, P, lr, mu, wd):
     p[j] = pj
 
 
-@njit(parallel=True, fastmath=_FM, cache=True)
-def _update_rows(uniq, start, ent, bounds, stride, coef, coef_vec, src, P, lr, mu, wd,
-                 W, Wbuf, bias, bbuf, Pb, lrb, mub, wdb, last, t, scratch):
-    """Sum each touched row's gradient and take its optimiser step (parallel over tasks).
-
-    The rows were caught up to step t-1 by _catch_up before the forward pass read them.
-
-    For entry e = b * stride + i, the row's gradient gets ``coef[e] * src[b]`` when coef_vec is
-    empty (tree nodes: coef = gs, src = h), else ``coef_vec[i] * src[b]`` elementwise (context
-    words: coef_vec = C, src = dh). ``bias`` (may be empty) gets the sum of coef[e].
-    """
-    d = W.shape[1]
-    vec = coef_vec.shape[0] > 0
-    has_bias = bias.shape[0] > 0
-    for task in prange(bounds.shape[0] - 1):
-        g = scratch[task]
-        for u in range(bounds[task], bounds[task + 1]):
-            j = uniq[u]
-            for k in range(d):
-                g[k] = 0.0
-            gb = 0.0
-            for x in range(start[u], start[u + 1]):
-                e = ent[x]
-                b = e // stride
-                sb = src[b]
-                if vec:
-                    cv = coef_vec[e - b * stride]
-                    for k in range(d):
-                        g[k] += cv[k] * sb[k]
-                else:
-                    c = coef[e]
-                    gb += c
-                    for k in range(d):
-                        g[k] += c * sb[k]
-            gap = t - 1 - last[j]  # 0: see _catch_up
-            _sgd_row(W[j], Wbuf[j], g, gap, P, lr, mu, wd)
-            if has_bias:
-                _sgd_scalar(bias, bbuf, j, gb, gap, Pb, lrb, mub, wdb)
-            last[j] = t
-
-
-@njit(parallel=True, fastmath=_FM, cache=True)
-def _grad_C(R, ctx, dh, gC, B):
-    """gC (n, d) = sum_{b < B} R[ctx[b, i]] * dh[b] (in example order)."""
-    n, d = gC.shape
-    for i in prange(n):
-        for k in range(d):
-            gC[i, k] = 0.0
-        for b in range(B):
-            w = ctx[b, i]
-            for k in range(d):
-                gC[i, k] += R[w, k] * dh[b, k]
-
-
-@njit(parallel=True, fastmath=_FM, cache=True)
+@njit(fastmath=_FM, cache=True)
 def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
-    """Bring ``rows`` of W (and bias) up to step S: apply the gradient-free steps they skipped.
-
-    Before a forward pass (S = t-1, rows = those the batch reads) and at the end of an epoch
-    (all rows).
+    """Bring ``rows`` of W (and bias, if not empty) up to step S: apply the gradient-free steps
+    they skipped, (p, buf) <- A^(S - last) (p, buf). Before a step reads them (S = t-1) and at
+    the end of an epoch (all rows).
     """
     has_bias = bias.shape[0] > 0
-    for r in prange(rows.shape[0]):
+    for r in range(rows.shape[0]):
         j = rows[r]
         gap = S - last[j]
-        if gap <= 0:
+        if gap <= 0:  # up to date (or, with Hogwild threads, already moved on by another thread)
             continue
         a00, a01, a10, a11 = P[gap, 0, 0], P[gap, 0, 1], P[gap, 1, 0], P[gap, 1, 1]
-        for k in range(W.shape[1]):
-            pk = W[j, k]
-            if mu != 0.0:
+        if mu != 0.0:
+            for k in range(W.shape[1]):
+                pk = W[j, k]
                 bk = Wbuf[j, k]
                 W[j, k] = a00 * pk + a01 * bk
                 Wbuf[j, k] = a10 * pk + a11 * bk
-            else:
-                W[j, k] = a00 * pk
+        else:
+            for k in range(W.shape[1]):
+                W[j, k] = a00 * W[j, k]
         if has_bias:
-            pk = bias[j]
-            b00, b01, b10, b11 = Pb[gap, 0, 0], Pb[gap, 0, 1], Pb[gap, 1, 0], Pb[gap, 1, 1]
+            pk = np.float64(bias[j])
             if mub != 0.0:
-                bk = bbuf[j]
-                bias[j] = b00 * pk + b01 * bk
-                bbuf[j] = b10 * pk + b11 * bk
+                bk = np.float64(bbuf[j])
+                bias[j] = Pb[gap, 0, 0] * pk + Pb[gap, 0, 1] * bk
+                bbuf[j] = Pb[gap, 1, 0] * pk + Pb[gap, 1, 1] * bk
             else:
-                bias[j] = b00 * pk
+                bias[j] = Pb[gap, 0, 0] * pk
         last[j] = S
 
 
-@njit(cache=True)
-def _train_batch(t, stream, pos, pad, R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf,
-                 pnodes, psign, pdepth, wleaves, hyper, P_words, P_other, P_bias,
-                 last_w, last_n, ctx, h, dh, gs, keys, plp, nll, gC,
-                 slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor,
-                 bounds, scratch, empty_f, empty_2d):
-    """One exact minibatch step (step number t >= 1); returns the summed NLL of the batch.
+@njit(fastmath=_FM, cache=True)
+def _update_nodes(uniq, nu, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, last, t, g):
+    """Each touched node sums its gradient (in example order) and takes its step."""
+    d = Q.shape[1]
+    for u in range(nu):
+        j = uniq[u]
+        for k in range(d):
+            g[k] = 0.0
+        gb = 0.0
+        for x in range(start[u], start[u + 1]):
+            e = ent[x]
+            c = gs[e]
+            hb = h[e // KD]
+            gb += c
+            for k in range(d):
+                g[k] += c * hb[k]
+        _sgd_row(Q[j], Qbuf[j], g, hyper[1, 0], hyper[1, 1], hyper[1, 2])
+        _sgd_scalar(qb, qbbuf, j, gb, hyper[2, 0], hyper[2, 1], hyper[2, 2])
+        last[j] = max(last[j], t)
 
-    hyper (3, 3) float64: rows words / other / biases, columns lr, momentum, weight decay.
-    """
-    B = pos.shape[0]  # scratch arrays have room for a full batch; rows >= B are stale
+
+@njit(fastmath=_FM, cache=True)
+def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
+    """Each touched context word sums its gradient sum_(b,i) C_i * dh_b and takes its step."""
+    n, d = C.shape
+    for u in range(nu):
+        j = uniq[u]
+        for k in range(d):
+            g[k] = 0.0
+        for x in range(start[u], start[u + 1]):
+            e = ent[x]
+            b = e // n
+            ci = C[e - b * n]
+            db = dh[b]
+            for k in range(d):
+                g[k] += ci[k] * db[k]
+        _sgd_row(R[j], Rbuf[j], g, hyper[0, 0], hyper[0, 1], hyper[0, 2])
+        last[j] = max(last[j], t)
+
+
+@njit(fastmath=_FM, cache=True)
+def _step(t, pos, stream, pad, params, tables, opt, work):
+    """One exact minibatch step (step number t >= 1); returns the summed NLL of the batch."""
+    R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf = params
+    pnodes, psign, pdepth, wleaves = tables
+    hyper, P_words, P_other, P_bias, last_w, last_n = opt
+    ctx, keys, h, dh, gs, plp, nll, rdh, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor, g, empty = work
+    B = pos.shape[0]  # work arrays have room for a full batch; rows >= B are stale
     n, d = C.shape
     KD = keys.shape[1]
     _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys)
     nu_n = _csr(keys.ravel()[: B * KD], slot_n, uniq_n, start_n, cursor, ent_n)
     nu_w = _csr(ctx.ravel()[: B * n], slot_w, uniq_w, start_w, cursor, ent_w)
-    # The rows this batch reads must hold their step t-1 values (decay and momentum moved them
-    # while no batch touched them).
+    # The rows this batch reads must hold their step t-1 values: decay and momentum moved them
+    # while no batch touched them.
     _catch_up(uniq_n[:nu_n], Q, Qbuf, qb, qbbuf, last_n, t - 1, P_other, hyper[1, 1], P_bias, hyper[2, 1])
-    _catch_up(uniq_w[:nu_w], R, Rbuf, empty_f, empty_f, last_w, t - 1, P_words, hyper[0, 1], P_bias, 0.0)
-    _forward_backward(stream, pos, R, C, Q, qb, pnodes, psign, pdepth, wleaves,
-                      ctx, h, dh, gs, plp, nll)
-    _grad_C(R, ctx, dh, gC, B)  # before R moves
-    # tree nodes (weights: group "other"; biases: group "biases")
-    _balance(start_n, nu_n, bounds)
-    _update_rows(uniq_n, start_n, ent_n, bounds, KD, gs.ravel(), empty_2d, h,
-                 P_other, hyper[1, 0], hyper[1, 1], hyper[1, 2],
-                 Q, Qbuf, qb, qbbuf, P_bias, hyper[2, 0], hyper[2, 1], hyper[2, 2], last_n, t, scratch)
-    # context words (group "words"); C is read before its own step below
-    _balance(start_w, nu_w, bounds)
-    _update_rows(uniq_w, start_w, ent_w, bounds, n, empty_f, C, dh,
-                 P_words, hyper[0, 0], hyper[0, 1], hyper[0, 2],
-                 R, Rbuf, empty_f, empty_f, P_bias, 0.0, 0.0, 0.0, last_w, t, scratch)
+    _catch_up(uniq_w[:nu_w], R, Rbuf, empty, empty, last_w, t - 1, P_words, hyper[0, 1], P_bias, 0.0)
+    _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, rdh)
+    for i in range(n):  # gC_i = sum_b R[ctx_bi] * dh_b, in example order
+        for k in range(d):
+            gC[i, k] = 0.0
+        for b in range(B):
+            for k in range(d):
+                gC[i, k] += rdh[b, i, k]
+    _update_nodes(uniq_n, nu_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, last_n, t, g)
+    _update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)  # reads C before its step
     for i in range(n):
-        _sgd_row(C[i], Cbuf[i], gC[i], 0, P_other, hyper[1, 0], hyper[1, 1], hyper[1, 2])
+        _sgd_row(C[i], Cbuf[i], gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
     return nll[:B].sum()
+
+
+@njit(nogil=True, cache=True)
+def _train_steps(steps, order, B, stream, pad, params, tables, opt, work):
+    """Steps ``steps`` (step t trains on order[(t-1)B : tB]) in sequence; returns the summed NLL.
+
+    Releases the GIL, so several Python threads can run it on disjoint steps (Hogwild).
+    """
+    total = 0.0
+    for x in range(steps.shape[0]):
+        t = steps[x]
+        total += _step(t, order[(t - 1) * B : t * B], stream, pad, params, tables, opt, work)
+    return total
 
 
 # ---- scoring -------------------------------------------------------------------------------
@@ -558,17 +512,32 @@ def _set_threads(threads: int | None) -> int:
     return n
 
 
+def _workspace(B: int, n: int, d: int, K: int, D: int, V: int, N: int) -> tuple:
+    """One thread's scratch arrays (the kernels allocate nothing per step); see _step."""
+    KD, E = K * D, max(B * K * D, B * n)
+    return (np.empty((B, n), np.int32), np.full((B, KD), -1, np.int32),
+            np.empty((B, d), np.float32), np.empty((B, d), np.float32), np.zeros((B, KD), np.float32),
+            np.empty((B, K)), np.empty(B), np.empty((B, n, d), np.float32), np.empty((n, d), np.float32),
+            np.full(N, -1, np.int32), np.full(V, -1, np.int32),  # slot_*: -1 between steps (see _csr)
+            *(np.empty(E + 1, np.int64) for _ in range(7)),
+            np.empty(d, np.float32), np.empty(0, np.float32))
+
+
 def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg, epoch: int,
                 show: bool, threads: int | None = None, max_batches: int | None = None) -> tuple[float, float]:
     """Drop-in for :func:`hlbl.train.train_epoch`: one pass in the same seeded order.
 
-    Returns (mean NLL, words/s). ``threads`` defaults to ``torch.get_num_threads()``;
-    ``max_batches`` stops early (benchmarks). Parameters and optimiser state are exact at return.
+    Returns (mean NLL, words/s). ``threads`` defaults to ``torch.get_num_threads()``. With one
+    thread the steps are exactly the PyTorch path's, bit-reproducible under a seed. With T > 1,
+    thread r takes steps r+1, r+1+T, ... on the shared parameters without locks (Hogwild):
+    each step is still an exact minibatch step, but it may read rows another thread is
+    writing, so results vary slightly from run to run. ``max_batches`` stops early (benchmarks).
+    Parameters and optimiser state are caught up (exact) at return.
     """
     why = unsupported(model, optimizer, cfg)
     if why:
         raise ValueError(f"the fast engine cannot train this model: {why}")
-    n_threads = _set_threads(threads)
+    T = max(1, int(threads or torch.get_num_threads()))
     stream = np.ascontiguousarray(stream, dtype=np.int32)
     order = np.random.default_rng([cfg.seed, epoch]).permutation(len(stream))
     B = int(cfg.batch_size)
@@ -578,49 +547,47 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     opt = _Optim(model, optimizer)
     P = opt.powers(steps)
     R, C, Q, qb = _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias)
-    Rbuf, Cbuf, Qbuf, qbbuf = (opt.buf[k] for k in ("R", "C", "Q", "qb"))
-    pnodes, psign, pdepth, wleaves = _tree_tables(model.out)
+    params = (R, opt.buf["R"], C, opt.buf["C"], Q, opt.buf["Q"], qb, opt.buf["qb"])
+    tables = _tree_tables(model.out)
     V, d = R.shape
-    N = Q.shape[0]
-    n = C.shape[0]
-    KD = wleaves.shape[1] * pnodes.shape[1]
-    E = max(B * KD, B * n)
-    # Per-epoch scratch (the kernels allocate nothing per step). last_*: the step each row is
-    # up to date with (0 = start of epoch); slot_*: -1 between steps (see _csr).
+    N, n = Q.shape[0], C.shape[0]
+    # last_*: the step each row is up to date with (0 = start of epoch).
     last_w, last_n = np.zeros(V, np.int64), np.zeros(N, np.int64)
-    slot_w, slot_n = np.full(V, -1, np.int32), np.full(N, -1, np.int32)
-    ctx = np.empty((B, n), np.int32)
-    h, dh = np.empty((B, d), np.float32), np.empty((B, d), np.float32)
-    gs, keys = np.zeros((B, KD), np.float32), np.full((B, KD), -1, np.int32)
-    plp, nll = np.empty((B, wleaves.shape[1])), np.empty(B)
-    gC = np.empty((n, d), np.float32)
-    uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor = (np.empty(E + 1, np.int64) for _ in range(7))
-    tasks = n_threads * _TASKS_PER_THREAD
-    bounds = np.empty(tasks + 1, np.int64)
-    scratch = np.empty((tasks, d), np.float32)
-    empty_f, empty_2d = np.empty(0, np.float32), np.empty((0, d), np.float32)
-    total, seen = 0.0, 0
-    begin = time.perf_counter()
+    state = (opt.matrix, P["R"], P["Q"], P["qb"], last_w, last_n)
+    K, D = tables[3].shape[1], tables[0].shape[1]
+    T = min(T, steps) or 1
+    works = [_workspace(B, n, d, K, D, V, N) for _ in range(T)]
     bar = tqdm(total=min(len(order), steps * B), unit="w", unit_scale=True, desc=f"epoch {epoch}",
                disable=not show, leave=False, file=sys.stderr, mininterval=1.0)
+    chunk = 16  # steps per kernel call: progress updates without per-step Python overhead
+
+    def run(r: int) -> float:
+        mine = np.arange(r + 1, steps + 1, T, dtype=np.int64)
+        total = 0.0
+        for c0 in range(0, len(mine), chunk):
+            part = mine[c0 : c0 + chunk]
+            total += _train_steps(part, order, B, stream, pad, params, tables, state, works[r])
+            bar.update(int(sum(min(B, len(order) - (t - 1) * B) for t in part)))
+        return total
+
+    begin = time.perf_counter()
     with torch.no_grad():
-        for t in range(1, steps + 1):
-            pos = order[(t - 1) * B : t * B]
-            total += _train_batch(t, stream, pos, pad, R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf,
-                                  pnodes, psign, pdepth, wleaves, opt.matrix, P["R"], P["Q"], P["qb"],
-                                  last_w, last_n, ctx, h, dh, gs, keys, plp, nll, gC,
-                                  slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor,
-                                  bounds, scratch, empty_f, empty_2d)
-            seen += len(pos)
-            bar.update(len(pos))
-            bar.set_postfix(loss=f"{total / seen:.3f}", wps=f"{seen / (time.perf_counter() - begin):.0f}", refresh=False)
+        if T == 1:
+            total = run(0)
+        else:
+            with ThreadPoolExecutor(T) as pool:
+                total = sum(pool.map(run, range(T)))
         # Catch every row up to the last step: parameters and momentum buffers are now exact.
-        _catch_up(np.arange(V), R, Rbuf, empty_f, empty_f, last_w, steps, P["R"], opt.hyper["R"][1], P["qb"], 0.0)
-        _catch_up(np.arange(N), Q, Qbuf, qb, qbbuf, last_n, steps, P["Q"], opt.hyper["Q"][1], P["qb"], opt.hyper["qb"][1])
+        empty = works[0][-1]
+        _catch_up(np.arange(V), R, opt.buf["R"], empty, empty, last_w, steps, P["R"], opt.hyper["R"][1], P["qb"], 0.0)
+        _catch_up(np.arange(N), Q, opt.buf["Q"], qb, opt.buf["qb"], last_n, steps, P["Q"], opt.hyper["Q"][1],
+                  P["qb"], opt.hyper["qb"][1])
+    elapsed = time.perf_counter() - begin
     bar.close()
+    seen = min(len(order), steps * B)
     if not math.isfinite(total):
         total = math.inf
-    return total / max(seen, 1), seen / (time.perf_counter() - begin)
+    return total / max(seen, 1), seen / elapsed
 
 
 def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = None) -> np.ndarray:

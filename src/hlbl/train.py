@@ -33,7 +33,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
-from .data import Corpus, batches
+from .data import Corpus, DataError, batches
 from .evaluate import evaluate
 from .model import LBL
 
@@ -130,7 +130,7 @@ def epoch_runner(model: LBL, cfg: TrainConfig):
     if why is None:
         return fast.train_epoch
     if cfg.engine == "fast":
-        raise ValueError(f"engine 'fast' cannot train this model: {why}")
+        raise DataError(f"--engine fast cannot train this model: {why}")  # a user error: one line
     return train_epoch
 
 
