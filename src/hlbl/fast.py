@@ -54,7 +54,8 @@ no barrier between steps, so a thread never waits for another (the reason for th
 loaded machine, per-step barriers between threads cost a scheduler time slice each). Steps of
 different threads overlap, so a step may read rows another is writing, and results are not
 bit-reproducible. With ``threads=1`` the engine is deterministic: a seed fixes the result to the
-bit, and it equals the PyTorch path up to float32 rounding.
+bit, and it equals the PyTorch path up to float32 rounding. ``fit`` (``engine="fast"``/"auto")
+uses one thread, so a seed fixes a run; Hogwild is for callers that ask for it (the benchmarks).
 
 Scoring (``token_log_probs``) is one parallel pass over the stream, O(K D d) per token.
 
@@ -527,8 +528,8 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
                 show: bool, threads: int | None = None, max_batches: int | None = None) -> tuple[float, float]:
     """Drop-in for :func:`hlbl.train.train_epoch`: one pass in the same seeded order.
 
-    Returns (mean NLL, words/s). ``threads`` defaults to ``torch.get_num_threads()``. With one
-    thread the steps are exactly the PyTorch path's, bit-reproducible under a seed. With T > 1,
+    Returns (mean NLL, words/s). With ``threads=1`` (the default, which ``fit`` uses) the steps
+    are exactly the PyTorch path's, bit-reproducible under a seed. With ``threads=T > 1``,
     thread r takes steps r+1, r+1+T, ... on the shared parameters without locks (Hogwild):
     each step is still an exact minibatch step, but it may read rows another thread is
     writing, so results vary slightly from run to run. ``max_batches`` stops early (benchmarks).
@@ -537,7 +538,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     why = unsupported(model, optimizer, cfg)
     if why:
         raise ValueError(f"the fast engine cannot train this model: {why}")
-    T = max(1, int(threads or torch.get_num_threads()))
+    T = max(1, int(threads or 1))
     stream = np.ascontiguousarray(stream, dtype=np.int32)
     order = np.random.default_rng([cfg.seed, epoch]).permutation(len(stream))
     B = int(cfg.batch_size)
