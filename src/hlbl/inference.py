@@ -80,74 +80,77 @@ class TopK(NamedTuple):
 
 
 @numba.njit(cache=True, inline="always")
-def _log_sigmoid(x):
-    if x >= 0.0:
-        return -math.log1p(math.exp(-x))
-    return x - math.log1p(math.exp(x))
+def _log_sigmoid_pair(s):
+    """(log sigmoid(s), log sigmoid(-s)) with one exp and one log1p: the left and right
+    decisions at a node. The only place decisions are computed, so all paths agree bit for bit."""
+    t = math.log1p(math.exp(-abs(s)))
+    if s >= 0.0:
+        return -t, -s - t
+    return s - t, -t
+
+
+# Frontier items are (key, tb): key = log-probability of reaching the item, tb = the node id for
+# an internal node, _LEAF + word id for a leaf. Order: higher key first; at equal keys lower tb
+# first, i.e. internal nodes before leaves (so a subtree that might hold an equally probable word
+# is opened before a leaf is accepted), then lower word id (the tie rule).
+_LEAF = np.int64(1) << np.int64(40)
 
 
 @numba.njit(cache=True, inline="always")
-def _before(ka, ta, ia, kb, tb, ib):
-    """Heap order: higher log-prob first; at equal log-prob internal (0) before leaf (1); lower id."""
-    if ka != kb:
-        return ka > kb
-    if ta != tb:
-        return ta < tb
-    return ia < ib
+def _before(ka, ta, kb, tb):
+    return ka > kb or (ka == kb and ta < tb)
 
 
-@numba.njit(cache=True)
-def _heap_push(hk, ht, hi, size, k, t, i):
+@numba.njit(cache=True, inline="always")
+def _heap_push(hk, hb, size, k, t):
+    """Binary max-heap (order ``_before``) in hk/hb[:size]; returns the new size."""
     pos = size
     while pos > 0:
         parent = (pos - 1) >> 1
-        if _before(k, t, i, hk[parent], ht[parent], hi[parent]):
-            hk[pos] = hk[parent]
-            ht[pos] = ht[parent]
-            hi[pos] = hi[parent]
-            pos = parent
-        else:
+        if not _before(k, t, hk[parent], hb[parent]):
             break
+        hk[pos] = hk[parent]
+        hb[pos] = hb[parent]
+        pos = parent
     hk[pos] = k
-    ht[pos] = t
-    hi[pos] = i
+    hb[pos] = t
     return size + 1
 
 
-@numba.njit(cache=True)
-def _heap_pop(hk, ht, hi, size):
-    """Remove the top item (read it before calling); returns the new size."""
-    size -= 1
-    k, t, i = hk[size], ht[size], hi[size]
+@numba.njit(cache=True, inline="always")
+def _heap_sift_down(hk, hb, size, k, t):
+    """Put (k, t) at the root of hk/hb[:size] (its old root removed) and restore the order."""
     pos = 0
     while True:
         c = 2 * pos + 1
         if c >= size:
             break
-        if c + 1 < size and _before(hk[c + 1], ht[c + 1], hi[c + 1], hk[c], ht[c], hi[c]):
+        if c + 1 < size and _before(hk[c + 1], hb[c + 1], hk[c], hb[c]):
             c += 1
-        if _before(hk[c], ht[c], hi[c], k, t, i):
-            hk[pos] = hk[c]
-            ht[pos] = ht[c]
-            hi[pos] = hi[c]
-            pos = c
-        else:
+        if not _before(hk[c], hb[c], k, t):
             break
-    if size > 0:
-        hk[pos] = k
-        ht[pos] = t
-        hi[pos] = i
-    return size
+        hk[pos] = hk[c]
+        hb[pos] = hb[c]
+        pos = c
+    hk[pos] = k
+    hb[pos] = t
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, fastmath=True)
+def _dot(h, W, j):
+    # fastmath lets LLVM vectorise the reduction (a fixed, deterministic summation order). Every
+    # node score comes from this one function, so expansion and resolution agree bit for bit.
+    acc = 0.0
+    for e in range(h.shape[0]):
+        acc += h[e] * W[j, e]
+    return acc
+
+
+@numba.njit(cache=True, inline="always")
 def _node_score(j, h, W, b, score, stamp, tag, counter):
     """s_j = h . q_j + b_j, computed once per context (``stamp[j] == tag`` marks it cached)."""
     if stamp[j] != tag:
-        acc = 0.0
-        for e in range(h.shape[0]):
-            acc += h[e] * W[j, e]
-        score[j] = acc + b[j]
+        score[j] = _dot(h, W, j) + b[j]
         stamp[j] = tag
         counter[0] += 1
     return score[j]
@@ -164,8 +167,8 @@ def _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, 
             break
         acc = 0.0  # accumulated from the root, exactly as during expansion
         for t in range(leaf_depth[lf]):
-            s = _node_score(path_nodes[lf, t], h, W, b, score, stamp, tag, counter)
-            acc += _log_sigmoid(s) if path_bits[lf, t] == 1 else _log_sigmoid(-s)
+            left, right = _log_sigmoid_pair(_node_score(path_nodes[lf, t], h, W, b, score, stamp, tag, counter))
+            acc += left if path_bits[lf, t] == 1 else right
         buf[n] = acc
         n += 1
         if acc > m:
@@ -180,34 +183,55 @@ def _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, 
 
 @numba.njit(cache=True)
 def _topk_one(h, W, b, children, ncodes, code_hist, kmax, word_leaves, path_nodes, path_bits, leaf_depth, k,
-              hk, ht, hi, score, stamp, resolved, tag, buf, out_v, out_w):
-    """Best-first exact top-k for one context; fills out_v/out_w (k,), returns nodes scored."""
+              hk, hb, score, stamp, resolved, tag, buf, out_v, out_w):
+    """Best-first exact top-k for one context; fills out_v/out_w (k,), returns nodes scored.
+
+    The best frontier item is carried in (cur_k, cur_t) outside the heap: expanding it makes its
+    better child the new current item and pushes only the other child, so a greedy descent
+    (the common case in a peaked model) costs one cheap push per level instead of a pop and two
+    pushes. Invariant: when ``have_cur``, (cur_k, cur_t) is ordered before every heap item.
+    """
     counter = np.zeros(1, dtype=np.int64)
     # unresolved[c] = number of unresolved words with c codes; kmax tracks the largest c with
     # unresolved[c] > 0, so the bound uses the most codes any still-unresolved word has.
     unresolved = code_hist.copy()
     single = kmax == 1
-    size = _heap_push(hk, ht, hi, 0, 0.0, 0, 0)  # the root, reached with probability 1
+    size = 0
+    cur_k, cur_t, have_cur = 0.0, np.int64(0), True  # the root, reached with probability 1
     n_res = 0
-    while size > 0:
-        kp, kt, ki = hk[0], ht[0], hi[0]
+    while True:
+        if not have_cur:
+            if size == 0:
+                break  # every item expanded: all words resolved
+            cur_k, cur_t = hk[0], hb[0]
+            size -= 1
+            if size > 0:
+                _heap_sift_down(hk, hb, size, hk[size], hb[size])
+            have_cur = True
+        elif size > 0 and _before(hk[0], hb[0], cur_k, cur_t):
+            k0, t0 = hk[0], hb[0]
+            _heap_sift_down(hk, hb, size, cur_k, cur_t)
+            cur_k, cur_t = k0, t0
         if n_res == k:
-            # Single-code: leaves pop in final order, so k of them are the answer. Multi-code:
-            # every unresolved word has P <= kmax * P(top) (see the module docstring).
-            if single or out_v[k - 1] > kp + math.log(kmax) + _LOG_MARGIN:
+            # Single-code: leaves come out in final order, so k of them are the answer.
+            # Multi-code: every unresolved word has P <= kmax * P(best item) (module docstring).
+            if single or out_v[k - 1] > cur_k + math.log(kmax) + _LOG_MARGIN:
                 break
-        size = _heap_pop(hk, ht, hi, size)
-        if kt == 0:  # internal node: score it, push both children
-            s = _node_score(ki, h, W, b, score, stamp, tag, counter)
-            for side in range(2):
-                c = children[ki, side]
-                lp = kp + (_log_sigmoid(s) if side == 0 else _log_sigmoid(-s))
-                if c >= 0:
-                    size = _heap_push(hk, ht, hi, size, lp, 0, c)
-                else:
-                    size = _heap_push(hk, ht, hi, size, lp, 1, -1 - c)
+        if cur_t < _LEAF:  # internal node: score it; the better child stays current
+            left, right = _log_sigmoid_pair(_node_score(cur_t, h, W, b, score, stamp, tag, counter))
+            cl, cr = children[cur_t, 0], children[cur_t, 1]
+            kl, kr = cur_k + left, cur_k + right
+            tl = cl if cl >= 0 else _LEAF + (-1 - cl)
+            tr = cr if cr >= 0 else _LEAF + (-1 - cr)
+            if _before(kl, tl, kr, tr):
+                cur_k, cur_t = kl, tl
+                size = _heap_push(hk, hb, size, kr, tr)
+            else:
+                cur_k, cur_t = kr, tr
+                size = _heap_push(hk, hb, size, kl, tl)
             continue
-        w = ki  # a leaf of word w
+        have_cur = False
+        w = cur_t - _LEAF  # a leaf of word w
         if resolved[w] == tag:
             continue
         resolved[w] = tag
@@ -215,7 +239,7 @@ def _topk_one(h, W, b, children, ncodes, code_hist, kmax, word_leaves, path_node
         while kmax > 1 and unresolved[kmax] == 0:
             kmax -= 1
         if ncodes[w] == 1:
-            v = kp
+            v = cur_k
         else:
             v = _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, stamp,
                          tag, counter, buf)
@@ -249,15 +273,14 @@ def _topk_batch(H, W, b, children, ncodes, kmax, word_leaves, path_nodes, path_b
     for c in numba.prange(n_chunks):
         # Scratch reused by the contexts of one chunk; stamps (context index + 1) avoid clearing.
         hk = np.empty(N + 2, dtype=np.float64)
-        ht = np.empty(N + 2, dtype=np.int8)
-        hi = np.empty(N + 2, dtype=np.int64)
+        hb = np.empty(N + 2, dtype=np.int64)
         score = np.empty(N, dtype=np.float64)
         stamp = np.zeros(N, dtype=np.int64)
         resolved = np.zeros(V, dtype=np.int64)
         buf = np.empty(word_leaves.shape[1], dtype=np.float64)
         for i in range(c * chunk, min(B, (c + 1) * chunk)):
             out_nodes[i] = _topk_one(H[i], W, b, children, ncodes, code_hist, kmax, word_leaves, path_nodes,
-                                     path_bits, leaf_depth, k, hk, ht, hi, score, stamp, resolved,
+                                     path_bits, leaf_depth, k, hk, hb, score, stamp, resolved,
                                      i + 1, buf, out_v[i], out_w[i])
 
 
