@@ -48,9 +48,9 @@ def stream_for(V: int, n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, V, size=n).astype(np.int32)
 
 
-def run_both(tree, optimizer, n_tokens, batch, lr=0.05, wd=(0.1, 0.03), threads=1):
+def run_both(tree, optimizer, n_tokens, batch, lr=0.05, wd=(0.1, 0.03), threads=1, model=None):
     """Train one epoch with both engines from identical copies; return (torch model, fast model, losses, start)."""
-    model = make_model(tree)
+    model = make_model(tree) if model is None else model
     start = copy.deepcopy(model)
     cfg = TrainConfig(lr=lr, batch_size=batch, optimizer=optimizer, momentum=0.9,
                       weight_decay_words=wd[0], weight_decay_other=wd[1], seed=7, progress=False)
@@ -120,6 +120,24 @@ def test_scoring_matches_torch(tree_name):
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     # auto (the default) takes the fast path on the CPU
     np.testing.assert_array_equal(token_log_probs(model, stream, pad=1), got)
+
+
+@pytest.mark.parametrize("scale", [40.0, 900.0])
+def test_saturated_nodes_are_exact(scale):
+    """Scores far in both tails: log-probabilities exact (no underflow to -inf), gradients too."""
+    tree = TREES["multi_partial"]()
+    model = make_model(tree, seed=5)
+    with torch.no_grad():
+        nb = model.out.bias.numel()
+        model.out.bias.copy_(torch.linspace(-scale, scale, nb)[torch.randperm(nb, generator=torch.Generator().manual_seed(0))])
+    stream = stream_for(model.config.vocab_size, 500, 6)
+    ref = token_log_probs(model, stream, pad=1, engine="torch")
+    got = fast.token_log_probs(model, stream, pad=1)
+    assert np.isfinite(got).all() and got.min() < -100
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-3)
+    (m_t, _), (m_f, _), (lt, lf), start = run_both(tree, "sgd", n_tokens=64, batch=64, lr=1e-3, model=model)
+    assert lf == pytest.approx(lt, rel=1e-5)
+    assert_params_close(m_t, m_f, start, atol=1e-6)
 
 
 def test_unsupported_models_are_named():

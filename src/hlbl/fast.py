@@ -85,21 +85,35 @@ _FM = {"reassoc", "contract", "nsz"}
 # ---- scalar helpers ------------------------------------------------------------------------
 
 
-@njit(inline="always", cache=True)
-def _log_sigmoid(z):
-    """Exact, overflow-free log(sigmoid(z)) for float64 z."""
-    if z >= 0.0:
-        return -math.log1p(math.exp(-z))
-    return z - math.log1p(math.exp(z))
+# A path's log-probability is accumulated as a float64 product of sigmoids, with one log per
+# path (and whenever the product gets small), instead of a log1p per node: the same value to
+# float64 rounding at half the transcendental cost. Factors below sigmoid(-_LOG_DOMAIN) go
+# straight into the log-domain sum, so nothing underflows.
+_LOG_DOMAIN = 30.0
+_RENORM = 1e-280  # > 1e-308 / sigmoid(-_LOG_DOMAIN): the product stays a normal float64
 
 
 @njit(inline="always", cache=True)
-def _sigmoid_neg(z):
-    """sigmoid(-z) = 1 - sigmoid(z), without overflow."""
+def _sigmoids(z):
+    """(sigmoid(z), sigmoid(-z), exp(-|z|)) for float64 z, from one exp, without overflow."""
+    e = math.exp(-abs(z))
+    inv = 1.0 / (1.0 + e)
     if z >= 0.0:
-        e = math.exp(-z)
-        return e / (1.0 + e)
-    return 1.0 / (1.0 + math.exp(z))
+        return inv, e * inv, e
+    return e * inv, inv, e
+
+
+@njit(inline="always", cache=True)
+def _accumulate(z, sz, e, acc, prod):
+    """Add log sigmoid(z) to the path's (log-domain sum acc, product prod); returns both."""
+    if z > -_LOG_DOMAIN:
+        prod *= sz
+        if prod < _RENORM:
+            acc += math.log(prod)
+            prod = 1.0
+    else:
+        acc += z - math.log1p(e)  # exact log sigmoid(z) for very negative z
+    return acc, prod
 
 
 @njit(inline="always", fastmath=_FM, cache=True)
@@ -160,7 +174,7 @@ def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, key
             if lf < 0:
                 plp[b, c] = -np.inf
                 continue
-            lp = 0.0
+            acc, prod = 0.0, 1.0
             for t in range(pdepth[lf]):
                 j = keys[b, c * D + t]
                 s = np.float32(0.0)
@@ -168,8 +182,10 @@ def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, key
                     s += hb[k] * Q[j, k]
                 sg = psign[lf, t]
                 z = sg * (np.float64(s) + qb[j])
-                lp += _log_sigmoid(z)
-                gs[b, c * D + t] = sg * _sigmoid_neg(z)  # d log P(path) / d score
+                sz, snz, e = _sigmoids(z)
+                acc, prod = _accumulate(z, sz, e, acc, prod)
+                gs[b, c * D + t] = sg * snz  # d log P(path) / d score = sign * sigmoid(-z)
+            lp = acc + math.log(prod)
             plp[b, c] = lp
             best = max(best, lp)
         tot = 0.0
@@ -406,13 +422,16 @@ def _score(stream, pad, R, C, Q, qb, pnodes, psign, pdepth, wleaves, out):
                 if lf < 0:
                     plp[cc] = -np.inf
                     continue
-                lp = 0.0
+                acc, prod = 0.0, 1.0
                 for t in range(pdepth[lf]):
                     j = pnodes[lf, t]
                     s = np.float32(0.0)
                     for k in range(d):
                         s += h[k] * Q[j, k]
-                    lp += _log_sigmoid(psign[lf, t] * (np.float64(s) + qb[j]))
+                    z = psign[lf, t] * (np.float64(s) + qb[j])
+                    sz, _, e = _sigmoids(z)
+                    acc, prod = _accumulate(z, sz, e, acc, prod)
+                lp = acc + math.log(prod)
                 plp[cc] = lp
                 best = max(best, lp)
             tot = 0.0
