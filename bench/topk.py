@@ -148,15 +148,16 @@ def ensure_run(out: Path, data: str, tree: str, epochs: int, seed: int) -> Path:
     return out
 
 
-def learned_tree_file(cache: Path, feature_run: Path) -> Path:
-    """An ADAPTIVE tree (paper Section 5) from the word features of a trained model."""
+def learned_tree_file(cache: Path, feature_run: Path, policy: str) -> Path:
+    """A learned tree (paper Section 5, ``policy`` e.g. adaptive or adaptive:0.4) from the word
+    features of a trained model."""
     from hlbl.treebuild import build_tree_from_features, features_from_run
 
-    path = cache / f"tree-adaptive-from-{feature_run.name}.json"
+    path = cache / f"tree-{policy.replace(':', '')}-from-{feature_run.name}.json"
     if not path.is_file():
-        print("building a learned ADAPTIVE tree...", file=sys.stderr, flush=True)
+        print(f"building a learned {policy} tree...", file=sys.stderr, flush=True)
         X, _ = features_from_run(feature_run)
-        build_tree_from_features(X, "adaptive", seed=0).save(path)
+        build_tree_from_features(X, policy, seed=0).save(path)
     return path
 
 
@@ -165,12 +166,13 @@ def default_runs(trees: list[str], data: str, epochs: int, seed: int) -> list[tu
     cache.mkdir(parents=True, exist_ok=True)
     runs = []
     for t in trees:
-        if t == "learned":
+        if t == "learned" or t.startswith("learned:"):
             base = ensure_run(cache / f"{data}-huffman-d100-e{epochs}", data, "huffman", epochs, seed)
-            spec = str(learned_tree_file(cache, base))
+            spec = str(learned_tree_file(cache, base, t.partition(":")[2] or "adaptive"))
+            name = t.replace(":", "")
         else:
             spec = t
-        name = Path(t).stem if t not in ("random", "huffman", "learned") else t
+            name = t if t in ("random", "huffman") else Path(t).stem
         runs.append((t, ensure_run(cache / f"{data}-{name}-d100-e{epochs}", data, spec, epochs, seed)))
     return runs
 
@@ -225,22 +227,23 @@ def measure(run: Path, n_contexts: int, repeats: int) -> dict:
     else:
         out["dfs_top10_node_fraction"] = None
 
-    # Timing, single-threaded, alternating, best of `repeats`.
+    # Timing, single-threaded, alternating, best of `repeats`; CPU time of the process, which a
+    # shared machine disturbs less than wall time (both sides run in this one thread).
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     t_full, t1, t10 = [], [], []
     with torch.no_grad():
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             for s in range(0, B, 1000):
                 layer.log_prob(H[s : s + 1000])
-            t_full.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            t_full.append(time.process_time() - t0)
+            t0 = time.process_time()
             tree_topk(tree, layer.weight, layer.bias, H, 1)
-            t1.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            t1.append(time.process_time() - t0)
+            t0 = time.process_time()
             tree_topk(tree, layer.weight, layer.bias, H, 10)
-            t10.append(time.perf_counter() - t0)
+            t10.append(time.process_time() - t0)
     out.update({"full_us_per_context": 1e6 * min(t_full) / B, "top1_us_per_context": 1e6 * min(t1) / B,
                 "top10_us_per_context": 1e6 * min(t10) / B,
                 "speedup_vs_full": min(t_full) / min(t10), "speedup_top1_vs_full": min(t_full) / min(t1),
@@ -253,7 +256,8 @@ def main(argv=None) -> int:
     p.add_argument("--run", action="append", default=[], help="run directory of a tree-output model (repeatable)")
     p.add_argument("--trees", default=None,
                    help="models to train/reuse when no --run: comma list of huffman, random, learned or tree files "
-                        "(default huffman,learned when hlbl.treebuild exists, else huffman)")
+                        "(learned = ADAPTIVE tree from the Huffman model's features; learned:adaptive:0.4 etc. "
+                        "for other policies; default learned,huffman when hlbl.treebuild exists, else huffman)")
     p.add_argument("--data", default="ptb")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)

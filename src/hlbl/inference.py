@@ -7,25 +7,28 @@ So a best-first search, which keeps a max-heap of frontier items (internal nodes
 keyed by log-probability and always expands the most probable one, meets the leaves in order of
 decreasing probability, and a node is scored (``h . q_j + b_j``, O(d)) only when it is expanded.
 For a single-code tree the first k leaves it pops are the exact top k; it scores only the nodes
-whose prefix probability is at least the k-th best word's probability. (The textbook view that
-the most likely word needs all |V| probabilities holds for greedy descent, not for this search.)
+whose prefix probability is at least (about) the k-th best word's probability. This does not
+contradict the textbook remark (Goodfellow, Bengio & Courville, 12.4.3.2) that the most likely
+word has no efficient exact search: in the worst case (flat decisions) the search still scores
+all N nodes; on trained models it scores a small fraction of them (``bench/topk.py``).
+Implementation: numba, one context per iteration of a parallel loop over chunks of contexts;
+the best frontier item is carried outside the heap, so a greedy descent costs one push per level.
 
 Multi-code trees (a word's probability is the sum over its leaves). When the search pops the
 first leaf of a word, that word is *resolved*: its probability is computed exactly by
 evaluating the paths of all its leaves (O(K D d), reusing nodes already scored); later leaves of
-a resolved word are skipped. Stopping rule: let ``p_top`` be the probability of the heap's top
-item. An unresolved word has had none of its
-leaves popped, so each of its (at most K) leaves lies below some heap item, and each heap item
-has probability at most ``p_top``; hence ``P(w) <= K * p_top``, where K is the largest number
-of codes among the still-unresolved words. Once k words are resolved and the
-k-th best of them exceeds ``K * p_top`` (with a 1e-12 margin in log space for rounding), no
-unresolved word can enter the top k, and the resolved ones are exact: the answer is exact.
-(If the heap empties, every word is resolved.) For K = 1 this is the plain rule above.
+a resolved word are skipped. Stopping rule: let ``p_top`` be the probability of the best
+frontier item. An unresolved word has had none of its leaves popped, so each of its leaves lies
+below some frontier item, each of probability at most ``p_top``; hence ``P(w) <= K * p_top``,
+with K the largest number of codes among the still-unresolved words. Once k words are resolved
+and the k-th best of them exceeds ``K * p_top`` (by a 1e-12 margin in log space, for rounding),
+no unresolved word can enter the top k, and the resolved words' values are exact: the answer is
+exact. (If the frontier empties, every word is resolved.) For K = 1 this is the rule above.
 
 The bound holds in floating point too: a prefix log-probability is a running sum of
 ``log sigmoid`` terms <= 0, and rounding is monotone, so a child's key never exceeds its
-parent's; a path's log-probability is accumulated from the root in the same order during
-expansion and resolution, so both give bit-identical values.
+parent's; a path's log-probability is accumulated from the root in the same order, by the same
+functions, during expansion and resolution, so both give bit-identical values.
 
 **Ties** are broken deterministically: equal probabilities rank the lower word id first. The
 heap orders items by (log-probability descending, internal nodes before leaves, then id
@@ -41,8 +44,9 @@ drawn with the summed probability of its leaves). *Temperature* ``T`` can mean t
 distributions: per-node temperature ``sigmoid(s_j / T)`` at every decision (cheap, O(depth d),
 but *not* ``p(w)^(1/T) / Z``: the normaliser does not factor over the tree, and multi-code sums
 do not commute with powers), or the exact tempered distribution ``p(w)^(1/T) / Z``, which needs
-every word's probability (O(N d) per token, the cost of the full distribution). We offer both;
-exact is the default, per-node is opt-in.
+every word's probability (O(N d) per token, the cost of the full distribution: even for a
+single-code tree, where ``p^(1/T)`` factors over the path, the normalisers of the subtrees need
+a bottom-up pass over all N nodes). We offer both; exact is the default, per-node is opt-in.
 
 **Scoring protocol** (:func:`score_sentences`): each sentence is scored independently as its
 tokens followed by ``<eos>``; the context of its first token is all ``<eos>`` (as at the start
@@ -60,7 +64,6 @@ from typing import Iterable, NamedTuple, Sequence
 import numba
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .tree import WordTree
 
