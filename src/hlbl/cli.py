@@ -130,6 +130,53 @@ def cmd_tree_make(args) -> int:
     return 0
 
 
+def cmd_tree_build(args) -> int:
+    """A learned tree (the paper's Section 5) from the word features of a trained run."""
+    import time
+
+    from .treebuild import BuildReport, build_tree_from_features, features_from_run, parse_policy
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    parse_policy(args.policy)  # fail on a bad policy before the feature pass
+    _, vocab, info = load_model(args.run, which="best")
+    corpus = load_corpus(args.data or info["corpus"], vocab=vocab)
+    t0 = time.perf_counter()
+    X, n = features_from_run(args.run, corpus)
+    t1 = time.perf_counter()
+    rep = BuildReport()
+    tree = build_tree_from_features(X, args.policy, args.seed, args.copies, args.em_iters,
+                                    weights=corpus.vocab.counts if args.weighted else None,
+                                    max_leaves=None if args.max_leaves_per_word is None
+                                    else int(args.max_leaves_per_word * len(X)), report=rep)
+    tree.save(args.out)
+    print(json.dumps({"out": args.out, "feature_seconds": round(t1 - t0, 2),
+                      "build_seconds": round(time.perf_counter() - t1, 2), "unseen_words": int((n == 0).sum()),
+                      **rep.to_json(), **tree.stats(corpus.vocab.counts)}))
+    return 0
+
+
+# ---- reproduce ------------------------------------------------------------------------------
+
+
+def cmd_reproduce(args) -> int:
+    from .reproduce import ReproConfig, reproduce
+
+    try:
+        cfg = ReproConfig(data=args.data, out=args.out, work=args.work, epochs=args.epochs,
+                          flat_epochs=args.flat_epochs, dim=args.dim, seed=args.seed, threads=args.threads,
+                          max_train_tokens=args.max_train_tokens, em_iters=args.em_iters,
+                          skip=tuple(x for x in (args.skip or "").split(",") if x), quick=args.quick,
+                          command="hlbl " + " ".join(sys.argv[1:]) if sys.argv[1:] else "hlbl reproduce")
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    res = reproduce(cfg, log)
+    print(json.dumps({"out": res["out"], "rows": [{k: r.get(k) for k in ("model", "tree", "test_perplexity")}
+                                                  for r in res["rows"]]}))
+    return 0
+
+
 # ---- parser ---------------------------------------------------------------------------------
 
 
@@ -189,6 +236,35 @@ def build_parser() -> argparse.ArgumentParser:
     tm.add_argument("--seed", type=int, default=0)
     tm.add_argument("--out", required=True)
     tm.set_defaults(func=cmd_tree_make)
+    tb = tsub.add_parser("build", help="learned tree from a trained run's word features (paper, Section 5)",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    tb.add_argument("--from", dest="run", required=True, help="run directory of a trained model (normally HLBL on a RANDOM tree)")
+    tb.add_argument("--policy", default="adaptive", help="balanced, adaptive, or adaptive:EPS (e.g. adaptive:0.4)")
+    tb.add_argument("--copies", type=int, default=1, help="K trees from different seeds joined under new top nodes (xK)")
+    tb.add_argument("--seed", type=int, default=0)
+    tb.add_argument("--em-iters", type=int, default=10, help="EM iterations per split")
+    tb.add_argument("--weighted", action="store_true", help="weight words by training frequency in the EM")
+    tb.add_argument("--max-leaves-per-word", type=float, default=None, help="leaf budget per tree, in units of V (default 4)")
+    tb.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
+    tb.add_argument("--threads", type=int, default=None)
+    tb.add_argument("--out", required=True, help="tree file (.json or .npz)")
+    tb.set_defaults(func=cmd_tree_build)
+    rp = sub.add_parser("reproduce", help="the paper's Tables 1 and 3 on a corpus, resumable",
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    rp.add_argument("--data", default="ptb", help="corpus directory or name")
+    rp.add_argument("--out", default="results/ptb", help="tables, plot, results.json")
+    rp.add_argument("--work", default=None, help="checkpoints, features, trees (default OUT/work)")
+    rp.add_argument("--epochs", type=int, default=10, help="epoch cap of every HLBL run")
+    rp.add_argument("--flat-epochs", type=int, default=3, help="epoch cap of the flat LBL (0 = skip it)")
+    rp.add_argument("--dim", type=int, default=100)
+    rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
+    rp.add_argument("--max-train-tokens", type=int, default=None)
+    rp.add_argument("--em-iters", type=int, default=10)
+    rp.add_argument("--skip", default=None, help="comma-separated steps to leave out: T2..T7, flat, KN5")
+    rp.add_argument("--quick", action="store_true", help="smoke test: 3000 training tokens, 16-d, 2 epochs")
+    rp.add_argument("--quiet", action="store_true")
+    rp.set_defaults(func=cmd_reproduce)
     _add_inference_commands(sub)
     from .ngram import add_subcommands as add_ngram_commands  # hlbl ngram train|eval
     add_ngram_commands(sub)

@@ -1,0 +1,381 @@
+"""One command for the paper's Tables 1 and 3 on a corpus: ``hlbl reproduce --data ptb --out DIR``.
+
+Steps (each writes its outputs atomically plus a JSON result; a rerun skips finished steps and
+resumes an interrupted training from its last epoch checkpoint)::
+
+    T1   HLBL on a RANDOM tree                      work/runs/T1,  work/results/T1.json
+    feat mean r_hat of every word under T1          work/features.npz
+    T2..T7 trees from the features                  work/trees/T{k}.json (+ .build.json)
+         BALANCED, ADAPTIVE, ADAPTIVE(0.25), ADAPTIVE(0.4), ADAPTIVE(0.4) x2, ADAPTIVE(0.4) x4
+    KN5  interpolated modified Kneser-Ney (hlbl.ngram), when that module is installed
+    T2..T7 HLBL trained on each tree                work/runs/T{k}, work/results/T{k}.json
+    flat the non-hierarchical LBL, same recipe, epochs capped by --flat-epochs
+
+After every step ``table1.md``, ``table3.md``, ``results.json`` and ``perplexity_vs_time.png``
+in ``--out`` are rewritten from the results so far; rows not finished are listed as missing.
+Every HLBL run uses the same recipe (:class:`hlbl.train.TrainConfig` defaults, ``--epochs``
+cap, the seed); trees T2..T7 all come from the same features; tree seeds derive from ``--seed``.
+
+``--quick`` is a smoke test: a few thousand training tokens, 16-d vectors, 2 epochs (1 flat).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt
+from .data import Corpus, load_corpus
+from .evaluate import evaluate
+from .model import LBL, LBLConfig
+from .train import TrainConfig, fit
+from .tree import WordTree, build_tree
+from .treebuild import BuildReport, build_tree_from_features, tree_label, word_features
+
+# (name, policy or "random", copies): the paper's Table 1 trees.
+TREES = (
+    ("T1", "random", 1),
+    ("T2", "balanced", 1),
+    ("T3", "adaptive", 1),
+    ("T4", "adaptive:0.25", 1),
+    ("T5", "adaptive:0.4", 1),
+    ("T6", "adaptive:0.4", 2),
+    ("T7", "adaptive:0.4", 4),
+)
+# The paper's numbers (APNews, 18k words), for the side-by-side columns.
+PAPER_TABLE1 = {"T1": (14.2, 1.0, 17963), "T2": (14.3, 1.0, 17963), "T3": (16.1, 1.0, 17963),
+                "T4": (24.2, 1.3, 22995), "T5": (29.0, 1.7, 30296), "T6": (69.1, 3.4, 61014),
+                "T7": (143.2, 6.8, 121980)}
+PAPER_TABLE3 = {"T1": 151.2, "T2": 131.3, "T3": 127.0, "T4": 124.4, "T5": 123.3, "T6": 115.7,
+                "T7": 112.1, "flat": 117.0, "KN5": 123.2}
+
+
+@dataclass
+class ReproConfig:
+    data: str = "ptb"
+    out: str = "results/ptb"
+    work: str | None = None  # checkpoints, features, trees; default OUT/work
+    epochs: int = 10  # cap for every HLBL run (early stopping may end sooner)
+    flat_epochs: int = 3  # cap for the flat LBL (about 100x slower per epoch)
+    dim: int = 100
+    context: int = 5
+    seed: int = 0
+    threads: int | None = None
+    max_train_tokens: int | None = None
+    em_iters: int = 10
+    kn_order: int = 5
+    skip: tuple[str, ...] = ()  # step names to leave out: T2..T7, flat, KN5 (T1 feeds the trees)
+    quick: bool = False
+    command: str = ""  # the command line, for the table headers
+
+    def __post_init__(self):
+        if self.quick:
+            self.max_train_tokens = self.max_train_tokens or 3000
+            self.dim = min(self.dim, 16)
+            self.epochs = min(self.epochs, 2)
+            self.flat_epochs = min(self.flat_epochs, 1)
+        if self.epochs < 1 or self.flat_epochs < 0:
+            raise ValueError("--epochs must be >= 1 and --flat-epochs >= 0")
+        known = {t[0] for t in TREES[1:]} | {"flat", "KN5"}
+        bad = set(self.skip) - known
+        if bad:
+            raise ValueError(f"unknown step(s) to skip: {', '.join(sorted(bad))} (known: {', '.join(sorted(known))})")
+
+
+def git_commit() -> str:
+    """Short hash of HEAD of the source checkout, '+dirty' if src/ has uncommitted changes."""
+    here = Path(__file__).resolve().parent
+    try:
+        h = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
+                           text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=here, timeout=10).returncode
+        return (h or "unknown") + ("+dirty" if h and dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _engine_name(model: LBL, cfg: TrainConfig) -> str:
+    """Which training step implementation ``fit`` used for this model ("fast" or "torch")."""
+    try:
+        from .train import epoch_runner
+    except ImportError:
+        return "torch"
+    return "fast" if epoch_runner(model, cfg).__module__.endswith("fast") else "torch"
+
+
+class Reproduction:
+    """The pipeline's state: paths, corpus, and the results gathered so far."""
+
+    def __init__(self, cfg: ReproConfig, log=print):
+        self.cfg = cfg
+        self.out = Path(cfg.out)
+        self.work = Path(cfg.work) if cfg.work else self.out / "work"
+        for d in (self.out, self.work / "runs", self.work / "results", self.work / "trees"):
+            d.mkdir(parents=True, exist_ok=True)
+        self.log = log
+        self.corpus: Corpus = load_corpus(cfg.data)
+        self.V = len(self.corpus.vocab)
+        self.counts = self.corpus.vocab.counts_array() if hasattr(self.corpus.vocab, "counts_array") \
+            else np.asarray(self.corpus.vocab.counts)
+        self.train_stream = self.corpus["train"][: cfg.max_train_tokens] if cfg.max_train_tokens else self.corpus["train"]
+
+    # ---- paths ------------------------------------------------------------------------------
+
+    def result_path(self, name: str) -> Path:
+        return self.work / "results" / f"{name}.json"
+
+    def tree_path(self, name: str) -> Path:
+        return self.work / "trees" / f"{name}.json"
+
+    def result(self, name: str) -> dict | None:
+        p = self.result_path(name)
+        return json.loads(p.read_text()) if p.is_file() else None
+
+    # ---- steps ------------------------------------------------------------------------------
+
+    def train_config(self, epochs: int) -> TrainConfig:
+        return TrainConfig(max_epochs=epochs, seed=self.cfg.seed, max_train_tokens=self.cfg.max_train_tokens,
+                           progress=False)
+
+    def train(self, name: str, tree: WordTree | None, label: str, epochs: int) -> dict:
+        """Train (or resume, or skip) one model; evaluate its best weights on valid and test."""
+        done = self.result(name)
+        if done is not None and (done["stopped_early"] or done["epoch_cap"] >= epochs):
+            return done
+        # (A run that hit a smaller cap is continued from its last checkpoint: resuming is
+        # exact, so this equals having trained with the larger cap from the start.)
+        run = self.work / "runs" / name
+        if (run / "run.json").is_file() and (run / "state.json").is_file():
+            model, _, info = ckpt.load_model(run, which="last")
+            known = {f.name for f in fields(TrainConfig)}
+            tcfg = TrainConfig(**{**{k: v for k, v in info["train"].items() if k in known},
+                                  "max_epochs": epochs, "progress": False})
+            self.log(f"[{name}] resuming {run}")
+            fit(model, self.corpus, tcfg, run, resume=True, corpus_spec=str(self.cfg.data), log=self.log)
+        else:
+            if run.exists():  # a start that died before its first files: begin again
+                shutil.rmtree(run)
+            output = "flat" if tree is None else "tree"
+            mcfg = LBLConfig(self.V, dim=self.cfg.dim, context=self.cfg.context, output=output)
+            torch.manual_seed(self.cfg.seed)
+            model = LBL(mcfg, tree, torch.Generator().manual_seed(self.cfg.seed))
+            model.init_unigram(self.counts)
+            self.log(f"[{name}] training {label} ({output} output, {model.num_parameters():,} parameters)")
+            fit(model, self.corpus, self.train_config(epochs), run, corpus_spec=str(self.cfg.data), log=self.log)
+        state = ckpt.read_json(run / "state.json", "training state")
+        metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        pad = self.corpus.vocab.eos
+        ev = {s: evaluate(model, self.corpus[s], pad) for s in ("valid", "test")}
+        res = {
+            "name": name, "model": "LBL" if tree is None else "HLBL", "tree": label,
+            "test_perplexity": ev["test"]["perplexity"], "valid_perplexity": ev["valid"]["perplexity"],
+            "epochs": state["epoch"], "stopped_early": bool(state["done"]), "epoch_cap": epochs,
+            "minutes_per_epoch": float(np.mean([m["epoch_minutes"] for m in metrics])),
+            "words_per_sec": float(np.mean([m["words_per_sec"] for m in metrics])),
+            "train_minutes": state["elapsed"] / 60,
+            "engine": _engine_name(model, self.train_config(epochs)),
+            "parameters": model.num_parameters(),
+        }
+        if tree is not None:
+            res["tree_stats"] = tree.stats(self.counts)
+        ckpt.write_json(self.result_path(name), res)
+        self.log(f"[{name}] test perplexity {res['test_perplexity']:.2f}, valid {res['valid_perplexity']:.2f}")
+        return res
+
+    def features(self) -> np.ndarray:
+        path = self.work / "features.npz"
+        if path.is_file():
+            with np.load(path, allow_pickle=False) as z:
+                return z["X"]
+        model, _, _ = ckpt.load_model(self.work / "runs" / "T1", which="best")
+        t0 = time.perf_counter()
+        X, n = word_features(model, self.train_stream, self.corpus.vocab.eos)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, X=X, n=n)
+        tmp.replace(path)
+        self.log(f"[features] {X.shape} in {time.perf_counter() - t0:.1f}s; {int((n == 0).sum())} words never a target")
+        return X
+
+    def tree(self, name: str, policy: str, copies: int, X: np.ndarray | None) -> WordTree:
+        path = self.tree_path(name)
+        if path.is_file():
+            return WordTree.load(path)
+        t0 = time.perf_counter()
+        rep = BuildReport()
+        if policy == "random":
+            tree = build_tree("random", self.V, self.counts, self.cfg.seed)  # what `hlbl train` builds
+        else:
+            # Different trees get different seeds (T6's copies are not T5 again).
+            seed = self.cfg.seed * 100 + int(name[1:])
+            tree = build_tree_from_features(X, policy, seed, copies, self.cfg.em_iters, report=rep)
+        info = {"name": name, "rule": tree_label(policy, copies) if policy != "random" else "RANDOM",
+                "seconds": time.perf_counter() - t0, "report": rep.to_json(), "stats": tree.stats(self.counts)}
+        ckpt.write_json(path.with_suffix(".build.json"), info)
+        tree.save(path)  # last: its presence marks the step done
+        self.log(f"[{name}] {info['rule']}: {info['stats']['internal_nodes']:,} nodes, "
+                 f"{info['stats']['codes_per_word']:.2f} codes/word, built in {info['seconds']:.1f}s")
+        return tree
+
+    def kn(self) -> dict | None:
+        done = self.result("KN5")
+        if done is not None:
+            return done
+        try:
+            from .ngram import token_log_probs, train_kneser_ney
+        except ImportError:
+            self.log("[KN5] hlbl.ngram is not available; row left out")
+            return None
+        from .evaluate import perplexity_report
+
+        t0 = time.perf_counter()
+        lm = train_kneser_ney(self.train_stream, self.corpus.vocab, self.cfg.kn_order)
+        train_s = time.perf_counter() - t0
+        ev = {s: perplexity_report(token_log_probs(lm, self.corpus[s], self.corpus.vocab)) for s in ("valid", "test")}
+        res = {"name": "KN5", "model": f"KN{self.cfg.kn_order}", "tree": "-",
+               "test_perplexity": ev["test"]["perplexity"], "valid_perplexity": ev["valid"]["perplexity"],
+               "train_minutes": train_s / 60, "minutes_per_epoch": None, "words_per_sec": None}
+        ckpt.write_json(self.result_path("KN5"), res)
+        self.log(f"[KN5] test perplexity {res['test_perplexity']:.2f}")
+        return res
+
+    # ---- reports ----------------------------------------------------------------------------
+
+    def header(self, what: str) -> str:
+        return (f"# {what}\n\nProduced by `{self.cfg.command or 'hlbl reproduce'}` at commit `{git_commit()}` "
+                f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
+                f"Corpus `{self.cfg.data}`: {self.V:,} words, {len(self.train_stream):,} training tokens.\n\n")
+
+    def write_table1(self) -> None:
+        rows = ["| tree | rule | mean code length | codes/word | internal nodes | max depth | build s "
+                "| paper: code length | codes/word | internal nodes |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        missing = []
+        for name, policy, copies in TREES:
+            p = self.tree_path(name).with_suffix(".build.json")
+            if not p.is_file():
+                missing.append(name)
+                continue
+            b = json.loads(p.read_text())
+            s = b["stats"]
+            pl, pc, pn = PAPER_TABLE1[name]
+            rows.append(f"| {name} | {b['rule']} | {s['mean_code_length']:.1f} | {s['codes_per_word']:.2f} "
+                        f"| {s['internal_nodes']:,} | {s['max_depth']} | {b['seconds']:.1f} | {pl} | {pc} | {pn:,} |")
+        text = self.header("Table 1: tree statistics") + "\n".join(rows) + "\n\n" + (
+            "Definitions (`WordTree.stats(counts)`, the paper's): mean code length = the sum of the lengths "
+            "of all of a word's codes, averaged over the training unigram distribution; codes/word likewise. "
+            "Internal nodes = leaves - 1. The paper's columns are for APNews (17,964 words).\n")
+        if missing:
+            text += f"\nMissing (not built yet): {', '.join(missing)}.\n"
+        ckpt.atomic_write_bytes(self.out / "table1.md", text.encode())
+
+    def rows(self) -> list[dict]:
+        out = []
+        for name, policy, copies in TREES:
+            r = self.result(name)
+            out.append(r or {"name": name, "model": "HLBL",
+                             "tree": "RANDOM" if policy == "random" else tree_label(policy, copies)})
+        for name, model in (("flat", "LBL"), ("KN5", f"KN{self.cfg.kn_order}")):
+            out.append(self.result(name) or {"name": name, "model": model, "tree": "-"})
+        return out
+
+    def write_table3(self) -> None:
+        def num(x, fmt):
+            return "-" if x is None else format(x, fmt)
+
+        lines = ["| model | tree | test perplexity | valid perplexity | minutes per epoch | words/s "
+                 "| epochs | paper: test perplexity |", "|---|---|---|---|---|---|---|---|"]
+        missing = []
+        for r in self.rows():
+            if "test_perplexity" not in r:
+                missing.append(f"{r['model']} {r['tree']}" if r["tree"] != "-" else r["model"])
+                continue
+            ep = r.get("epochs")
+            ep_cell = "-" if ep is None else f"{ep}" + ("" if r.get("stopped_early") else f" (cap {r['epoch_cap']})")
+            lines.append(f"| {r['model']} | {r['tree']} | {r['test_perplexity']:.1f} | {r['valid_perplexity']:.1f} "
+                         f"| {num(r.get('minutes_per_epoch'), '.3g')} | {num(r.get('words_per_sec'), ',.0f')} "
+                         f"| {ep_cell} | {PAPER_TABLE3.get(r['name'], '-')} |")
+        text = self.header("Table 3: test perplexity and training speed") + "\n".join(lines) + "\n\n" + (
+            "One run per row (seed %d), %d-d features, context %d. Minutes per epoch and words/s are means over "
+            "the run's epochs (training only, not validation), measured on a shared machine: compare them within "
+            "this table only. 'cap N' = stopped by the epoch cap, not by early stopping. The paper's column is "
+            "APNews, not comparable in absolute terms.\n" % (self.cfg.seed, self.cfg.dim, self.cfg.context))
+        if missing:
+            text += f"\nMissing rows (not finished or skipped): {', '.join(missing)}.\n"
+        ckpt.atomic_write_bytes(self.out / "table3.md", text.encode())
+        ckpt.write_json(self.out / "results.json", {"config": asdict(self.cfg), "commit": git_commit(),
+                                                    "rows": self.rows()})
+
+    def write_plot(self) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        kn = []
+        for r in self.rows():
+            if "test_perplexity" not in r:
+                continue
+            if r["model"].startswith("KN"):
+                kn.append(r)  # no training time on this axis: a horizontal line
+                continue
+            x = max(r["train_minutes"], 1e-3)
+            ax.scatter([x], [r["test_perplexity"]], color="tab:red" if r["model"] == "LBL" else "tab:blue")
+            ax.annotate(r["tree"] if r["model"] == "HLBL" else "flat LBL", (x, r["test_perplexity"]),
+                        textcoords="offset points", xytext=(4, 3), fontsize=8)
+        for r in kn:
+            ax.axhline(r["test_perplexity"], color="gray", ls="--", lw=1, label=f"{r['model']} (no training time shown)")
+        if kn:
+            ax.legend(fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xlabel("total training time (minutes, log scale)")
+        ax.set_ylabel("test perplexity")
+        ax.set_title(f"{self.cfg.data}: perplexity vs training time")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        tmp = self.out / "perplexity_vs_time.tmp.png"
+        fig.savefig(tmp, dpi=120)
+        plt.close(fig)
+        tmp.replace(self.out / "perplexity_vs_time.png")
+
+    def report(self) -> None:
+        self.write_table1()
+        self.write_table3()
+        self.write_plot()
+
+    # ---- the whole pipeline -----------------------------------------------------------------
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        t1 = self.tree("T1", "random", 1, None)
+        self.train("T1", t1, "RANDOM", cfg.epochs)  # always: the features come from it
+        X = self.features()
+        trees = {name: self.tree(name, pol, k, X) for name, pol, k in TREES[1:]}
+        self.report()
+        if "KN5" not in cfg.skip:
+            self.kn()
+            self.report()
+        for name, pol, k in TREES[1:]:
+            if name not in cfg.skip:
+                self.train(name, trees[name], tree_label(pol, k), cfg.epochs)
+                self.report()
+        if "flat" not in cfg.skip and cfg.flat_epochs > 0:
+            self.train("flat", None, "-", cfg.flat_epochs)
+            self.report()
+        return {"out": str(self.out), "rows": self.rows()}
+
+
+def reproduce(cfg: ReproConfig, log=print) -> dict:
+    """Run (or resume) the whole pipeline; returns the rows of Table 3."""
+    return Reproduction(cfg, log).run()
