@@ -11,7 +11,7 @@ whose prefix probability is at least (about) the k-th best word's probability. T
 contradict the textbook remark (Goodfellow, Bengio & Courville, 12.4.3.2) that the most likely
 word has no efficient exact search: in the worst case (flat decisions) the search still scores
 all N nodes; on trained models it scores a small fraction of them (``bench/topk.py``).
-Implementation: numba, one context per iteration of a parallel loop over chunks of contexts;
+Implementation: a numba kernel (GIL released) per slice of contexts, slices in parallel threads;
 the best frontier item is carried outside the heap, so a greedy descent costs one push per level.
 
 Multi-code trees (a word's probability is the sum over its leaves). When the search pops the
@@ -59,6 +59,7 @@ KenLM's ``query`` does; perplexity is ``10 ** (-total log10 prob / tokens)``, wi
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, NamedTuple, Sequence
 
 import numba
@@ -263,28 +264,26 @@ def _topk_one(h, W, b, children, ncodes, code_hist, kmax, word_leaves, path_node
     return counter[0]
 
 
-@numba.njit(cache=True, parallel=True)
-def _topk_batch(H, W, b, children, ncodes, kmax, word_leaves, path_nodes, path_bits, leaf_depth, k,
-                chunk, out_v, out_w, out_nodes):
-    B = H.shape[0]
+@numba.njit(cache=True, nogil=True)
+def _topk_range(H, W, b, children, ncodes, kmax, word_leaves, path_nodes, path_bits, leaf_depth, k,
+                start, stop, out_v, out_w, out_nodes):
+    """Contexts ``start:stop`` of H (B, d). Releases the GIL, so slices run in parallel threads."""
     N = W.shape[0]
     V = ncodes.shape[0]
-    n_chunks = (B + chunk - 1) // chunk
     code_hist = np.zeros(kmax + 1, dtype=np.int64)  # words per number of codes
     for w in range(V):
         code_hist[ncodes[w]] += 1
-    for c in numba.prange(n_chunks):
-        # Scratch reused by the contexts of one chunk; stamps (context index + 1) avoid clearing.
-        hk = np.empty(N + 2, dtype=np.float64)
-        hb = np.empty(N + 2, dtype=np.int64)
-        score = np.empty(N, dtype=np.float64)
-        stamp = np.zeros(N, dtype=np.int64)
-        resolved = np.zeros(V, dtype=np.int64)
-        buf = np.empty(word_leaves.shape[1], dtype=np.float64)
-        for i in range(c * chunk, min(B, (c + 1) * chunk)):
-            out_nodes[i] = _topk_one(H[i], W, b, children, ncodes, code_hist, kmax, word_leaves, path_nodes,
-                                     path_bits, leaf_depth, k, hk, hb, score, stamp, resolved,
-                                     i + 1, buf, out_v[i], out_w[i])
+    # Scratch shared by the contexts of the slice; stamps (context index + 1) avoid clearing.
+    hk = np.empty(N + 2, dtype=np.float64)
+    hb = np.empty(N + 2, dtype=np.int64)
+    score = np.empty(N, dtype=np.float64)
+    stamp = np.zeros(N, dtype=np.int64)
+    resolved = np.zeros(V, dtype=np.int64)
+    buf = np.empty(word_leaves.shape[1], dtype=np.float64)
+    for i in range(start, stop):
+        out_nodes[i] = _topk_one(H[i], W, b, children, ncodes, code_hist, kmax, word_leaves, path_nodes,
+                                 path_bits, leaf_depth, k, hk, hb, score, stamp, resolved,
+                                 i + 1, buf, out_v[i], out_w[i])
 
 
 # ---- top-k ------------------------------------------------------------------------------------
@@ -313,12 +312,13 @@ def tree_arrays(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor) -> Tre
 
 
 def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: torch.Tensor, k: int,
-              chunk: int = 64) -> TopK:
+              threads: int | None = None) -> TopK:
     """Exact top-k words under the tree softmax for each row of ``input`` (B, d).
 
-    Scores are computed in float64 on the CPU (numba, parallel over chunks of ``chunk``
-    contexts; threads follow ``numba.set_num_threads``). Returns values in ``input``'s dtype and
-    everything on ``input``'s device.
+    Scores are computed in float64 on the CPU by a numba kernel; the contexts are split into
+    ``threads`` contiguous slices searched in parallel (default ``numba.get_num_threads()``,
+    i.e. ``NUMBA_NUM_THREADS``; results do not depend on it). Returns values in ``input``'s dtype
+    and everything on ``input``'s device.
     """
     if input.dim() != 2:
         raise ValueError(f"input must have shape (B, d), got {tuple(input.shape)}")
@@ -331,9 +331,20 @@ def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: t
     out_v = np.full((B, k), -np.inf)
     out_w = np.full((B, k), -1, dtype=np.int64)
     out_n = np.zeros(B, dtype=np.int64)
-    if B:
-        _topk_batch(H, a.W, a.b, a.children, a.ncodes, int(a.ncodes.max()), a.word_leaves, a.path_nodes,
-                    a.path_bits, a.leaf_depth, k, max(1, int(chunk)), out_v, out_w, out_n)
+    kmax = int(a.ncodes.max())
+
+    def run(start: int, stop: int) -> None:
+        _topk_range(H, a.W, a.b, a.children, a.ncodes, kmax, a.word_leaves, a.path_nodes, a.path_bits,
+                    a.leaf_depth, k, start, stop, out_v, out_w, out_n)
+
+    threads = numba.get_num_threads() if threads is None else int(threads)
+    threads = max(1, min(threads, B // 64))  # a slice of fewer than 64 contexts is not worth a thread
+    if threads == 1:
+        run(0, B)
+    else:
+        bounds = np.linspace(0, B, threads + 1).astype(int)
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(run, bounds[:-1], bounds[1:]))
     dev = input.device
     return TopK(torch.from_numpy(out_v).to(dev, input.dtype), torch.from_numpy(out_w).to(dev),
                 torch.from_numpy(out_n).to(dev))
