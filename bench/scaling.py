@@ -1,0 +1,137 @@
+"""Training cost vs vocabulary size: HLBL fast engine on synthetic Zipf corpora, V = 10k .. 1M.
+
+    python bench/scaling.py                          # about 2-5 minutes, ~3 GB of memory at V = 1M
+    python bench/scaling.py --sizes 10000,100000 --threads 1
+
+For each V, a child process (so that peak RSS is that size's alone) builds a BALANCED tree
+(recursive halving of the words in frequency order; depth ceil(log2 V)), an HLBL with d = 100,
+context 5, the default recipe (batch 1000, SGD with momentum 0.9 and L2 decay, exact lazy
+updates), and trains ``--epochs`` epochs on ``--tokens`` i.i.d. Zipf(1) tokens with the fast
+engine; words/s is that of the last epoch (the first touches every page of the momentum
+buffers), including the end-of-epoch catch-up of all rows (O(V d)). Peak RSS is compared with
+the bytes of parameters plus optimiser state (one momentum buffer per parameter).
+
+The last line is one JSON object; results/scaling.json gets it with the per-size details, and
+results/scaling.png plots words/s and memory against V.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child(V: int, tokens: int, epochs: int, threads: int) -> dict:
+    import torch
+
+    from hlbl import fast
+    from hlbl.model import LBL, LBLConfig
+    from hlbl.train import TrainConfig, make_optimizer
+    from hlbl.tree import balanced_tree
+    from throughput import zipf_stream
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    stream = zipf_stream(V, tokens, seed=2)
+    counts = np.bincount(stream, minlength=V).astype(np.float64)
+    tree = balanced_tree(np.arange(V))  # ids are in frequency order
+    model = LBL(LBLConfig(V, dim=100, context=5), tree, torch.Generator().manual_seed(0))
+    model.init_unigram(counts)
+    setup_s = time.perf_counter() - t0
+    cfg = TrainConfig(progress=False)
+    opt = make_optimizer(model, cfg, cfg.lr)
+    epochs_wps, losses = [], []
+    for e in range(1, epochs + 1):
+        loss, wps = fast.train_epoch(model, opt, stream, 0, cfg, e, False, threads=threads)
+        epochs_wps.append(wps)
+        losses.append(loss)
+    n_params = sum(p.numel() for p in model.parameters())
+    state_bytes = 2 * 4 * n_params  # float32 parameters + one float32 momentum buffer each
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux -> MiB
+    return {"V": V, "wps": epochs_wps[-1], "epoch_wps": epochs_wps, "loss": losses, "depth": int(tree.leaf_depth.max()),
+            "params": n_params, "params_plus_state_mb": state_bytes / 2**20, "peak_rss_mb": peak,
+            "rss_ratio": peak / (state_bytes / 2**20), "setup_s": setup_s, "tokens": tokens, "threads": threads}
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    V = [r["V"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    a.plot(V, [r["wps"] / 1e3 for r in rows], "o-", label="HLBL fast engine")
+    base = rows[0]["wps"] * rows[0]["depth"]
+    a.plot(V, [base / r["depth"] / 1e3 for r in rows], "--", color="gray", label="cost $\\propto$ tree depth")
+    a.set_xscale("log")
+    a.set_ylim(bottom=0)
+    a.set_xlabel("vocabulary size V")
+    a.set_ylabel("training words/s (thousands)")
+    a.legend(fontsize=8)
+    b.plot(V, [r["peak_rss_mb"] / 1024 for r in rows], "o-", label="peak RSS")
+    b.plot(V, [r["params_plus_state_mb"] / 1024 for r in rows], "s--", label="parameters + momentum")
+    b.set_xscale("log")
+    b.set_yscale("log")
+    b.set_xlabel("vocabulary size V")
+    b.set_ylabel("GiB")
+    b.legend(fontsize=8)
+    fig.suptitle(f"HLBL d=100, BALANCED tree, synthetic Zipf(1), {rows[0]['threads']} thread(s)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="10000,100000,1000000")
+    ap.add_argument("--tokens", type=int, default=600_000)
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=str(ROOT / "results" / "scaling.json"))
+    args = ap.parse_args(argv)
+    if args.child is not None:
+        print(json.dumps(child(args.child, args.tokens, args.epochs, args.threads)))
+        return 0
+    load = os.getloadavg()
+    rows = []
+    for V in (int(v) for v in args.sizes.split(",")):
+        cmd = [sys.executable, __file__, "--child", str(V), "--tokens", str(args.tokens),
+               "--epochs", str(args.epochs), "--threads", str(args.threads)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent)
+        if proc.returncode != 0:
+            raise RuntimeError(f"V={V} failed:\n{proc.stderr[-3000:]}")
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows.append(r)
+        print(f"V={V:>9,}  depth {r['depth']:>2}  {r['wps']:>10,.0f} words/s (epochs: "
+              f"{', '.join(f'{w:,.0f}' for w in r['epoch_wps'])})  peak RSS {r['peak_rss_mb']:,.0f} MiB = "
+              f"{r['rss_ratio']:.2f} x params+state ({r['params_plus_state_mb']:,.0f} MiB)", file=sys.stderr)
+    by = {str(r["V"]): r for r in rows}
+    summary = {"wps": {k: r["wps"] for k, r in by.items()}}
+    if "1000000" in by and "10000" in by:
+        summary["ratio_1m_vs_10k"] = by["1000000"]["wps"] / by["10000"]["wps"]
+        summary["peak_rss_mb_1m"] = by["1000000"]["peak_rss_mb"]
+        summary["rss_vs_params_plus_state_1m"] = by["1000000"]["rss_ratio"]
+    summary["threads"] = args.threads
+    summary["load_before"] = [round(x, 2) for x in load]
+    summary["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"summary": summary, "sizes": rows}, indent=1) + "\n")
+    plot(rows, out.with_suffix(".png"))
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
