@@ -159,15 +159,26 @@ def cmd_tree_build(args) -> int:
 # ---- reproduce ------------------------------------------------------------------------------
 
 
+def _reproduce_command(args) -> str:
+    """The full command line with every option spelled out (defaults included), for the tables."""
+    parts = ["hlbl reproduce"]
+    for k in ("data", "out", "work", "epochs", "flat_epochs", "dim", "seed", "threads", "max_train_tokens",
+              "max_vocab", "em_iters", "skip"):
+        v = getattr(args, k)
+        if v is not None:
+            parts.append(f"--{k.replace('_', '-')} {v}")
+    return " ".join(parts + (["--quick"] if args.quick else []))
+
+
 def cmd_reproduce(args) -> int:
     from .reproduce import ReproConfig, reproduce
 
     try:
         cfg = ReproConfig(data=args.data, out=args.out, work=args.work, epochs=args.epochs,
                           flat_epochs=args.flat_epochs, dim=args.dim, seed=args.seed, threads=args.threads,
-                          max_train_tokens=args.max_train_tokens, em_iters=args.em_iters,
+                          max_train_tokens=args.max_train_tokens, max_vocab=args.max_vocab, em_iters=args.em_iters,
                           skip=tuple(x for x in (args.skip or "").split(",") if x), quick=args.quick,
-                          command="hlbl " + " ".join(sys.argv[1:]) if sys.argv[1:] else "hlbl reproduce")
+                          command=_reproduce_command(args))
     except ValueError as e:
         raise DataError(str(e)) from None
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -261,8 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
     rp.add_argument("--max-train-tokens", type=int, default=None)
     rp.add_argument("--em-iters", type=int, default=10)
+    rp.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types")
     rp.add_argument("--skip", default=None, help="comma-separated steps to leave out: T2..T7, flat, KN5")
-    rp.add_argument("--quick", action="store_true", help="smoke test: 3000 training tokens, 16-d, 2 epochs")
+    rp.add_argument("--quick", action="store_true",
+                    help="smoke test: 2000 words, 3000 training tokens, 5000 eval tokens, 16-d, 2 epochs (1 flat)")
     rp.add_argument("--quiet", action="store_true")
     rp.set_defaults(func=cmd_reproduce)
     _add_inference_commands(sub)

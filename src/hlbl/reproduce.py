@@ -71,6 +71,8 @@ class ReproConfig:
     seed: int = 0
     threads: int | None = None
     max_train_tokens: int | None = None
+    max_eval_tokens: int | None = None  # evaluate on a prefix of valid/test (smoke tests only)
+    max_vocab: int | None = None
     em_iters: int = 10
     kn_order: int = 5
     skip: tuple[str, ...] = ()  # step names to leave out: T2..T7, flat, KN5 (T1 feeds the trees)
@@ -80,6 +82,8 @@ class ReproConfig:
     def __post_init__(self):
         if self.quick:
             self.max_train_tokens = self.max_train_tokens or 3000
+            self.max_eval_tokens = self.max_eval_tokens or 5000
+            self.max_vocab = self.max_vocab or 2000
             self.dim = min(self.dim, 16)
             self.epochs = min(self.epochs, 2)
             self.flat_epochs = min(self.flat_epochs, 1)
@@ -122,11 +126,15 @@ class Reproduction:
         for d in (self.out, self.work / "runs", self.work / "results", self.work / "trees"):
             d.mkdir(parents=True, exist_ok=True)
         self.log = log
-        self.corpus: Corpus = load_corpus(cfg.data)
+        self.corpus: Corpus = load_corpus(cfg.data, max_vocab=cfg.max_vocab)
         self.V = len(self.corpus.vocab)
         self.counts = self.corpus.vocab.counts_array() if hasattr(self.corpus.vocab, "counts_array") \
             else np.asarray(self.corpus.vocab.counts)
         self.train_stream = self.corpus["train"][: cfg.max_train_tokens] if cfg.max_train_tokens else self.corpus["train"]
+
+    def eval_stream(self, split: str) -> np.ndarray:
+        s = self.corpus[split]
+        return s[: self.cfg.max_eval_tokens] if self.cfg.max_eval_tokens else s
 
     # ---- paths ------------------------------------------------------------------------------
 
@@ -174,7 +182,7 @@ class Reproduction:
         state = ckpt.read_json(run / "state.json", "training state")
         metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
         pad = self.corpus.vocab.eos
-        ev = {s: evaluate(model, self.corpus[s], pad) for s in ("valid", "test")}
+        ev = {s: evaluate(model, self.eval_stream(s), pad) for s in ("valid", "test")}
         res = {
             "name": name, "model": "LBL" if tree is None else "HLBL", "tree": label,
             "test_perplexity": ev["test"]["perplexity"], "valid_perplexity": ev["valid"]["perplexity"],
@@ -239,7 +247,7 @@ class Reproduction:
         t0 = time.perf_counter()
         lm = train_kneser_ney(self.train_stream, self.corpus.vocab, self.cfg.kn_order)
         train_s = time.perf_counter() - t0
-        ev = {s: perplexity_report(token_log_probs(lm, self.corpus[s], self.corpus.vocab)) for s in ("valid", "test")}
+        ev = {s: perplexity_report(token_log_probs(lm, self.eval_stream(s), self.corpus.vocab)) for s in ("valid", "test")}
         res = {"name": "KN5", "model": f"KN{self.cfg.kn_order}", "tree": "-",
                "test_perplexity": ev["test"]["perplexity"], "valid_perplexity": ev["valid"]["perplexity"],
                "train_minutes": train_s / 60, "minutes_per_epoch": None, "words_per_sec": None}
@@ -252,7 +260,9 @@ class Reproduction:
     def header(self, what: str) -> str:
         return (f"# {what}\n\nProduced by `{self.cfg.command or 'hlbl reproduce'}` at commit `{git_commit()}` "
                 f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
-                f"Corpus `{self.cfg.data}`: {self.V:,} words, {len(self.train_stream):,} training tokens.\n\n")
+                f"Corpus `{self.cfg.data}`: {self.V:,} words, {len(self.train_stream):,} training tokens"
+                + (f", valid/test cut to {self.cfg.max_eval_tokens:,} tokens" if self.cfg.max_eval_tokens else "")
+                + ".\n\n")
 
     def write_table1(self) -> None:
         rows = ["| tree | rule | mean code length | codes/word | internal nodes | max depth | build s "

@@ -1,0 +1,97 @@
+"""``hlbl reproduce``: the whole pipeline on a tiny corpus, its tables, and resuming."""
+
+import json
+
+import numpy as np
+import pytest
+
+import hlbl.reproduce as rp
+from hlbl.cli import main
+
+COLUMNS = "| model | tree | test perplexity | valid perplexity | minutes per epoch | words/s |"
+TREE_CELLS = ["RANDOM", "BALANCED", "ADAPTIVE", "ADAPTIVE(0.25)", "ADAPTIVE(0.4)", "ADAPTIVE(0.4) x2",
+              "ADAPTIVE(0.4) x4"]
+
+
+def tiny_corpus(root):
+    """A corpus with some structure: sentences from a few word classes in a fixed pattern."""
+    rng = np.random.default_rng(0)
+    classes = [[f"{c}{i}" for i in range(8)] for c in "abcde"]
+    root.mkdir()
+    for split, n in (("train", 250), ("valid", 25), ("test", 25)):
+        lines = []
+        for _ in range(n):
+            k = rng.integers(3, 8)
+            lines.append(" ".join(rng.choice(classes[j % 5]) for j in range(k)))
+        (root / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    base = tmp_path_factory.mktemp("repro")
+    data = tiny_corpus(base / "corpus")
+    out = base / "out"
+    argv = ["reproduce", "--data", str(data), "--out", str(out), "--quick", "--quiet", "--threads", "1"]
+    assert main(argv) == 0
+    return data, out, argv
+
+
+def test_tables_and_plot(done):
+    _, out, _ = done
+    t1 = (out / "table1.md").read_text()
+    t3 = (out / "table3.md").read_text()
+    for t in (t1, t3):
+        assert "Produced by `hlbl reproduce" in t and "at commit `" in t
+        assert "Missing" not in t
+    assert t3.splitlines()[5].startswith(COLUMNS)
+    rows = [line.split(" | ") for line in t3.splitlines() if line.startswith("| HLBL")]
+    assert [r[1] for r in rows] == TREE_CELLS
+    assert any(line.startswith("| LBL | - |") for line in t3.splitlines())
+    assert any(line.startswith("| KN5 | - |") for line in t3.splitlines())
+    assert (out / "perplexity_vs_time.png").read_bytes()[:4] == b"\x89PNG"
+    res = json.loads((out / "results.json").read_text())
+    assert len(res["rows"]) == 9 and all(np.isfinite(r["test_perplexity"]) for r in res["rows"])
+    # Table 1 statistics follow the paper's structure on any corpus.
+    stats = {r["name"]: json.loads((out / "work" / "trees" / f"{r['name']}.build.json").read_text())["stats"]
+             for r in res["rows"] if r["name"].startswith("T")}
+    for s in stats.values():
+        assert s["internal_nodes"] == s["leaves"] - 1
+    assert stats["T1"]["codes_per_word"] == pytest.approx(1.0)
+    assert stats["T6"]["codes_per_word"] >= 2 * 1.0 - 1e-9 and stats["T7"]["codes_per_word"] >= 4 - 1e-9
+
+
+def test_rerun_skips_finished_steps(done, monkeypatch):
+    _, out, argv = done
+
+    def forbidden(*a, **k):
+        raise AssertionError("a finished step was recomputed")
+
+    for name in ("fit", "build_tree_from_features", "word_features"):
+        monkeypatch.setattr(rp, name, forbidden)
+    before = (out / "work" / "results" / "T3.json").read_bytes()
+    assert main(argv) == 0
+    assert (out / "work" / "results" / "T3.json").read_bytes() == before
+
+
+def test_interrupted_training_resumes(done, monkeypatch):
+    _, out, argv = done
+    (out / "work" / "results" / "T3.json").unlink()  # as if killed after its last checkpoint
+    calls = []
+    real_fit = rp.fit
+
+    def counting_fit(model, corpus, cfg, run_dir, resume=False, **kw):
+        calls.append((run_dir.name, resume))
+        return real_fit(model, corpus, cfg, run_dir, resume=resume, **kw)
+
+    monkeypatch.setattr(rp, "fit", counting_fit)
+    assert main(argv) == 0
+    assert calls == [("T3", True)]
+    assert json.loads((out / "work" / "results" / "T3.json").read_text())["tree"] == "ADAPTIVE"
+
+
+def test_bad_options_are_one_line_errors(tmp_path, capsys):
+    assert main(["reproduce", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o"), "--quick"]) == 2
+    assert main(["reproduce", "--data", "ptb", "--out", str(tmp_path / "o"), "--skip", "T9"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("hlbl: error:") == 2
