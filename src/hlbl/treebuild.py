@@ -32,7 +32,12 @@ All the nodes of one depth run their EM together, vectorised: the (word, node) i
 are sorted by node and every per-node sum is one sparse (nodes x items) product or ``bincount``.
 A level costs O(items x d) per EM iteration, the whole tree O(V d depth) -- and no Python loop
 over nodes, which is what would otherwise dominate near the leaves (thousands of tiny nodes).
-``bench/treebuild.py`` compares this with a per-node scikit-learn recursion.
+``bench/treebuild.py`` compares this with a per-node scikit-learn recursion (the same EM,
+``GaussianMixture(covariance_type="spherical")`` at every node): on 4,000 clustered 100-d
+vectors ours took 1.3 s, sklearn 23 s (18x, same process, shared 2-core machine); 33,000 words
+took 7 s (BALANCED, ADAPTIVE) and 24 s (ADAPTIVE(0.4), 4 codes per word). sklearn's per-call
+overhead on thousands of tiny nodes is what we avoid, hence our own EM (checked against sklearn
+to 1e-8 in the tests).
 
 Split policies (``r`` = responsibility of the left component)
 --------------------------------------------------------------
