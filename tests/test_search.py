@@ -166,6 +166,18 @@ def test_ties_rank_the_lower_word_id_first(tree):
     assert full_topk(torch.zeros(1, 16), 3)[1].tolist() == [[0, 1, 2]]
 
 
+def test_multi_code_word_spread_over_many_small_leaves_wins():
+    """Word 0 has 8 leaves of 1/16 each (P = 1/2); no single leaf of it beats the others' leaves,
+    so a leaf-level search would rank it last among equals. Ties among 1..8 go to lower ids."""
+    tree = WordTree.from_nested(_halve([0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7, 0, 8]), 9)
+    layer = TreeSoftmax(2, tree)
+    with torch.no_grad():
+        layer.bias.zero_()
+    res = tree_topk(tree, layer.weight, layer.bias, torch.zeros(1, 2, dtype=torch.float64), 3)
+    assert res.indices.tolist() == [[0, 1, 2]]
+    assert torch.allclose(res.values.exp(), torch.tensor([[0.5, 1 / 16, 1 / 16]], dtype=torch.float64))
+
+
 def test_batching_and_threads_do_not_change_results():
     tree = TREES["duplicated"]
     layer, H = random_layer(tree, 12, seed=9, scale=1.0)

@@ -16,14 +16,19 @@ the best frontier item is carried outside the heap, so a greedy descent costs on
 
 Multi-code trees (a word's probability is the sum over its leaves). When the search pops the
 first leaf of a word, that word is *resolved*: its probability is computed exactly by
-evaluating the paths of all its leaves (O(K D d), reusing nodes already scored); later leaves of
-a resolved word are skipped. Stopping rule: let ``p_top`` be the probability of the best
-frontier item. An unresolved word has had none of its leaves popped, so each of its leaves lies
-below some frontier item, each of probability at most ``p_top``; hence ``P(w) <= K * p_top``,
-with K the largest number of codes among the still-unresolved words. Once k words are resolved
-and the k-th best of them exceeds ``K * p_top`` (by a 1e-12 margin in log space, for rounding),
+evaluating the paths of all its leaves (O(K D d), reusing nodes already scored); leaves of a
+resolved word are dropped from the frontier. Bound: let ``c(F)`` be the largest number of codes
+of any word with a leaf below frontier item F (a leaf of word w: ``c = codes(w)``). An
+unresolved word w has had none of its leaves popped, so each of its ``codes(w)`` leaves lies
+below some frontier item, and ``P(w) <= codes(w) * max P(F) over those items
+<= max over all frontier items of c(F) * P(F)``. The heap is ordered by this key
+``log P(F) + log c(F)`` (it never increases from a node to its children, so the search is a
+proper branch and bound), and its top bounds every unresolved word. Once k words are resolved
+and the k-th best of them exceeds the top key (by a 1e-12 margin in log space, for rounding),
 no unresolved word can enter the top k, and the resolved words' values are exact: the answer is
-exact. (If the frontier empties, every word is resolved.) For K = 1 this is the rule above.
+exact. (If the frontier empties, every word is resolved.) Subtrees holding only single-code
+words have ``c = 1``, so the search is as cheap there as on a single-code tree, and on a
+single-code tree the key is the plain log-probability and the rule is the one above.
 
 The bound holds in floating point too: a prefix log-probability is a running sum of
 ``log sigmoid`` terms <= 0, and rounding is monotone, so a child's key never exceeds its
@@ -93,10 +98,12 @@ def _log_sigmoid_pair(s):
     return s - t, -t
 
 
-# Frontier items are (key, tb): key = log-probability of reaching the item, tb = the node id for
-# an internal node, _LEAF + word id for a leaf. Order: higher key first; at equal keys lower tb
-# first, i.e. internal nodes before leaves (so a subtree that might hold an equally probable word
-# is opened before a leaf is accepted), then lower word id (the tie rule).
+# Frontier items are (key, lp, tb): lp = log-probability of reaching the item; key = lp + log of
+# the most codes of any word with a leaf below it (so key = lp on single-code trees), an upper
+# bound on log P(w) for every word w whose leaves all lie below frontier items (module docstring);
+# tb = the node id for an internal node, _LEAF + word id for a leaf. Order: higher key first; at
+# equal keys lower tb first, i.e. internal nodes before leaves (so a subtree that might hold an
+# equally probable word is opened before a leaf is accepted), then lower word id (the tie rule).
 _LEAF = np.int64(1) << np.int64(40)
 
 
@@ -106,24 +113,26 @@ def _before(ka, ta, kb, tb):
 
 
 @numba.njit(cache=True, inline="always")
-def _heap_push(hk, hb, size, k, t):
-    """Binary max-heap (order ``_before``) in hk/hb[:size]; returns the new size."""
+def _heap_push(hk, hp, hb, size, k, p, t):
+    """Binary max-heap (order ``_before`` on key, tb) in hk/hp/hb[:size]; returns the new size."""
     pos = size
     while pos > 0:
         parent = (pos - 1) >> 1
         if not _before(k, t, hk[parent], hb[parent]):
             break
         hk[pos] = hk[parent]
+        hp[pos] = hp[parent]
         hb[pos] = hb[parent]
         pos = parent
     hk[pos] = k
+    hp[pos] = p
     hb[pos] = t
     return size + 1
 
 
 @numba.njit(cache=True, inline="always")
-def _heap_sift_down(hk, hb, size, k, t):
-    """Put (k, t) at the root of hk/hb[:size] (its old root removed) and restore the order."""
+def _heap_sift_down(hk, hp, hb, size, k, p, t):
+    """Put (k, p, t) at the root of the heap of ``size`` items (its old root removed)."""
     pos = 0
     while True:
         c = 2 * pos + 1
@@ -134,9 +143,11 @@ def _heap_sift_down(hk, hb, size, k, t):
         if not _before(hk[c], hb[c], k, t):
             break
         hk[pos] = hk[c]
+        hp[pos] = hp[c]
         hb[pos] = hb[c]
         pos = c
     hk[pos] = k
+    hp[pos] = p
     hb[pos] = t
 
 
@@ -186,64 +197,67 @@ def _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, 
 
 
 @numba.njit(cache=True)
-def _topk_one(h, W, b, children, ncodes, code_hist, kmax, word_leaves, path_nodes, path_bits, leaf_depth, k,
-              hk, hb, score, stamp, resolved, tag, buf, out_v, out_w):
+def _topk_one(h, W, b, children, ncodes, log_codes, log_codes_below, single, word_leaves, path_nodes,
+              path_bits, leaf_depth, k, hk, hp, hb, score, stamp, resolved, tag, buf, out_v, out_w):
     """Best-first exact top-k for one context; fills out_v/out_w (k,), returns nodes scored.
 
-    The best frontier item is carried in (cur_k, cur_t) outside the heap: expanding it makes its
-    better child the new current item and pushes only the other child, so a greedy descent
-    (the common case in a peaked model) costs one cheap push per level instead of a pop and two
-    pushes. Invariant: when ``have_cur``, (cur_k, cur_t) is ordered before every heap item.
+    The best frontier item is carried in (cur_k, cur_p, cur_t) outside the heap: expanding it
+    makes its better child the new current item and pushes only the other child, so a greedy
+    descent (the common case in a peaked model) costs one cheap push per level instead of a pop
+    and two pushes. Invariant: when ``have_cur``, the current item is ordered before every heap
+    item, so cur_k bounds log P(w) of every unresolved word.
     """
     counter = np.zeros(1, dtype=np.int64)
-    # unresolved[c] = number of unresolved words with c codes; kmax tracks the largest c with
-    # unresolved[c] > 0, so the bound uses the most codes any still-unresolved word has.
-    unresolved = code_hist.copy()
-    single = kmax == 1
     size = 0
-    cur_k, cur_t, have_cur = 0.0, np.int64(0), True  # the root, reached with probability 1
+    cur_k, cur_p, cur_t, have_cur = log_codes_below[0], 0.0, np.int64(0), True  # the root
     n_res = 0
     while True:
         if not have_cur:
             if size == 0:
                 break  # every item expanded: all words resolved
-            cur_k, cur_t = hk[0], hb[0]
+            cur_k, cur_p, cur_t = hk[0], hp[0], hb[0]
             size -= 1
             if size > 0:
-                _heap_sift_down(hk, hb, size, hk[size], hb[size])
+                _heap_sift_down(hk, hp, hb, size, hk[size], hp[size], hb[size])
             have_cur = True
         elif size > 0 and _before(hk[0], hb[0], cur_k, cur_t):
-            k0, t0 = hk[0], hb[0]
-            _heap_sift_down(hk, hb, size, cur_k, cur_t)
-            cur_k, cur_t = k0, t0
+            k0, p0, t0 = hk[0], hp[0], hb[0]
+            _heap_sift_down(hk, hp, hb, size, cur_k, cur_p, cur_t)
+            cur_k, cur_p, cur_t = k0, p0, t0
         if n_res == k:
             # Single-code: leaves come out in final order, so k of them are the answer.
-            # Multi-code: every unresolved word has P <= kmax * P(best item) (module docstring).
-            if single or out_v[k - 1] > cur_k + math.log(kmax) + _LOG_MARGIN:
+            # Multi-code: no unresolved word can beat cur_k (module docstring).
+            if single or out_v[k - 1] > cur_k + _LOG_MARGIN:
                 break
         if cur_t < _LEAF:  # internal node: score it; the better child stays current
             left, right = _log_sigmoid_pair(_node_score(cur_t, h, W, b, score, stamp, tag, counter))
-            cl, cr = children[cur_t, 0], children[cur_t, 1]
-            kl, kr = cur_k + left, cur_k + right
-            tl = cl if cl >= 0 else _LEAF + (-1 - cl)
-            tr = cr if cr >= 0 else _LEAF + (-1 - cr)
-            if _before(kl, tl, kr, tr):
-                cur_k, cur_t = kl, tl
-                size = _heap_push(hk, hb, size, kr, tr)
-            else:
-                cur_k, cur_t = kr, tr
-                size = _heap_push(hk, hb, size, kl, tl)
+            j, pj = cur_t, cur_p  # the loop below overwrites the current item
+            have_cur = False
+            for side in range(2):
+                c = children[j, side]
+                p = pj + (left if side == 0 else right)
+                if c >= 0:
+                    t, key = c, p + log_codes_below[c]
+                else:
+                    w = -1 - c
+                    if resolved[w] == tag:
+                        continue  # a leaf of a word whose value is already exact
+                    t, key = _LEAF + w, p + log_codes[w]
+                if not have_cur:
+                    cur_k, cur_p, cur_t, have_cur = key, p, t, True
+                elif _before(key, t, cur_k, cur_t):
+                    size = _heap_push(hk, hp, hb, size, cur_k, cur_p, cur_t)
+                    cur_k, cur_p, cur_t = key, p, t
+                else:
+                    size = _heap_push(hk, hp, hb, size, key, p, t)
             continue
         have_cur = False
         w = cur_t - _LEAF  # a leaf of word w
         if resolved[w] == tag:
             continue
         resolved[w] = tag
-        unresolved[ncodes[w]] -= 1
-        while kmax > 1 and unresolved[kmax] == 0:
-            kmax -= 1
         if ncodes[w] == 1:
-            v = cur_k
+            v = cur_p
         else:
             v = _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, stamp,
                          tag, counter, buf)
@@ -265,25 +279,24 @@ def _topk_one(h, W, b, children, ncodes, code_hist, kmax, word_leaves, path_node
 
 
 @numba.njit(cache=True, nogil=True)
-def _topk_range(H, W, b, children, ncodes, kmax, word_leaves, path_nodes, path_bits, leaf_depth, k,
-                start, stop, out_v, out_w, out_nodes):
+def _topk_range(H, W, b, children, ncodes, log_codes, log_codes_below, word_leaves, path_nodes, path_bits,
+                leaf_depth, k, start, stop, out_v, out_w, out_nodes):
     """Contexts ``start:stop`` of H (B, d). Releases the GIL, so slices run in parallel threads."""
     N = W.shape[0]
     V = ncodes.shape[0]
-    code_hist = np.zeros(kmax + 1, dtype=np.int64)  # words per number of codes
-    for w in range(V):
-        code_hist[ncodes[w]] += 1
+    single = ncodes.max() == 1
     # Scratch shared by the contexts of the slice; stamps (context index + 1) avoid clearing.
     hk = np.empty(N + 2, dtype=np.float64)
+    hp = np.empty(N + 2, dtype=np.float64)
     hb = np.empty(N + 2, dtype=np.int64)
     score = np.empty(N, dtype=np.float64)
     stamp = np.zeros(N, dtype=np.int64)
     resolved = np.zeros(V, dtype=np.int64)
     buf = np.empty(word_leaves.shape[1], dtype=np.float64)
     for i in range(start, stop):
-        out_nodes[i] = _topk_one(H[i], W, b, children, ncodes, code_hist, kmax, word_leaves, path_nodes,
-                                 path_bits, leaf_depth, k, hk, hb, score, stamp, resolved,
-                                 i + 1, buf, out_v[i], out_w[i])
+        out_nodes[i] = _topk_one(H[i], W, b, children, ncodes, log_codes, log_codes_below, single,
+                                 word_leaves, path_nodes, path_bits, leaf_depth, k, hk, hp, hb, score,
+                                 stamp, resolved, i + 1, buf, out_v[i], out_w[i])
 
 
 # ---- top-k ------------------------------------------------------------------------------------
@@ -296,6 +309,8 @@ class TreeArrays(NamedTuple):
     b: np.ndarray  # (N,) float64 node biases
     children: np.ndarray  # (N, 2) int64
     ncodes: np.ndarray  # (V,) int64 leaves per word
+    log_codes: np.ndarray  # (V,) float64 log ncodes
+    log_codes_below: np.ndarray  # (N,) float64 log of the most codes of a word with a leaf below node j
     word_leaves: np.ndarray  # (V, K) int64, -1 padded
     path_nodes: np.ndarray  # (L, D) int64
     path_bits: np.ndarray  # (L, D) int8, 1 = left
@@ -307,8 +322,20 @@ def tree_arrays(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor) -> Tre
     b = np.ascontiguousarray(bias.detach().to("cpu", torch.float64).numpy())
     if W.shape != (tree.num_nodes, W.shape[1]) or b.shape != (tree.num_nodes,):
         raise ValueError(f"weights {W.shape} / biases {b.shape} do not fit a tree of {tree.num_nodes} internal nodes")
-    return TreeArrays(W, b, tree.children, tree.codes_per_word.astype(np.int64), tree.word_leaves,
+    ncodes = tree.codes_per_word.astype(np.int64)
+    return TreeArrays(W, b, tree.children, ncodes, np.log(ncodes), np.log(codes_below(tree)), tree.word_leaves,
                       tree.path_nodes, tree.path_bits, tree.leaf_depth.astype(np.int64))
+
+
+def codes_below(tree: WordTree) -> np.ndarray:
+    """(N,) the largest number of codes of any word with a leaf in node j's subtree (bottom-up)."""
+    ncodes = tree.codes_per_word
+    out = np.zeros(tree.num_nodes, dtype=np.int64)
+    for nodes in reversed(tree.levels):  # children are finished before their parents
+        ch = tree.children[nodes]  # (n, 2)
+        val = np.where(ch >= 0, out[np.clip(ch, 0, None)], ncodes[np.clip(-1 - ch, 0, None)])
+        out[nodes] = val.max(1)
+    return out
 
 
 def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: torch.Tensor, k: int,
@@ -331,11 +358,10 @@ def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: t
     out_v = np.full((B, k), -np.inf)
     out_w = np.full((B, k), -1, dtype=np.int64)
     out_n = np.zeros(B, dtype=np.int64)
-    kmax = int(a.ncodes.max())
 
     def run(start: int, stop: int) -> None:
-        _topk_range(H, a.W, a.b, a.children, a.ncodes, kmax, a.word_leaves, a.path_nodes, a.path_bits,
-                    a.leaf_depth, k, start, stop, out_v, out_w, out_n)
+        _topk_range(H, a.W, a.b, a.children, a.ncodes, a.log_codes, a.log_codes_below, a.word_leaves,
+                    a.path_nodes, a.path_bits, a.leaf_depth, k, start, stop, out_v, out_w, out_n)
 
     threads = numba.get_num_threads() if threads is None else int(threads)
     threads = max(1, min(threads, B // 64))  # a slice of fewer than 64 contexts is not worth a thread
