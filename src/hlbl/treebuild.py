@@ -279,7 +279,10 @@ def em_reg(X: np.ndarray) -> float:
 
 @dataclass
 class BuildReport:
-    """What happened while building: fallbacks and whether the leaf budget was binding."""
+    """What happened while building: fallbacks and whether the leaf budget was binding.
+
+    Counts add up over every tree built with the same report (all K copies of an xK build).
+    """
 
     em_nodes: int = 0  # nodes split by EM
     fallback_nodes: int = 0  # nodes whose EM split was degenerate -> BALANCED
