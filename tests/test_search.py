@@ -100,14 +100,24 @@ def reference_log_prob(tree: WordTree, W: np.ndarray, b: np.ndarray, H: np.ndarr
     return np.concatenate(out)
 
 
-def random_layer(tree: WordTree, d: int, seed: int, scale: float):
+def random_layer(tree: WordTree, d: int, seed: int, scale: float, dtype=torch.float32):
+    """A TreeSoftmax with N(0, 1) weights and biases, and 1000 contexts (float64) of std ``scale``.
+
+    The search reads float32 weights as they are and computes in float64, so its reference is
+    the float64 enumeration over the same (widened) weights: agreement to 1e-10 is expected."""
     g = torch.Generator().manual_seed(seed)
-    layer = TreeSoftmax(d, tree).double()
+    layer = TreeSoftmax(d, tree).to(dtype)
     with torch.no_grad():
         layer.weight.copy_(torch.randn(layer.weight.shape, generator=g, dtype=torch.float64))
         layer.bias.copy_(torch.randn(layer.bias.shape, generator=g, dtype=torch.float64))
     H = torch.randn(1000, d, generator=g, dtype=torch.float64) * scale
     return layer, H
+
+
+def reference_for(layer, H) -> torch.Tensor:
+    W = layer.weight.detach().double().numpy()
+    b = layer.bias.detach().double().numpy()
+    return torch.from_numpy(reference_log_prob(layer.tree, W, b, H.numpy()))
 
 
 # ---- exact top-k ------------------------------------------------------------------------------
@@ -118,8 +128,7 @@ def random_layer(tree: WordTree, d: int, seed: int, scale: float):
 def test_topk_equals_brute_force(name, scale):
     tree = TREES[name]
     layer, H = random_layer(tree, 12, seed=len(name), scale=scale)
-    ref = torch.from_numpy(reference_log_prob(tree, layer.weight.detach().numpy(), layer.bias.detach().numpy(),
-                                              H.numpy()))
+    ref = reference_for(layer, H)
     V = tree.num_words
     for k in sorted({1, 3, 10, V}):
         rows = len(H) if k < V else 200  # all V words: the search resolves everything, slower
@@ -141,14 +150,14 @@ def test_topk_equals_brute_force(name, scale):
 def test_topk_prunes_on_a_peaked_distribution():
     """With the decisions saturated towards one leaf, top-1 scores exactly that leaf's path."""
     tree = random_tree(257, 0)
-    layer = TreeSoftmax(4, tree).double()
+    layer = TreeSoftmax(4, tree)
     target_leaf = int(tree.word_leaves[123, 0])
     with torch.no_grad():
         layer.weight.zero_()
         layer.bias.fill_(30.0)  # elsewhere: go left confidently
         m = tree.path_mask[target_leaf]
         nodes, bits = tree.path_nodes[target_leaf][m], tree.path_bits[target_leaf][m]
-        layer.bias[torch.from_numpy(nodes)] = torch.from_numpy(np.where(bits == 1, 30.0, -30.0))
+        layer.bias[torch.from_numpy(nodes)] = torch.from_numpy(np.where(bits == 1, 30.0, -30.0)).float()
     res = tree_topk(tree, layer.weight, layer.bias, torch.zeros(3, 4, dtype=torch.float64), 1)
     assert (res.indices[:, 0] == 123).all()
     assert (res.nodes == len(nodes)).all()
@@ -217,7 +226,7 @@ def test_model_topk_dispatch_matches_the_full_distribution(output):
 @pytest.mark.parametrize("name", ["huffman", "duplicated", "x2", "multi_code_small"])
 def test_full_log_prob_matches_enumeration_and_normalises(name):
     tree = TREES[name]
-    layer, H = random_layer(tree, 12, seed=3, scale=1.0)
+    layer, H = random_layer(tree, 12, seed=3, scale=1.0, dtype=torch.float64)
     H = H[:200]
     lp = layer.log_prob(H)
     ref = reference_log_prob(tree, layer.weight.detach().numpy(), layer.bias.detach().numpy(), H.numpy())
@@ -236,6 +245,7 @@ def _counts(words: torch.Tensor, V: int) -> np.ndarray:
 
 
 def _chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
+    probs = np.asarray(probs, dtype=np.float64)
     expected = probs / probs.sum() * counts.sum()
     return float(chisquare(counts, expected).pvalue)
 
@@ -244,7 +254,7 @@ def _chi2_p(counts: np.ndarray, probs: np.ndarray) -> float:
 def sampling_layer():
     tree = duplicated_tree(30, 20, 11)
     layer, H = random_layer(tree, 6, seed=12, scale=0.7)
-    return tree, layer, H[:1].repeat(60_000, 1)
+    return tree, layer, H[:1].float().repeat(60_000, 1)
 
 
 def test_ancestral_sampling_matches_the_exact_multi_code_distribution(sampling_layer):
@@ -269,7 +279,7 @@ def test_temperature_exact_and_per_node_are_different_distributions(sampling_lay
     with torch.no_grad():
         lp = layer.log_prob(H[:1])[0]
         exact = torch.softmax(lp / T, 0).numpy()
-        hot = TreeSoftmax(6, tree).double()  # per-node T = every score divided by T
+        hot = TreeSoftmax(6, tree)  # per-node T = every score divided by T
         hot.weight.copy_(layer.weight / T)
         hot.bias.copy_(layer.bias / T)
         per_node = hot.log_prob(H[:1])[0].exp().numpy()

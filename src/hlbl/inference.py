@@ -153,8 +153,9 @@ def _heap_sift_down(hk, hp, hb, size, k, p, t):
 
 @numba.njit(cache=True, fastmath=True)
 def _dot(h, W, j):
-    # fastmath lets LLVM vectorise the reduction (a fixed, deterministic summation order). Every
-    # node score comes from this one function, so expansion and resolution agree bit for bit.
+    # h is float64; float32 weights are widened, so scores are float64 sums either way. fastmath
+    # lets LLVM vectorise the reduction (a fixed, deterministic summation order). Every node
+    # score comes from this one function, so expansion and resolution agree bit for bit.
     acc = 0.0
     for e in range(h.shape[0]):
         acc += h[e] * W[j, e]
@@ -303,10 +304,8 @@ def _topk_range(H, W, b, children, ncodes, log_codes, log_codes_below, word_leav
 
 
 class TreeArrays(NamedTuple):
-    """The tree and weights in the numpy layout the search kernel reads (float64 weights)."""
+    """The tree in the numpy layout the kernels read (derived from the immutable tree only)."""
 
-    W: np.ndarray  # (N, d) float64 node vectors q_j
-    b: np.ndarray  # (N,) float64 node biases
     children: np.ndarray  # (N, 2) int64
     ncodes: np.ndarray  # (V,) int64 leaves per word
     log_codes: np.ndarray  # (V,) float64 log ncodes
@@ -317,14 +316,34 @@ class TreeArrays(NamedTuple):
     leaf_depth: np.ndarray  # (L,) int64
 
 
-def tree_arrays(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor) -> TreeArrays:
-    W = np.ascontiguousarray(weight.detach().to("cpu", torch.float64).numpy())
-    b = np.ascontiguousarray(bias.detach().to("cpu", torch.float64).numpy())
-    if W.shape != (tree.num_nodes, W.shape[1]) or b.shape != (tree.num_nodes,):
-        raise ValueError(f"weights {W.shape} / biases {b.shape} do not fit a tree of {tree.num_nodes} internal nodes")
+def tree_arrays(tree: WordTree) -> TreeArrays:
     ncodes = tree.codes_per_word.astype(np.int64)
-    return TreeArrays(W, b, tree.children, ncodes, np.log(ncodes), np.log(codes_below(tree)), tree.word_leaves,
+    return TreeArrays(tree.children, ncodes, np.log(ncodes), np.log(codes_below(tree)), tree.word_leaves,
                       tree.path_nodes, tree.path_bits, tree.leaf_depth.astype(np.int64))
+
+
+def layer_tree_arrays(layer) -> TreeArrays:
+    """:func:`tree_arrays` of a :class:`~hlbl.output.TreeSoftmax`'s tree, cached on the layer
+    (safe: a WordTree is immutable, and the cache is rebuilt if the layer's tree is replaced)."""
+    cached = layer.__dict__.get("_inference_tree_arrays")
+    if cached is None or cached[0] is not layer.tree:
+        cached = (layer.tree, tree_arrays(layer.tree))
+        layer.__dict__["_inference_tree_arrays"] = cached
+    return cached[1]
+
+
+def node_weights(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(W (N, d), b (N,) float64) for the kernels. W is a zero-copy view of a contiguous float32 or
+    float64 CPU tensor (other dtypes and devices are copied to float32), so no per-call O(N d)
+    conversion and no cache that could go stale; scores are accumulated in float64 either way."""
+    w = weight.detach()
+    if w.dtype not in (torch.float32, torch.float64):
+        w = w.float()
+    W = np.ascontiguousarray(w.cpu().numpy())
+    b = np.ascontiguousarray(bias.detach().to("cpu", torch.float64).numpy())
+    if W.ndim != 2 or W.shape[0] != tree.num_nodes or b.shape != (tree.num_nodes,):
+        raise ValueError(f"weights {W.shape} / biases {b.shape} do not fit a tree of {tree.num_nodes} internal nodes")
+    return W, b
 
 
 def codes_below(tree: WordTree) -> np.ndarray:
@@ -339,20 +358,22 @@ def codes_below(tree: WordTree) -> np.ndarray:
 
 
 def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: torch.Tensor, k: int,
-              threads: int | None = None) -> TopK:
+              threads: int | None = None, arrays: TreeArrays | None = None) -> TopK:
     """Exact top-k words under the tree softmax for each row of ``input`` (B, d).
 
     Scores are computed in float64 on the CPU by a numba kernel; the contexts are split into
     ``threads`` contiguous slices searched in parallel (default ``numba.get_num_threads()``,
     i.e. ``NUMBA_NUM_THREADS``; results do not depend on it). Returns values in ``input``'s dtype
-    and everything on ``input``'s device.
+    and everything on ``input``'s device. ``arrays``: :func:`tree_arrays` of ``tree`` if already
+    built (see :func:`layer_tree_arrays`).
     """
     if input.dim() != 2:
         raise ValueError(f"input must have shape (B, d), got {tuple(input.shape)}")
     k = _check_k(k, tree.num_words)
-    a = tree_arrays(tree, weight, bias)
-    if input.shape[1] != a.W.shape[1]:
-        raise ValueError(f"input has {input.shape[1]} features, the tree layer {a.W.shape[1]}")
+    a = tree_arrays(tree) if arrays is None else arrays
+    W, b = node_weights(tree, weight, bias)
+    if input.shape[1] != W.shape[1]:
+        raise ValueError(f"input has {input.shape[1]} features, the tree layer {W.shape[1]}")
     H = np.ascontiguousarray(input.detach().to("cpu", torch.float64).numpy())
     B = H.shape[0]
     out_v = np.full((B, k), -np.inf)
@@ -360,7 +381,7 @@ def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: t
     out_n = np.zeros(B, dtype=np.int64)
 
     def run(start: int, stop: int) -> None:
-        _topk_range(H, a.W, a.b, a.children, a.ncodes, a.log_codes, a.log_codes_below, a.word_leaves,
+        _topk_range(H, W, b, a.children, a.ncodes, a.log_codes, a.log_codes_below, a.word_leaves,
                     a.path_nodes, a.path_bits, a.leaf_depth, k, start, stop, out_v, out_w, out_n)
 
     threads = numba.get_num_threads() if threads is None else int(threads)
@@ -417,35 +438,44 @@ def topk_matches(values: torch.Tensor, indices: torch.Tensor, full_log_prob: tor
 # ---- sampling ---------------------------------------------------------------------------------
 
 
+@numba.njit(cache=True, nogil=True)
+def _ancestral_walk(H, W, b, children, U, temperature, out):
+    """out[i] = the word reached from the root going left where U[i, t] < sigmoid(s_j / T)."""
+    for i in range(H.shape[0]):
+        node = 0
+        t = 0
+        while True:
+            s = (_dot(H[i], W, node) + b[node]) / temperature
+            c = children[node, 0] if U[i, t] < 1.0 / (1.0 + math.exp(-s)) else children[node, 1]
+            t += 1
+            if c < 0:
+                out[i] = -1 - c
+                break
+            node = c
+
+
 def ancestral_sample(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: torch.Tensor,
-                     generator: torch.Generator | None = None, temperature: float = 1.0) -> torch.Tensor:
-    """(B,) words drawn by walking down the tree from the root, O(depth d) per row.
+                     generator: torch.Generator | None = None, temperature: float = 1.0,
+                     arrays: TreeArrays | None = None) -> torch.Tensor:
+    """(B,) words drawn by walking down the tree from the root, O(depth d) per row (numba, CPU).
 
     With ``temperature`` T != 1 every decision uses ``sigmoid(s_j / T)`` (per-node temperature,
-    which is *not* the tempered word distribution; see the module docstring).
+    which is *not* the tempered word distribution; see the module docstring). One uniform per
+    row and level is drawn up front from ``generator``, so a seed fixes the result.
     """
     _check_temperature(temperature)
+    a = tree_arrays(tree) if arrays is None else arrays
+    W, b = node_weights(tree, weight, bias)
+    if input.dim() != 2 or input.shape[1] != W.shape[1]:
+        raise ValueError(f"input must have shape (B, {W.shape[1]}), got {tuple(input.shape)}")
     B = input.shape[0]
-    dev = input.device
-    children = torch.tensor(tree.children, device=dev)  # a copy: tree arrays are read-only
-    depth = int(tree.leaf_depth.max())
-    # One uniform per row and level, drawn up front so the result depends only on the generator.
-    u = torch.rand(B, depth, generator=generator, device=generator.device if generator is not None else "cpu").to(dev)
-    node = torch.zeros(B, dtype=torch.int64, device=dev)
-    word = torch.full((B,), -1, dtype=torch.int64, device=dev)
-    active = torch.arange(B, device=dev)
-    for t in range(depth):
-        if len(active) == 0:
-            break
-        j = node[active]
-        s = (input[active] * weight[j]).sum(1) + bias[j]
-        left = u[active, t] < torch.sigmoid(s.double() / temperature)
-        nxt = children[j, (~left).long()]  # column 0 = left child, 1 = right child
-        done = nxt < 0
-        word[active[done]] = -1 - nxt[done]
-        node[active[~done]] = nxt[~done]
-        active = active[~done]
-    return word
+    depth = int(a.leaf_depth.max())
+    U = torch.rand(B, depth, generator=generator, dtype=torch.float64,
+                   device=generator.device if generator is not None else "cpu").cpu().numpy()
+    H = np.ascontiguousarray(input.detach().to("cpu", torch.float64).numpy())
+    out = np.empty(B, dtype=np.int64)
+    _ancestral_walk(H, W, b, a.children, U, float(temperature), out)
+    return torch.from_numpy(out).to(input.device)
 
 
 def sample_from_log_prob(log_prob: torch.Tensor, generator: torch.Generator | None = None,
@@ -547,4 +577,5 @@ def encode_context(vocab, tokens: Sequence[str], n: int) -> tuple[list[int], int
 __all__ = [
     "TopK", "tree_topk", "full_topk", "topk", "topk_matches", "ancestral_sample", "sample_from_log_prob",
     "sample", "SentenceScore", "score_sentences", "score_report", "encode_context", "TreeArrays", "tree_arrays",
+    "layer_tree_arrays", "node_weights", "codes_below",
 ]

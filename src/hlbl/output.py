@@ -153,9 +153,9 @@ class TreeSoftmax(nn.Module):
     @torch.no_grad()
     def topk(self, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact top-k words by best-first search down the tree (see :mod:`hlbl.inference`)."""
-        from .inference import tree_topk
+        from .inference import layer_tree_arrays, tree_topk
 
-        res = tree_topk(self.tree, self.weight, self.bias, input, k)
+        res = tree_topk(self.tree, self.weight, self.bias, input, k, arrays=layer_tree_arrays(self))
         return res.values, res.indices
 
     @torch.no_grad()
@@ -163,10 +163,11 @@ class TreeSoftmax(nn.Module):
                temperature: float = 1.0, per_node: bool = False) -> torch.Tensor:
         """(B,) sampled words: ancestral O(depth) when ``temperature == 1`` or ``per_node``,
         else the exact tempered distribution via ``log_prob`` (O(N d))."""
-        from .inference import ancestral_sample, sample_from_log_prob
+        from .inference import ancestral_sample, layer_tree_arrays, sample_from_log_prob
 
         if temperature == 1.0 or per_node:
-            return ancestral_sample(self.tree, self.weight, self.bias, input, generator, temperature)
+            return ancestral_sample(self.tree, self.weight, self.bias, input, generator, temperature,
+                                    arrays=layer_tree_arrays(self))
         return sample_from_log_prob(self.log_prob(input), generator, temperature)
 
 
