@@ -384,7 +384,7 @@ def _add_inference_commands(sub) -> None:
     g = sub.add_parser("generate", help="sample text from a trained model (reproducible under --seed)")
     common(g)
     g.add_argument("--tokens", type=int, default=100, help="number of words to sample (<eos> counts)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="the same seed gives the same text")
     g.add_argument("--prompt", default="", help="words to continue (the start of a sentence)")
     g.add_argument("--temperature", type=float, default=1.0,
                    help="sample from p(w)^(1/T)/Z (exact; costs the full distribution when T != 1)")
@@ -392,14 +392,22 @@ def _add_inference_commands(sub) -> None:
                    help="apply the temperature at each tree decision instead (fast; a different distribution)")
     g.set_defaults(func=cmd_generate)
 
-    s = sub.add_parser("score", help="log10 probability of each sentence on stdin, then perplexity (JSON)")
+    s = sub.add_parser("score", help="log10 probability of each sentence on stdin, then perplexity (JSON)",
+                       description="Each non-blank stdin line is a sentence, scored independently as its words "
+                                   "plus <eos> from an all-<eos> context; words outside the vocabulary are scored "
+                                   "as <unk> and counted. Prints 'log10prob<TAB>tokens<TAB>oov' per sentence "
+                                   "(tokens include <eos>), then one JSON line with the totals and perplexity.")
     common(s)
     s.add_argument("--json", action="store_true", help="one JSON object per sentence")
     s.set_defaults(func=cmd_score)
 
-    pr = sub.add_parser("predict", help="the k most probable next words for each context on stdin")
+    pr = sub.add_parser("predict", help="the k most probable next words for each context on stdin",
+                        description="Each stdin line is the start of a sentence (a blank line: the sentence "
+                                    "start itself); its last n words, padded with <eos>, are the context. Prints "
+                                    "'word prob word prob ...' best first (ties: lower word id first), exact "
+                                    "(best-first search on a tree model).")
     common(pr)
-    pr.add_argument("--k", type=int, default=10)
+    pr.add_argument("--k", type=int, default=10, help="number of words per context")
     pr.add_argument("--json", action="store_true", help="one JSON object per context")
     pr.set_defaults(func=cmd_predict)
 
