@@ -1,6 +1,6 @@
 """Training cost vs vocabulary size: HLBL fast engine on synthetic Zipf corpora, V = 10k .. 1M.
 
-    python bench/scaling.py                          # about 2-5 minutes, ~3 GB of memory at V = 1M
+    python bench/scaling.py                          # about 3-5 minutes, ~3 GB of memory at V = 1M
     python bench/scaling.py --sizes 10000,100000 --threads 1
 
 For each V, a child process (so that peak RSS is that size's alone) builds a BALANCED tree
@@ -11,8 +11,10 @@ engine; words/s is that of the last epoch (the first touches every page of the m
 buffers), including the end-of-epoch catch-up of all rows (O(V d)). Peak RSS is compared with
 the bytes of parameters plus optimiser state (one momentum buffer per parameter).
 
-The last line is one JSON object; results/scaling.json gets it with the per-size details, and
-results/scaling.png plots words/s and memory against V.
+``--threads 2,1`` (the default) measures every size with 2 Hogwild threads, then with 1 thread
+(deterministic); the summary's top-level numbers are those of the first count, ``by_threads``
+has all. The last line is one JSON object; results/scaling.json gets it with the per-size
+details, and results/scaling.png plots words/s and memory against V.
 """
 
 from __future__ import annotations
@@ -63,22 +65,26 @@ def child(V: int, tokens: int, epochs: int, threads: int) -> dict:
             "rss_ratio": peak / (state_bytes / 2**20), "setup_s": setup_s, "tokens": tokens, "threads": threads}
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(by_threads: dict[int, list[dict]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    V = [r["V"] for r in rows]
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
-    a.plot(V, [r["wps"] / 1e3 for r in rows], "o-", label="HLBL fast engine")
-    base = rows[0]["wps"] * rows[0]["depth"]
-    a.plot(V, [base / r["depth"] / 1e3 for r in rows], "--", color="gray", label="cost $\\propto$ tree depth")
+    for T, rows in by_threads.items():
+        V = [r["V"] for r in rows]
+        line, = a.plot(V, [r["wps"] / 1e3 for r in rows], "o-", label=f"fast engine, {T} thread{'s' * (T > 1)}")
+        base = rows[0]["wps"] * rows[0]["depth"]
+        a.plot(V, [base / r["depth"] / 1e3 for r in rows], ":", color=line.get_color(), alpha=0.7)
+    a.plot([], [], ":", color="gray", label="if cost were $\propto$ tree depth")
     a.set_xscale("log")
     a.set_ylim(bottom=0)
     a.set_xlabel("vocabulary size V")
     a.set_ylabel("training words/s (thousands)")
     a.legend(fontsize=8)
+    rows = next(iter(by_threads.values()))
+    V = [r["V"] for r in rows]
     b.plot(V, [r["peak_rss_mb"] / 1024 for r in rows], "o-", label="peak RSS")
     b.plot(V, [r["params_plus_state_mb"] / 1024 for r in rows], "s--", label="parameters + momentum")
     b.set_xscale("log")
@@ -86,7 +92,7 @@ def plot(rows: list[dict], path: Path) -> None:
     b.set_xlabel("vocabulary size V")
     b.set_ylabel("GiB")
     b.legend(fontsize=8)
-    fig.suptitle(f"HLBL d=100, BALANCED tree, synthetic Zipf(1), {rows[0]['threads']} thread(s)", fontsize=9)
+    fig.suptitle("HLBL d=100, BALANCED tree, synthetic Zipf(1), shared 2-core machine", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -94,41 +100,48 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="10000,100000,1000000")
-    ap.add_argument("--tokens", type=int, default=600_000)
+    ap.add_argument("--tokens", type=int, default=1_500_000)
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", default="2,1", help="comma-separated thread counts")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "results" / "scaling.json"))
     args = ap.parse_args(argv)
     if args.child is not None:
-        print(json.dumps(child(args.child, args.tokens, args.epochs, args.threads)))
+        print(json.dumps(child(args.child, args.tokens, args.epochs, int(args.threads))))
         return 0
     load = os.getloadavg()
-    rows = []
-    for V in (int(v) for v in args.sizes.split(",")):
-        cmd = [sys.executable, __file__, "--child", str(V), "--tokens", str(args.tokens),
-               "--epochs", str(args.epochs), "--threads", str(args.threads)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent)
-        if proc.returncode != 0:
-            raise RuntimeError(f"V={V} failed:\n{proc.stderr[-3000:]}")
-        r = json.loads(proc.stdout.strip().splitlines()[-1])
-        rows.append(r)
-        print(f"V={V:>9,}  depth {r['depth']:>2}  {r['wps']:>10,.0f} words/s (epochs: "
-              f"{', '.join(f'{w:,.0f}' for w in r['epoch_wps'])})  peak RSS {r['peak_rss_mb']:,.0f} MiB = "
-              f"{r['rss_ratio']:.2f} x params+state ({r['params_plus_state_mb']:,.0f} MiB)", file=sys.stderr)
-    by = {str(r["V"]): r for r in rows}
-    summary = {"wps": {k: r["wps"] for k, r in by.items()}}
-    if "1000000" in by and "10000" in by:
-        summary["ratio_1m_vs_10k"] = by["1000000"]["wps"] / by["10000"]["wps"]
-        summary["peak_rss_mb_1m"] = by["1000000"]["peak_rss_mb"]
-        summary["rss_vs_params_plus_state_1m"] = by["1000000"]["rss_ratio"]
-    summary["threads"] = args.threads
-    summary["load_before"] = [round(x, 2) for x in load]
-    summary["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    by_threads: dict[int, list[dict]] = {}
+    for T in (int(t) for t in args.threads.split(",")):
+        rows = by_threads[T] = []
+        for V in (int(v) for v in args.sizes.split(",")):
+            cmd = [sys.executable, __file__, "--child", str(V), "--tokens", str(args.tokens),
+                   "--epochs", str(args.epochs), "--threads", str(T)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent)
+            if proc.returncode != 0:
+                raise RuntimeError(f"V={V} failed:\n{proc.stderr[-3000:]}")
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            rows.append(r)
+            print(f"{T} thread(s) V={V:>9,}  depth {r['depth']:>2}  {r['wps']:>10,.0f} words/s (epochs: "
+                  f"{', '.join(f'{w:,.0f}' for w in r['epoch_wps'])})  peak RSS {r['peak_rss_mb']:,.0f} MiB = "
+                  f"{r['rss_ratio']:.2f} x params+state ({r['params_plus_state_mb']:,.0f} MiB)", file=sys.stderr)
+
+    def summarise(rows: list[dict]) -> dict:
+        by = {str(r["V"]): r for r in rows}
+        out = {"wps": {k: r["wps"] for k, r in by.items()}}
+        if "1000000" in by and "10000" in by:
+            out["ratio_1m_vs_10k"] = by["1000000"]["wps"] / by["10000"]["wps"]
+            out["peak_rss_mb_1m"] = by["1000000"]["peak_rss_mb"]
+            out["rss_vs_params_plus_state_1m"] = by["1000000"]["rss_ratio"]
+        return out
+
+    first = next(iter(by_threads))
+    summary = {**summarise(by_threads[first]), "threads": first,
+               "by_threads": {str(T): summarise(rows) for T, rows in by_threads.items()},
+               "load_before": [round(x, 2) for x in load], "load_after": [round(x, 2) for x in os.getloadavg()]}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"summary": summary, "sizes": rows}, indent=1) + "\n")
-    plot(rows, out.with_suffix(".png"))
+    out.write_text(json.dumps({"summary": summary, "sizes": {str(T): rows for T, rows in by_threads.items()}}, indent=1) + "\n")
+    plot(by_threads, out.with_suffix(".png"))
     print(json.dumps(summary))
     return 0
 

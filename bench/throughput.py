@@ -20,8 +20,10 @@ children's for fastText), since wall time on a loaded machine depends on what el
        fastText's own words/sec/thread is printed beside it, and a run with maxn 0 (no
        subwords: the word2vec-style model) as well;
    (e) scoring: ``hlbl.evaluate.token_log_probs`` over the training stream;
-   (f) multi-code trees: x2 and x4 stacks of RANDOM trees (every word 2 / 4 codes, as in the
-       paper's T6/T7 construction) with the fast engine, and the mean code length of each.
+   (f) other trees with the fast engine (300 batches each), with their mean code length: Huffman
+       (fastText's tree), x2 and x4 stacks of RANDOM trees (every word 2 / 4 codes, the shape of
+       the paper's T6/T7), and, when ``hlbl.treebuild`` is there, learned ADAPTIVE(0.4) and
+       ADAPTIVE(0.4) x2 trees built from the word features of the model trained in (a).
 2. A synthetic Zipf(1) corpus with V = 33,278 (WikiText-2's vocabulary size), ``--zipf-tokens``
    tokens: (a), (b), (c) again.
 
@@ -49,7 +51,7 @@ from hlbl.data import load_corpus, resolve_corpus
 from hlbl.evaluate import token_log_probs
 from hlbl.model import LBL, LBLConfig
 from hlbl.train import TrainConfig, make_optimizer, train_epoch
-from hlbl.tree import WordTree, random_tree
+from hlbl.tree import WordTree, huffman_tree, random_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,8 +108,11 @@ def rate(tokens: int, clock: Clock) -> dict:
 
 
 def time_fast(model: LBL, stream: np.ndarray, pad: int, cfg: TrainConfig, threads: int,
-              max_batches: int | None = None) -> dict:
+              max_batches: int | None = None, keep: list | None = None) -> dict:
+    """The fast engine on a copy of ``model`` (appended to ``keep`` when given, trained)."""
     m = copy.deepcopy(model)
+    if keep is not None:
+        keep.append(m)
     opt = make_optimizer(m, cfg, cfg.lr)
     with Clock() as c:
         loss, _ = fast.train_epoch(m, opt, stream, pad, cfg, 1, False, threads=threads, max_batches=max_batches)
@@ -209,7 +214,8 @@ def main(argv=None) -> int:
     # ---- PTB ------------------------------------------------------------------------------
     tree = random_tree(V, 0)
     hlbl = make_model(V, "tree", tree, counts)
-    r = out["ptb_hlbl_fast"] = time_fast(hlbl, train, pad, cfg, T)
+    trained: list = []
+    r = out["ptb_hlbl_fast"] = time_fast(hlbl, train, pad, cfg, T, keep=trained)
     show(f"HLBL fast engine, {T} Hogwild threads", r)
     r = out["ptb_hlbl_fast_1thread"] = time_fast(hlbl, train, pad, cfg, 1)
     show("HLBL fast engine, 1 thread (deterministic)", r)
@@ -232,14 +238,26 @@ def main(argv=None) -> int:
                   f"{r['tokens']:,} tokens", file=sys.stderr)
     r = out["ptb_eval"] = time_eval(hlbl, train, pad)
     show("scoring (evaluate.token_log_probs)", r)
-    for copies in (2, 4):
-        mt = stacked_random_trees(V, copies, 1)
-        r = out[f"ptb_hlbl_fast_x{copies}"] = time_fast(make_model(V, "tree", mt, counts), train, pad, cfg, T,
-                                                          max_batches=300)
-        r["mean_code_length"] = mean_code_length(mt, counts)
-        r["codes_per_word"] = copies
-        show(f"HLBL fast, x{copies} RANDOM (code length {r['mean_code_length']:.1f})", r)
     out["ptb_mean_code_length_single"] = mean_code_length(tree, counts)
+    other_trees = {"huffman": huffman_tree(counts)}
+    for copies in (2, 4):
+        other_trees[f"x{copies}_random"] = stacked_random_trees(V, copies, 1)
+    try:  # learned trees (the paper's Section 5), from the features of the model trained above
+        from hlbl.treebuild import build_tree_from_features, word_features
+
+        with Clock() as c:
+            X, _ = word_features(trained[0], train, pad)
+            for copies in (1, 2):
+                other_trees[f"adaptive0.4_x{copies}"] = build_tree_from_features(X, "adaptive:0.4", seed=0, copies=copies)
+        print(f"(learned ADAPTIVE(0.4) trees built in {c.wall:.0f} s)", file=sys.stderr)
+    except ImportError:
+        print("hlbl.treebuild not available: learned trees skipped", file=sys.stderr)
+    for name, mt in other_trees.items():
+        r = out[f"ptb_hlbl_fast_{name}"] = time_fast(make_model(V, "tree", mt, counts), train, pad, cfg, T,
+                                                      max_batches=300)
+        r["mean_code_length"] = mean_code_length(mt, counts)
+        r["codes_per_word"] = float((counts / counts.sum() * mt.codes_per_word).sum())
+        show(f"HLBL fast, {name} (code length {r['mean_code_length']:.1f})", r)
 
     # ---- synthetic Zipf, V = 33,278 -------------------------------------------------------
     V2 = 33_278
@@ -275,8 +293,8 @@ def main(argv=None) -> int:
         "adaptive_wps": out["ptb_adaptive"]["wps"],
         "fasttext_maxn0_wps": out["fasttext_maxn0"]["wps"] if out.get("fasttext_maxn0") else None,
         "fasttext_reported_wps_per_thread": ft["reported_wps_per_thread"] if ft else None,
-        "hlbl_wps_x2": out["ptb_hlbl_fast_x2"]["wps"],
-        "hlbl_wps_x4": out["ptb_hlbl_fast_x4"]["wps"],
+        "hlbl_wps_by_tree": {k[len("ptb_hlbl_fast_"):]: {"wps": round(v["wps"]), "mean_code_length": round(v["mean_code_length"], 1)}
+                             for k, v in out.items() if k.startswith("ptb_hlbl_fast_") and "mean_code_length" in v},
         "cpu_ratio_vs_fasttext": out["ptb_hlbl_fast"]["cpu_wps"] / ft["cpu_wps"] if ft else None,
         "threads": T,
         "load_before": [round(x, 2) for x in load],
