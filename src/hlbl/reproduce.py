@@ -329,6 +329,7 @@ class Reproduction:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker  # noqa: F401  (FuncFormatter below)
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         kn = []
@@ -347,7 +348,12 @@ class Reproduction:
         if kn:
             ax.legend(fontsize=8)
         ax.set_xscale("log")
-        ax.set_xlabel("total training time (minutes, log scale)")
+        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="x", which="minor", labelsize=7)
+        ax.margins(x=0.15)
+        ax.set_xlabel("training time incl. validation passes (minutes, log scale)")
         ax.set_ylabel("test perplexity")
         ax.set_title(f"{self.cfg.data}: perplexity vs training time")
         ax.grid(alpha=0.3)
