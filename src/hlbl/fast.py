@@ -58,10 +58,8 @@ bit, and it equals the PyTorch path up to float32 rounding. ``fit`` (``engine="f
 uses one thread, so a seed fixes a run; Hogwild is for callers that ask for it (the benchmarks).
 Measured trade-offs (PTB, V = 10k, shared 2-core machine): two Hogwild threads learn a little
 less per epoch (valid perplexity 239 after 3 epochs against 232.3 for the exact path, as each
-step reads parameters one step stale), and at small V they gain little or nothing over one
-thread, because every step of both threads writes the same hot rows (top tree nodes, frequent
-words, C) and those cache lines travel between the cores; at V = 1M, where a step is bound by
-memory latency on rows nobody else touches, two threads help.
+step reads parameters about one step stale); per CPU-second they are as efficient as one thread
+(so they pay off only when a second core is actually free).
 
 Memory-level tuning: the row loops prefetch rows a few iterations ahead (``_prefetch``, LLVM's
 prefetch intrinsic), since at V = 1M every touched row is a cache miss.
