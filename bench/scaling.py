@@ -8,7 +8,8 @@ For each V, a child process (so that peak RSS is that size's alone) builds a BAL
 context 5, the default recipe (batch 1000, SGD with momentum 0.9 and L2 decay, exact lazy
 updates), and trains ``--epochs`` epochs on ``--tokens`` i.i.d. Zipf(1) tokens with the fast
 engine; words/s is that of the last epoch (the first touches every page of the momentum
-buffers), including the end-of-epoch catch-up of all rows (O(V d)). Peak RSS is compared with
+buffers), including the end-of-epoch catch-up of all rows (O(V d)), by wall time and by process
+CPU time (the latter is what to compare on a shared machine). Peak RSS is compared with
 the bytes of parameters plus optimiser state (one momentum buffer per parameter).
 
 ``--threads 2,1`` (the default) measures every size with 2 Hogwild threads, then with 1 thread
@@ -33,7 +34,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def child(V: int, tokens: int, epochs: int, threads: int) -> dict:
+def child(V: int, tokens: int, epochs: int, threads: int, optimizer: str) -> dict:
     import torch
 
     from hlbl import fast
@@ -50,17 +51,19 @@ def child(V: int, tokens: int, epochs: int, threads: int) -> dict:
     model = LBL(LBLConfig(V, dim=100, context=5), tree, torch.Generator().manual_seed(0))
     model.init_unigram(counts)
     setup_s = time.perf_counter() - t0
-    cfg = TrainConfig(progress=False)
+    cfg = TrainConfig(progress=False, optimizer=optimizer)
     opt = make_optimizer(model, cfg, cfg.lr)
     epochs_wps, losses = [], []
     for e in range(1, epochs + 1):
+        cpu = time.process_time()
         loss, wps = fast.train_epoch(model, opt, stream, 0, cfg, e, False, threads=threads)
+        cpu_wps = len(stream) / (time.process_time() - cpu)  # robust to other load (mostly)
         epochs_wps.append(wps)
         losses.append(loss)
     n_params = sum(p.numel() for p in model.parameters())
-    state_bytes = 2 * 4 * n_params  # float32 parameters + one float32 momentum buffer each
+    state_bytes = (2 if optimizer == "momentum" else 1) * 4 * n_params  # float32 parameters (+ momentum buffers)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux -> MiB
-    return {"V": V, "wps": epochs_wps[-1], "epoch_wps": epochs_wps, "loss": losses, "depth": int(tree.leaf_depth.max()),
+    return {"V": V, "wps": epochs_wps[-1], "cpu_wps": cpu_wps, "epoch_wps": epochs_wps, "loss": losses, "depth": int(tree.leaf_depth.max()),
             "params": n_params, "params_plus_state_mb": state_bytes / 2**20, "peak_rss_mb": peak,
             "rss_ratio": peak / (state_bytes / 2**20), "setup_s": setup_s, "tokens": tokens, "threads": threads}
 
@@ -103,11 +106,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=1_500_000)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--threads", default="2,1", help="comma-separated thread counts")
+    ap.add_argument("--optimizer", choices=("momentum", "sgd"), default="momentum",
+                    help="sgd: no momentum buffers (half the bytes per touched row)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "results" / "scaling.json"))
     args = ap.parse_args(argv)
     if args.child is not None:
-        print(json.dumps(child(args.child, args.tokens, args.epochs, int(args.threads))))
+        print(json.dumps(child(args.child, args.tokens, args.epochs, int(args.threads), args.optimizer)))
         return 0
     load = os.getloadavg()
     by_threads: dict[int, list[dict]] = {}
@@ -115,27 +120,30 @@ def main(argv=None) -> int:
         rows = by_threads[T] = []
         for V in (int(v) for v in args.sizes.split(",")):
             cmd = [sys.executable, __file__, "--child", str(V), "--tokens", str(args.tokens),
-                   "--epochs", str(args.epochs), "--threads", str(T)]
+                   "--epochs", str(args.epochs), "--threads", str(T), "--optimizer", args.optimizer]
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent)
             if proc.returncode != 0:
                 raise RuntimeError(f"V={V} failed:\n{proc.stderr[-3000:]}")
             r = json.loads(proc.stdout.strip().splitlines()[-1])
             rows.append(r)
-            print(f"{T} thread(s) V={V:>9,}  depth {r['depth']:>2}  {r['wps']:>10,.0f} words/s (epochs: "
+            print(f"{T} thread(s) V={V:>9,}  depth {r['depth']:>2}  {r['wps']:>10,.0f} words/s "
+                  f"({r['cpu_wps']:,.0f} per CPU-second; epochs: "
                   f"{', '.join(f'{w:,.0f}' for w in r['epoch_wps'])})  peak RSS {r['peak_rss_mb']:,.0f} MiB = "
                   f"{r['rss_ratio']:.2f} x params+state ({r['params_plus_state_mb']:,.0f} MiB)", file=sys.stderr)
 
     def summarise(rows: list[dict]) -> dict:
         by = {str(r["V"]): r for r in rows}
         out = {"wps": {k: r["wps"] for k, r in by.items()}}
+        out["cpu_wps"] = {k: r["cpu_wps"] for k, r in by.items()}
         if "1000000" in by and "10000" in by:
             out["ratio_1m_vs_10k"] = by["1000000"]["wps"] / by["10000"]["wps"]
+            out["cpu_ratio_1m_vs_10k"] = by["1000000"]["cpu_wps"] / by["10000"]["cpu_wps"]
             out["peak_rss_mb_1m"] = by["1000000"]["peak_rss_mb"]
             out["rss_vs_params_plus_state_1m"] = by["1000000"]["rss_ratio"]
         return out
 
     first = next(iter(by_threads))
-    summary = {**summarise(by_threads[first]), "threads": first,
+    summary = {**summarise(by_threads[first]), "threads": first, "optimizer": args.optimizer,
                "by_threads": {str(T): summarise(rows) for T, rows in by_threads.items()},
                "load_before": [round(x, 2) for x in load], "load_after": [round(x, 2) for x in os.getloadavg()]}
     out = Path(args.out)

@@ -151,3 +151,40 @@ def test_unsupported_models_are_named():
     assert fast.unsupported(ok, cfg=TrainConfig()) is None
     with pytest.raises(ValueError, match="fast engine"):
         fast.train_epoch(flat, make_optimizer(flat, TrainConfig(), 1e-3), np.zeros(10, np.int32), 0, TrainConfig(), 1, False)
+
+
+def test_engine_factory_picks_one_implementation():
+    from hlbl.data import DataError
+    from hlbl.train import epoch_runner
+
+    tree = random_tree(10, 0)
+    hlbl = LBL(LBLConfig(10, dim=4, context=2), tree)
+    flat = LBL(LBLConfig(10, dim=4, context=2, output="flat"))
+    assert epoch_runner(hlbl, TrainConfig()) is fast.train_epoch  # auto, CPU, momentum
+    assert epoch_runner(hlbl, TrainConfig(optimizer="sgd", engine="fast")) is fast.train_epoch
+    assert epoch_runner(hlbl, TrainConfig(engine="torch")) is train_epoch
+    assert epoch_runner(hlbl, TrainConfig(optimizer="adam")) is train_epoch  # auto falls back
+    assert epoch_runner(flat, TrainConfig()) is train_epoch
+    with pytest.raises(DataError, match="engine fast"):
+        epoch_runner(flat, TrainConfig(engine="fast"))
+    with pytest.raises(ValueError, match="unknown engine"):
+        TrainConfig(engine="gpu")
+
+
+def test_fit_with_either_engine_gives_the_same_model(tmp_path):
+    """Whole training runs (early stopping, lr drop, checkpoints) agree across engines."""
+    from conftest import tiny_corpus
+    from hlbl.data import load_corpus
+    from hlbl.train import fit
+
+    corpus = load_corpus(tiny_corpus(tmp_path / "corpus", n_train=200))
+    V = len(corpus.vocab)
+    models = {}
+    for engine in ("torch", "fast"):
+        model = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0), torch.Generator().manual_seed(0))
+        model.init_unigram(corpus.vocab.counts)
+        cfg = TrainConfig(lr=0.01, batch_size=64, max_epochs=3, seed=0, progress=False, engine=engine)
+        fit(model, corpus, cfg, tmp_path / engine, log=lambda *a: None)
+        models[engine] = model
+    for (name, a), (_, b) in zip(models["torch"].named_parameters(), models["fast"].named_parameters()):
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), name
