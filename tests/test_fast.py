@@ -149,6 +149,10 @@ def test_unsupported_models_are_named():
     ok = LBL(LBLConfig(10, dim=4, context=2), tree)
     assert fast.unsupported(ok, cfg=TrainConfig(optimizer="adam")) is not None
     assert fast.unsupported(ok, cfg=TrainConfig()) is None
+    with pytest.raises(ValueError, match="token ids"):
+        fast.token_log_probs(ok, np.array([0, 3, 10], np.int32), 0)
+    with pytest.raises(ValueError, match="pad id"):
+        fast.train_epoch(ok, make_optimizer(ok, TrainConfig(), 1e-3), np.zeros(10, np.int32), 10, TrainConfig(), 1, False)
     with pytest.raises(ValueError, match="fast engine"):
         fast.train_epoch(flat, make_optimizer(flat, TrainConfig(), 1e-3), np.zeros(10, np.int32), 0, TrainConfig(), 1, False)
 

@@ -101,8 +101,9 @@ _AHEAD = 6  # rows prefetched ahead in row loops: random rows of a large table m
 def _prefetch(typingctx, arr, row, off):
     """Hint the CPU to fetch (for writing) the cache line at byte ``off`` of ``arr[row]`` (2D array).
 
-    numba has no prefetch; this emits LLVM's ``llvm.prefetch``. Without it a loop over random
-    rows of a big table (V = 1M: 400 MB) waits for memory row after row.
+    numba has no prefetch; this emits LLVM's ``llvm.prefetch`` (opaque-pointer name, as in the
+    LLVM of the pinned numba). Without it a loop over random rows of a big table (V = 1M:
+    400 MB) waits for memory row after row.
     """
     sig = types.void(arr, row, off)
 
@@ -131,7 +132,6 @@ def _prefetch_row(W, j):
     """Prefetch row j of a float32 (., d) array."""
     for off in range(0, W.shape[1] * 4, 64):
         _prefetch(W, j, off)
-
 
 
 # A path's log-probability is accumulated as a float64 product of sigmoids, with one log per
@@ -522,6 +522,16 @@ def _tree_tables(layer: TreeSoftmax) -> tuple[np.ndarray, ...]:
     return pnodes, psign, pdepth, wleaves
 
 
+def _check_stream(stream: np.ndarray, pad: int, V: int) -> np.ndarray:
+    """The stream as contiguous int32, after checking every id (the kernels do no bounds checks)."""
+    stream = np.ascontiguousarray(stream, dtype=np.int32)
+    if len(stream) and (int(stream.min()) < 0 or int(stream.max()) >= V):
+        raise ValueError(f"token ids must be in 0..{V - 1}; the stream has {int(stream.min())}..{int(stream.max())}")
+    if not 0 <= pad < V:
+        raise ValueError(f"pad id {pad} is not in 0..{V - 1}")
+    return stream
+
+
 def _np(t: torch.Tensor) -> np.ndarray:
     """A writable numpy view of a CPU float32 contiguous tensor (shares memory)."""
     return t.detach().numpy()
@@ -626,7 +636,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     if why:
         raise ValueError(f"the fast engine cannot train this model: {why}")
     T = max(1, int(threads or 1))
-    stream = np.ascontiguousarray(stream, dtype=np.int32)
+    stream = _check_stream(stream, pad, model.config.vocab_size)
     order = np.random.default_rng([cfg.seed, epoch]).permutation(len(stream))
     B = int(cfg.batch_size)
     steps = (len(order) + B - 1) // B
@@ -684,7 +694,7 @@ def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = N
     if why:
         raise ValueError(f"the fast engine cannot score this model: {why}")
     _set_threads(threads)
-    stream = np.ascontiguousarray(stream, dtype=np.int32)
+    stream = _check_stream(stream, pad, model.config.vocab_size)
     out = np.empty(len(stream), dtype=np.float64)
     with torch.no_grad():
         _score(stream, pad, _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias),
