@@ -14,7 +14,8 @@ fastText), which depends much less on what else runs.
 1. PTB (V = 10,000, d = 100, context 5, batch 1000, lr 1e-3, momentum 0.9, L2 as in train.py):
    (a) HLBL on a single-code RANDOM tree: the fast engine (Hogwild threads; and one thread,
        deterministic) for a full epoch; the PyTorch engine (autograd) on ``--torch-batches``;
-   (b) flat-softmax LBL (PyTorch) on ``--flat-batches``;
+   (b) flat-softmax LBL (PyTorch) on ``--flat-batches`` (every PyTorch measurement runs with
+       the thread count and with one thread, and keeps the faster);
    (c) the same LBL encoder with ``nn.AdaptiveLogSoftmaxWithLoss`` (output "adaptive");
    (d) fastText 0.9.3 CBOW + hierarchical softmax: dim 100, ws 5, t 1 (no subsampling), epoch 1,
        minCount 1, same threads, otherwise defaults (so with character n-grams, minn 3 / maxn 6),
@@ -121,15 +122,27 @@ def time_fast(model: LBL, stream: np.ndarray, pad: int, cfg: TrainConfig, thread
     return {**rate(n, c), "loss": loss}
 
 
-def time_torch(model: LBL, stream: np.ndarray, pad: int, cfg: TrainConfig, batches: int) -> dict:
-    """The PyTorch path (autograd + torch.optim) on the first ``batches`` batches' worth of tokens."""
-    m = copy.deepcopy(model)
-    opt = make_optimizer(m, cfg, cfg.lr)
-    part = stream[: batches * cfg.batch_size]
-    train_epoch(m, opt, stream[: 2 * cfg.batch_size], pad, cfg, 0, False)  # warm-up (allocator, kernels)
-    with Clock() as c:
-        loss, _ = train_epoch(m, opt, part, pad, cfg, 1, False)
-    return {**rate(len(part), c), "loss": loss}
+def time_torch(model: LBL, stream: np.ndarray, pad: int, cfg: TrainConfig, batches: int, threads: int) -> dict:
+    """The PyTorch path (autograd + torch.optim) on the first ``batches`` batches' worth of tokens.
+
+    Run with ``threads`` intra-op threads and with 1, keeping the faster: on an oversubscribed
+    machine PyTorch's thread pool can lose a lot to waiting for descheduled workers, and the
+    baselines should not be handicapped by that.
+    """
+    best = None
+    for t in sorted({threads, 1}, reverse=True):
+        torch.set_num_threads(t)
+        m = copy.deepcopy(model)
+        opt = make_optimizer(m, cfg, cfg.lr)
+        part = stream[: batches * cfg.batch_size]
+        train_epoch(m, opt, stream[: 2 * cfg.batch_size], pad, cfg, 0, False)  # warm-up (allocator, kernels)
+        with Clock() as c:
+            loss, _ = train_epoch(m, opt, part, pad, cfg, 1, False)
+        r = {**rate(len(part), c), "loss": loss, "torch_threads": t}
+        if best is None or r["wps"] > best["wps"]:
+            best = r
+    torch.set_num_threads(threads)
+    return best
 
 
 def time_fasttext(path: Path, threads: int, maxn: int | None = None) -> dict | None:
@@ -187,9 +200,9 @@ def warm_up(threads: int) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--torch-batches", type=int, default=60, help="batches for the PyTorch HLBL path")
-    ap.add_argument("--flat-batches", type=int, default=12, help="batches for the flat LBL at V=10k")
-    ap.add_argument("--adaptive-batches", type=int, default=40)
+    ap.add_argument("--torch-batches", type=int, default=40, help="batches for the PyTorch HLBL path")
+    ap.add_argument("--flat-batches", type=int, default=8, help="batches for the flat LBL at V=10k")
+    ap.add_argument("--adaptive-batches", type=int, default=30)
     ap.add_argument("--flat-batches-33k", type=int, default=4)
     ap.add_argument("--zipf-tokens", type=int, default=1_000_000)
     ap.add_argument("--skip-fasttext", action="store_true")
@@ -211,6 +224,7 @@ def main(argv=None) -> int:
 
     def show(name, r):
         extra = "" if "loss" not in r else f"  loss {r['loss']:.3f}"
+        extra += f"  (torch threads {r['torch_threads']})" if "torch_threads" in r else ""
         print(f"{name:<48} {r['wps']:>12,.0f} words/s  ({r['cpu_wps']:>12,.0f} per CPU-second){extra}", file=sys.stderr)
 
     # ---- what to measure ------------------------------------------------------------------
@@ -220,11 +234,11 @@ def main(argv=None) -> int:
     plan += [
         ("ptb_hlbl_fast", f"HLBL fast engine, {T} Hogwild threads", lambda: time_fast(hlbl, train, pad, cfg, T)),
         ("ptb_hlbl_fast_1thread", "HLBL fast engine, 1 thread (deterministic)", lambda: time_fast(hlbl, train, pad, cfg, 1)),
-        ("ptb_hlbl_torch", "HLBL PyTorch engine", lambda: time_torch(hlbl, train, pad, cfg, args.torch_batches)),
+        ("ptb_hlbl_torch", "HLBL PyTorch engine", lambda: time_torch(hlbl, train, pad, cfg, args.torch_batches, T)),
         ("ptb_flat", "flat LBL (PyTorch)",
-         lambda: time_torch(make_model(V, "flat", None, counts), train, pad, cfg, args.flat_batches)),
+         lambda: time_torch(make_model(V, "flat", None, counts), train, pad, cfg, args.flat_batches, T)),
         ("ptb_adaptive", "LBL + AdaptiveLogSoftmaxWithLoss",
-         lambda: time_torch(make_model(V, "adaptive", None, counts), train, pad, cfg, args.adaptive_batches)),
+         lambda: time_torch(make_model(V, "adaptive", None, counts), train, pad, cfg, args.adaptive_batches, T)),
     ]
     if not args.skip_fasttext:
         path = resolve_corpus("ptb") / "train.txt"
@@ -261,11 +275,11 @@ def main(argv=None) -> int:
     h2 = make_model(V2, "tree", random_tree(V2, 0), zc)
     plan += [
         ("v33k_hlbl_fast", f"V=33k HLBL fast engine, {T} threads", lambda: time_fast(h2, zs, 0, cfg, T)),
-        ("v33k_hlbl_torch", "V=33k HLBL PyTorch engine", lambda: time_torch(h2, zs, 0, cfg, args.torch_batches)),
+        ("v33k_hlbl_torch", "V=33k HLBL PyTorch engine", lambda: time_torch(h2, zs, 0, cfg, args.torch_batches, T)),
         ("v33k_flat", "V=33k flat LBL",
-         lambda: time_torch(make_model(V2, "flat", None, zc), zs, 0, cfg, args.flat_batches_33k)),
+         lambda: time_torch(make_model(V2, "flat", None, zc), zs, 0, cfg, args.flat_batches_33k, T)),
         ("v33k_adaptive", "V=33k adaptive softmax",
-         lambda: time_torch(make_model(V2, "adaptive", None, zc), zs, 0, cfg, args.adaptive_batches)),
+         lambda: time_torch(make_model(V2, "adaptive", None, zc), zs, 0, cfg, args.adaptive_batches, T)),
     ]
 
     # ---- measure: the whole plan ``--repeats`` times, round robin; keep each one's best -----
