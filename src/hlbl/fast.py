@@ -477,6 +477,10 @@ def _score(stream, pad, R, C, Q, qb, pnodes, psign, pdepth, wleaves, out):
         h = np.empty(d, dtype=np.float32)
         plp = np.empty(K)
         for p in range(c * chunk, min(N, (c + 1) * chunk)):
+            if p + 1 < N:  # the next target's first path, while this one computes
+                lf = wleaves[stream[p + 1], 0]
+                for t in range(pdepth[lf]):
+                    _prefetch_row(Q, pnodes[lf, t])
             for k in range(d):
                 h[k] = 0.0
             for i in range(n):
