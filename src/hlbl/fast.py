@@ -209,6 +209,7 @@ def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, key
     K = wleaves.shape[1]
     D = keys.shape[1] // K
     B = pos.shape[0]
+    zs = np.empty(D)  # one path's scores
     for b in range(B):
         if b + 1 < B:  # the next example's rows, while this one computes
             for i in range(n):
@@ -230,17 +231,18 @@ def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, key
             if lf < 0:
                 plp[b, c] = -np.inf
                 continue
-            acc, prod = 0.0, 1.0
-            for t in range(pdepth[lf]):
+            for t in range(pdepth[lf]):  # dot products first: independent, they overlap
                 j = keys[b, c * D + t]
                 s = np.float32(0.0)
                 for k in range(d):
                     s += hb[k] * Q[j, k]
-                sg = psign[lf, t]
-                z = sg * (np.float64(s) + qb[j])
+                zs[t] = psign[lf, t] * (np.float64(s) + qb[j])
+            acc, prod = 0.0, 1.0
+            for t in range(pdepth[lf]):
+                z = zs[t]
                 sz, snz, e = _sigmoids(z)
                 acc, prod = _accumulate(z, sz, e, acc, prod)
-                gs[b, c * D + t] = sg * snz  # d log P(path) / d score = sign * sigmoid(-z)
+                gs[b, c * D + t] = psign[lf, t] * snz  # d log P(path) / d score = sign * sigmoid(-z)
             lp = acc + math.log(prod)
             plp[b, c] = lp
             best = max(best, lp)
@@ -476,6 +478,7 @@ def _score(stream, pad, R, C, Q, qb, pnodes, psign, pdepth, wleaves, out):
     for c in prange((N + chunk - 1) // chunk):
         h = np.empty(d, dtype=np.float32)
         plp = np.empty(K)
+        zs = np.empty(pnodes.shape[1])
         for p in range(c * chunk, min(N, (c + 1) * chunk)):
             if p + 1 < N:  # the next target's first path, while this one computes
                 lf = wleaves[stream[p + 1], 0]
@@ -494,15 +497,18 @@ def _score(stream, pad, R, C, Q, qb, pnodes, psign, pdepth, wleaves, out):
                 if lf < 0:
                     plp[cc] = -np.inf
                     continue
-                acc, prod = 0.0, 1.0
+                # All the path's dot products first (independent, so they overlap in the CPU),
+                # then the scalar chain: faster than one latency-bound node after the other.
                 for t in range(pdepth[lf]):
                     j = pnodes[lf, t]
                     s = np.float32(0.0)
                     for k in range(d):
                         s += h[k] * Q[j, k]
-                    z = psign[lf, t] * (np.float64(s) + qb[j])
-                    sz, _, e = _sigmoids(z)
-                    acc, prod = _accumulate(z, sz, e, acc, prod)
+                    zs[t] = psign[lf, t] * (np.float64(s) + qb[j])
+                acc, prod = 0.0, 1.0
+                for t in range(pdepth[lf]):
+                    sz, _, e = _sigmoids(zs[t])
+                    acc, prod = _accumulate(zs[t], sz, e, acc, prod)
                 lp = acc + math.log(prod)
                 plp[cc] = lp
                 best = max(best, lp)
