@@ -67,6 +67,7 @@ def cmd_train(args) -> int:
                           progress=not args.quiet)
     cfg.device = device
     cfg.engine = args.engine  # like the device, a choice of how to run, not of what is learned
+    cfg.hogwild = args.hogwild
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     print(f"{model.config.output} output, {V:,} words, {model.num_parameters():,} parameters, "
           f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, device {device}", file=sys.stderr)
@@ -214,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
     t.add_argument("--engine", choices=ENGINES, default=d.engine,
                    help="fast = numba CPU kernels (tree output, SGD/momentum), torch = autograd (GPU, any model); auto picks fast where it applies")
+    t.add_argument("--hogwild", type=int, default=d.hogwild,
+                   help="threads of the fast engine; 1 is bit-reproducible, more run lock-free Hogwild steps")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     t.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")

@@ -20,6 +20,7 @@ parallelism with ``torch.distributed`` can wrap it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sys
@@ -56,10 +57,13 @@ class TrainConfig:
     max_train_tokens: int | None = None  # train on a prefix only (smoke tests, benchmarks)
     progress: bool = True
     engine: str = "auto"  # "fast" (hlbl.fast, CPU numba), "torch" (autograd), "auto": fast where it applies
+    hogwild: int = 1  # fast engine threads; 1 is deterministic, more run lock-free (not reproducible)
 
     def __post_init__(self):
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose from {', '.join(OPTIMIZERS)}")
+        if self.hogwild < 1:
+            raise ValueError("hogwild threads must be at least 1")
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; choose from {', '.join(ENGINES)}")
         if self.batch_size < 1 or self.max_epochs < 1 or self.lr <= 0:
@@ -128,7 +132,7 @@ def epoch_runner(model: LBL, cfg: TrainConfig):
     if why is None and dist.is_available() and dist.is_initialized():
         why = "distributed training uses the PyTorch path"
     if why is None:
-        return fast.train_epoch
+        return functools.partial(fast.train_epoch, threads=cfg.hogwild)
     if cfg.engine == "fast":
         raise DataError(f"--engine fast cannot train this model: {why}")  # a user error: one line
     return train_epoch
