@@ -59,32 +59,26 @@ def test_matches_brute_force_enumeration(name, tree):
     assert out.loss.item() == pytest.approx(-ref[torch.arange(9), targets].mean().item())
 
 
+def reference_path_log_probs(layer, x, w):
+    """log P(path) of each of word w's codes, written out with autograd ops from tree.codes."""
+    out = []
+    for nodes, bits in layer.tree.codes(w):
+        s = layer.weight[nodes] @ x + layer.bias[nodes]
+        sign = torch.tensor([1.0 if b else -1.0 for b in bits], dtype=s.dtype)
+        out.append(torch.nn.functional.logsigmoid(sign * s).sum())
+    return torch.stack(out)
+
+
 def logsumexp_reference_loss(layer, h, targets):
-    """log P(w) = log sum over leaves of prod of decisions, written out with autograd ops."""
-    tree = layer.tree
-    total = 0.0
-    for x, w in zip(h, targets.tolist()):
-        path_lps = []
-        for nodes, bits in tree.codes(w):
-            s = layer.weight[nodes] @ x + layer.bias[nodes]
-            sign = torch.tensor([1.0 if b else -1.0 for b in bits], dtype=s.dtype)
-            path_lps.append(torch.nn.functional.logsigmoid(sign * s).sum())
-        total = total - torch.logsumexp(torch.stack(path_lps), 0)
-    return total / len(targets)
+    """The exact objective: -log sum over a word's leaves of its path probabilities."""
+    losses = [-torch.logsumexp(reference_path_log_probs(layer, x, w), 0) for x, w in zip(h, targets.tolist())]
+    return torch.stack(losses).mean()
 
 
 def averaged_path_loss(layer, h, targets):
     """The wrong objective: mean of the paths' log-losses."""
-    tree = layer.tree
-    total = 0.0
-    for x, w in zip(h, targets.tolist()):
-        losses = []
-        for nodes, bits in tree.codes(w):
-            s = layer.weight[nodes] @ x + layer.bias[nodes]
-            sign = torch.tensor([1.0 if b else -1.0 for b in bits], dtype=s.dtype)
-            losses.append(-torch.nn.functional.logsigmoid(sign * s).sum())
-        total = total + torch.stack(losses).mean()
-    return total / len(targets)
+    losses = [-reference_path_log_probs(layer, x, w).mean() for x, w in zip(h, targets.tolist())]
+    return torch.stack(losses).mean()
 
 
 def grads(layer, loss_fn, h, targets):
