@@ -635,7 +635,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
                 show: bool, threads: int | None = None, max_batches: int | None = None) -> tuple[float, float]:
     """Drop-in for :func:`hlbl.train.train_epoch`: one pass in the same seeded order.
 
-    Returns (mean NLL, words/s). With ``threads=1`` (the default, which ``fit`` uses) the steps
+    Returns (mean NLL, words/s). ``threads`` defaults to ``cfg.hogwild`` (1 unless asked). With ``threads=1`` the steps
     are exactly the PyTorch path's, bit-reproducible under a seed. With ``threads=T > 1``,
     thread r takes steps r+1, r+1+T, ... on the shared parameters without locks (Hogwild):
     each step is still an exact minibatch step, but it may read rows another thread is
@@ -645,7 +645,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     why = unsupported(model, optimizer, cfg)
     if why:
         raise ValueError(f"the fast engine cannot train this model: {why}")
-    T = max(1, int(threads or 1))
+    T = max(1, int(threads or getattr(cfg, "hogwild", 1)))
     stream = _check_stream(stream, pad, model.config.vocab_size)
     order = np.random.default_rng([cfg.seed, epoch]).permutation(len(stream))
     B = int(cfg.batch_size)

@@ -20,7 +20,6 @@ parallelism with ``torch.distributed`` can wrap it.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import sys
@@ -132,7 +131,7 @@ def epoch_runner(model: LBL, cfg: TrainConfig):
     if why is None and dist.is_available() and dist.is_initialized():
         why = "distributed training uses the PyTorch path"
     if why is None:
-        return functools.partial(fast.train_epoch, threads=cfg.hogwild)
+        return fast.train_epoch  # threads: cfg.hogwild
     if cfg.engine == "fast":
         raise DataError(f"--engine fast cannot train this model: {why}")  # a user error: one line
     return train_epoch
