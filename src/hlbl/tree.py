@@ -131,14 +131,7 @@ class WordTree:
             raise TreeError(f"node {j} has {parents[j]} parents; every non-root node needs exactly one")
         # N-1 parent links with one parent each: reachability from the root rules out cycles.
         seen = np.zeros(N, dtype=bool)
-        stack = [0]
-        seen[0] = True
-        while stack:
-            j = stack.pop()
-            for c in ch[j]:
-                if c >= 0 and not seen[c]:
-                    seen[c] = True
-                    stack.append(int(c))
+        seen[_breadth_first_order(ch)] = True
         if not seen.all():
             j = int(np.flatnonzero(~seen)[0])
             raise TreeError(f"node {j} is not reachable from the root (a cycle or a second root)")
@@ -335,21 +328,25 @@ class WordTree:
             raise TreeError(f"{path}: {e}") from None
 
 
+def _breadth_first_order(ch: np.ndarray) -> np.ndarray:
+    """Internal nodes reachable from node 0, breadth-first, left child before right.
+
+    One numpy step per level; assumes every node has at most one parent (checked before), so
+    the walk visits each reachable node once and ends.
+    """
+    frontier, levels = np.zeros(1, dtype=np.int64), []
+    while len(frontier):
+        levels.append(frontier)
+        kids = ch[frontier].reshape(-1)
+        frontier = kids[kids >= 0]
+    return np.concatenate(levels)
+
+
 def _canonical(ch: np.ndarray) -> np.ndarray:
     """Renumber internal nodes breadth-first from node 0 (left child before right)."""
-    N = len(ch)
-    order = np.empty(N, dtype=np.int64)
-    order[0] = 0
-    head, tail = 0, 1
-    while head < tail:
-        j = order[head]
-        head += 1
-        for c in ch[j]:
-            if c >= 0:
-                order[tail] = c
-                tail += 1
-    new_id = np.empty(N, dtype=np.int64)
-    new_id[order] = np.arange(N)
+    order = _breadth_first_order(ch)
+    new_id = np.empty(len(ch), dtype=np.int64)
+    new_id[order] = np.arange(len(ch))
     out = ch[order]
     return np.where(out >= 0, new_id[np.clip(out, 0, None)], out)
 
@@ -357,23 +354,27 @@ def _canonical(ch: np.ndarray) -> np.ndarray:
 # ---- builders -------------------------------------------------------------------------------
 
 
-def _halving(words: np.ndarray) -> list[list[int]]:
-    """Children of the tree that splits ``words`` in halves recursively (first half left)."""
-    children: list[list[int]] = []
-    stack = [(words, -1, 0)]  # (word block, parent, slot)
-    while stack:
-        block, parent, slot = stack.pop()
-        if len(block) == 1:
-            children[parent][slot] = leaf(block[0])
-            continue
-        j = len(children)
-        children.append([0, 0])
-        if parent >= 0:
-            children[parent][slot] = j
-        half = (len(block) + 1) // 2
-        stack.append((block[half:], j, 1))
-        stack.append((block[:half], j, 0))
-    return children
+def _halving(words: np.ndarray) -> np.ndarray:
+    """(N, 2) children of the tree that halves ``words`` recursively (the larger half left).
+
+    Built level by level: each level is a set of blocks ``[start, end)`` of ``words``; blocks of
+    two or more words are internal nodes, numbered breadth-first as they appear.
+    """
+    words = np.asarray(words, dtype=np.int64)
+    start, end = np.zeros(1, dtype=np.int64), np.array([len(words)], dtype=np.int64)
+    next_id, rows = 1, []
+    while len(start):
+        mid = start + (end - start + 1) // 2
+        kid_start = np.stack([start, mid], 1).reshape(-1)  # left, right of each block in order
+        kid_end = np.stack([mid, end], 1).reshape(-1)
+        single = kid_end - kid_start == 1
+        vals = np.empty(len(kid_start), dtype=np.int64)
+        vals[single] = -1 - words[kid_start[single]]
+        vals[~single] = next_id + np.arange(int((~single).sum()))
+        next_id += int((~single).sum())
+        rows.append(vals.reshape(-1, 2))
+        start, end = kid_start[~single], kid_end[~single]
+    return np.concatenate(rows)
 
 
 def random_tree(num_words: int, seed: int = 0) -> WordTree:
@@ -381,13 +382,13 @@ def random_tree(num_words: int, seed: int = 0) -> WordTree:
     if num_words < 2:
         raise TreeError(f"a word tree needs at least 2 words, got {num_words}")
     perm = np.random.default_rng(seed).permutation(num_words)
-    return WordTree(np.asarray(_halving(perm), dtype=np.int64), num_words)
+    return WordTree(_halving(perm), num_words)
 
 
 def balanced_tree(order: Sequence[int]) -> WordTree:
     """Recursive halving of the words in the given order (``order`` is a permutation)."""
     order = np.asarray(order, dtype=np.int64)
-    return WordTree(np.asarray(_halving(order), dtype=np.int64), len(order))
+    return WordTree(_halving(order), len(order))
 
 
 def huffman_tree(counts: Sequence[float]) -> WordTree:
