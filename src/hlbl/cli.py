@@ -71,11 +71,10 @@ def cmd_train(args) -> int:
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     print(f"{model.config.output} output, {V:,} words, {model.num_parameters():,} parameters, "
           f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, device {device}", file=sys.stderr)
-    fit(model, corpus, cfg, out, resume=args.resume, corpus_spec=str(args.data), log=log)
-    pad = corpus.vocab.eos
-    result = {s: evaluate(model, corpus[s], pad, device=device) for s in ("valid", "test")}
-    print(json.dumps({"valid_perplexity": result["valid"]["perplexity"], "test_perplexity": result["test"]["perplexity"],
-                      "test_tokens": result["test"]["tokens"], "run": str(out)}))
+    state = fit(model, corpus, cfg, out, resume=args.resume, corpus_spec=str(args.data), log=log)
+    test = evaluate(model, corpus["test"], corpus.vocab.eos, device=device)  # fit left the best weights in
+    print(json.dumps({"valid_perplexity": state["best_valid_ppl"], "test_perplexity": test["perplexity"],
+                      "test_tokens": test["tokens"], "run": str(out)}))
     show_sample(model, corpus, device, args.seed)
     return 0
 

@@ -161,10 +161,11 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
     elif rank == 0:
         ckpt.save_run_files(run_dir, model, corpus.vocab, asdict(cfg), corpus_spec)
         (run_dir / "metrics.jsonl").write_text("")
+    run_epoch = epoch_runner(model, cfg)
     while not state["done"] and state["epoch"] < cfg.max_epochs:
         epoch = state["epoch"] + 1
         t0 = time.perf_counter()
-        loss, wps = epoch_runner(model, cfg)(model, optimizer, train, pad, cfg, epoch, cfg.progress and rank == 0)
+        loss, wps = run_epoch(model, optimizer, train, pad, cfg, epoch, cfg.progress and rank == 0)
         train_time = time.perf_counter() - t0
         val = evaluate(model, valid, pad, device=device, engine=cfg.engine)
         state["elapsed"] += time.perf_counter() - t0
