@@ -86,6 +86,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from tqdm import tqdm
 
+from .memory import prefer_huge_pages
 from .output import TreeSoftmax
 
 # Vectorised float reductions and FMAs; never approximate functions ('afn') or assume no NaN/inf.
@@ -199,17 +200,19 @@ def _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys):
 
 
 @njit(fastmath=_FM, cache=True)
-def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, rdh):
-    """Per example b: h (B, d), dh (B, d) = dLoss/dh, gs (B, K*D), plp (B, K), nll (B,), rdh (B, n, d).
+def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC):
+    """Per example b: h (B, d), dh (B, d) = dLoss/dh, gs (B, K*D), plp (B, K), nll (B,); gC (n, d).
 
     ``gs[b, k*D + t]`` is the loss gradient w.r.t. the score of node keys[b, k*D + t];
-    ``rdh[b, i] = R[ctx[b, i]] * dh[b]``, example b's part of the gradient of C_i.
+    ``gC[i] = sum_b R[ctx[b, i]] * dh[b]`` (in example order) is the gradient of C_i; summed here,
+    while the rows are in cache, rather than from a (B, n, d) array that would not fit in L2.
     """
     n, d = C.shape
     K = wleaves.shape[1]
     D = keys.shape[1] // K
     B = pos.shape[0]
     zs = np.empty(D)  # one path's scores
+    gC[:] = 0.0
     for b in range(B):
         if b + 1 < B:  # the next example's rows, while this one computes
             for i in range(n):
@@ -269,7 +272,7 @@ def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, key
         for i in range(n):
             w = ctx[b, i]
             for k in range(d):
-                rdh[b, i, k] = R[w, k] * dhb[k]
+                gC[i, k] += R[w, k] * dhb[k]
 
 
 @njit(cache=True)
@@ -346,10 +349,9 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
     for r in range(rows.shape[0]):
         if r + _AHEAD < rows.shape[0]:
             ja = rows[r + _AHEAD]
-            if last[ja] < S:
-                _prefetch_row(W, ja)
-                if mu != 0.0:
-                    _prefetch_row(Wbuf, ja)
+            _prefetch_row(W, ja)
+            if mu != 0.0:
+                _prefetch_row(Wbuf, ja)
         j = rows[r]
         gap = S - last[j]
         if gap <= 0:  # up to date (or, with Hogwild threads, already moved on by another thread)
@@ -427,7 +429,7 @@ def _step(t, pos, stream, pad, params, tables, opt, work):
     R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf = params
     pnodes, psign, pdepth, wleaves = tables
     hyper, P_words, P_other, P_bias, last_w, last_n = opt
-    ctx, keys, h, dh, gs, plp, nll, rdh, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor, g, empty = work
+    ctx, keys, h, dh, gs, plp, nll, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor, g, empty = work
     B = pos.shape[0]  # work arrays have room for a full batch; rows >= B are stale
     n, d = C.shape
     KD = keys.shape[1]
@@ -438,13 +440,7 @@ def _step(t, pos, stream, pad, params, tables, opt, work):
     # while no batch touched them.
     _catch_up(uniq_n[:nu_n], Q, Qbuf, qb, qbbuf, last_n, t - 1, P_other, hyper[1, 1], P_bias, hyper[2, 1])
     _catch_up(uniq_w[:nu_w], R, Rbuf, empty, empty, last_w, t - 1, P_words, hyper[0, 1], P_bias, 0.0)
-    _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, rdh)
-    for i in range(n):  # gC_i = sum_b R[ctx_bi] * dh_b, in example order
-        for k in range(d):
-            gC[i, k] = 0.0
-        for b in range(B):
-            for k in range(d):
-                gC[i, k] += rdh[b, i, k]
+    _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC)
     _update_nodes(uniq_n, nu_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, last_n, t, g)
     _update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)  # reads C before its step
     for i in range(n):
@@ -625,7 +621,7 @@ def _workspace(B: int, n: int, d: int, K: int, D: int, V: int, N: int) -> tuple:
     KD, E = K * D, max(B * K * D, B * n)
     return (np.empty((B, n), np.int32), np.full((B, KD), -1, np.int32),
             np.empty((B, d), np.float32), np.empty((B, d), np.float32), np.zeros((B, KD), np.float32),
-            np.empty((B, K)), np.empty(B), np.empty((B, n, d), np.float32), np.empty((n, d), np.float32),
+            np.empty((B, K)), np.empty(B), np.empty((n, d), np.float32),
             np.full(N, -1, np.int32), np.full(V, -1, np.int32),  # slot_*: -1 between steps (see _csr)
             *(np.empty(E + 1, np.int64) for _ in range(7)),
             np.empty(d, np.float32), np.empty(0, np.float32))
@@ -656,6 +652,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     P = opt.powers(steps)
     R, C, Q, qb = _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias)
     params = (R, opt.buf["R"], C, opt.buf["C"], Q, opt.buf["Q"], qb, opt.buf["qb"])
+    prefer_huge_pages(R, Q, *(opt.buf[k] for k in ("R", "Q") if opt.hyper[k][1] != 0.0))
     tables = _tree_tables(model.out)
     V, d = R.shape
     N, n = Q.shape[0], C.shape[0]
@@ -706,6 +703,7 @@ def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = N
     _set_threads(threads)
     stream = _check_stream(stream, pad, model.config.vocab_size)
     out = np.empty(len(stream), dtype=np.float64)
+    prefer_huge_pages(_np(model.R.weight), _np(model.out.weight))
     with torch.no_grad():
         _score(stream, pad, _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias),
                *_tree_tables(model.out), out)

@@ -1,0 +1,63 @@
+"""Back large parameter tables with 2 MiB pages (Linux transparent huge pages), an optimisation hint.
+
+Why: the fast engine reads and writes random rows of tables that, for a large vocabulary, are far
+bigger than what the CPU's TLB maps with 4 KiB pages (V = 1M, d = 100: four 400 MB tables with
+their momentum buffers). Every row is then a TLB miss and a page walk on top of the cache miss.
+On 2 MiB pages the TLB covers gigabytes; measured on the 2-core benchmark machine, training at
+V = 1M runs 15-25% faster (bench/scaling.py), at V = 10k the same.
+
+Many systems set THP to ``madvise`` (only regions that ask get huge pages), so we ask:
+``madvise(MADV_HUGEPAGE)`` for future faults and ``madvise(MADV_COLLAPSE)`` (Linux >= 6.1) to
+turn the pages already there into huge pages now. Collapsing copies the memory once (about 2 s/GB);
+on a range already collapsed it returns at once. Anywhere this does not apply (not Linux, an old
+kernel, THP disabled, a small array) it silently does nothing: results never depend on it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import numpy as np
+
+HUGE_PAGE = 2 << 20
+MIN_BYTES = 32 << 20  # smaller tables fit the TLB's reach anyway
+_MADV_HUGEPAGE = 14
+_MADV_COLLAPSE = 25
+
+
+def _madvise():
+    """libc's madvise(addr, length, advice) -> int, or None where there is none."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def prefer_huge_pages(*arrays: np.ndarray, min_bytes: int = MIN_BYTES) -> int:
+    """Ask the kernel to back each array of at least ``min_bytes`` with huge pages.
+
+    Only whole 2 MiB pages inside an array are advised, so memory outside it is never affected.
+    Returns the number of bytes advised (0 where nothing applies); never raises for lack of support.
+    """
+    madvise = _madvise()
+    if madvise is None:
+        return 0
+    done = 0
+    for a in arrays:
+        if a.nbytes < min_bytes:
+            continue
+        start = -(-a.ctypes.data // HUGE_PAGE) * HUGE_PAGE
+        end = (a.ctypes.data + a.nbytes) // HUGE_PAGE * HUGE_PAGE
+        if end <= start:
+            continue
+        if madvise(start, end - start, _MADV_HUGEPAGE) != 0:
+            continue  # THP not available here
+        madvise(start, end - start, _MADV_COLLAPSE)  # best effort: the hint above still holds for new pages
+        done += end - start
+    return done
