@@ -14,7 +14,15 @@ the bytes of parameters plus optimiser state (one momentum buffer per parameter)
 
 ``--threads 2,1`` (the default) measures every size with 2 Hogwild threads, then with 1 thread
 (deterministic); the summary's top-level numbers are those of the first count, ``by_threads``
-has all. The last line is one JSON object; results/scaling.json gets it with the per-size
+has all.
+
+As a reference for what the machine's memory does to any tree-softmax trainer, fastText
+(CBOW + hierarchical softmax, dim 100, ws 5, t 1, maxn 0, epoch 1, minCount 1, same thread
+count; ``pip install fasttext``, skipped if absent or with ``--skip-fasttext``) is run on the same
+corpora written as text; its rate is its own training-loop words/s (words/sec/thread x threads:
+its vocabulary and Huffman-tree setup are excluded, as ours is). It is lighter per row (plain SGD:
+no momentum buffer, no weight decay) and its Huffman codes are shorter for frequent words, so
+its ratio is a reference, not a target. The last line is one JSON object; results/scaling.json gets it with the per-size
 details, and results/scaling.png plots words/s and memory against V.
 """
 
@@ -68,6 +76,25 @@ def child(V: int, tokens: int, epochs: int, threads: int, optimizer: str) -> dic
             "rss_ratio": peak / (state_bytes / 2**20), "setup_s": setup_s, "tokens": tokens, "threads": threads}
 
 
+def fasttext_rate(V: int, tokens: int, threads: int) -> dict | None:
+    """fastText's training-loop words/s on the child's corpus, written as text; None if not installed."""
+    import tempfile
+
+    from throughput import time_fasttext, zipf_stream
+
+    stream = zipf_stream(V, tokens, seed=2)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"zipf{V}.txt"
+        words = np.char.add("w", stream.astype(str))
+        with open(path, "w") as f:
+            for i in range(0, len(words), 20):  # 20-word lines: fastText reads lines of text
+                f.write(" ".join(words[i : i + 20]) + "\n")
+        r = time_fasttext(path, threads, maxn=0)
+    if r is None or r["reported_wps_per_thread"] is None:
+        return None
+    return {"wps": r["reported_wps_per_thread"] * threads, "wall_wps": r["wps"], "vocab_seen": r["vocab"]}
+
+
 def plot(by_threads: dict[int, list[dict]], path: Path) -> None:
     import matplotlib
 
@@ -80,6 +107,10 @@ def plot(by_threads: dict[int, list[dict]], path: Path) -> None:
         line, = a.plot(V, [r["wps"] / 1e3 for r in rows], "o-", label=f"fast engine, {T} thread{'s' * (T > 1)}")
         base = rows[0]["wps"] * rows[0]["depth"]
         a.plot(V, [base / r["depth"] / 1e3 for r in rows], ":", color=line.get_color(), alpha=0.7)
+        ft = [(r["V"], r["fasttext"]["wps"]) for r in rows if r.get("fasttext")]
+        if ft:
+            a.plot(*zip(*[(v, w / 1e3) for v, w in ft]), "x--", color=line.get_color(), alpha=0.6,
+                   label=f"fastText CBOW+HS maxn 0, {T} thread{'s' * (T > 1)}")
     a.plot([], [], ":", color="gray", label="if cost were $\propto$ tree depth")
     a.set_xscale("log")
     a.set_ylim(bottom=0)
@@ -108,6 +139,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", default="2,1", help="comma-separated thread counts")
     ap.add_argument("--optimizer", choices=("momentum", "sgd"), default="momentum",
                     help="sgd: no momentum buffers (half the bytes per touched row)")
+    ap.add_argument("--skip-fasttext", action="store_true", help="no fastText reference runs")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "results" / "scaling.json"))
     args = ap.parse_args(argv)
@@ -125,11 +157,13 @@ def main(argv=None) -> int:
             if proc.returncode != 0:
                 raise RuntimeError(f"V={V} failed:\n{proc.stderr[-3000:]}")
             r = json.loads(proc.stdout.strip().splitlines()[-1])
+            r["fasttext"] = None if args.skip_fasttext else fasttext_rate(V, args.tokens, T)
             rows.append(r)
             print(f"{T} thread(s) V={V:>9,}  depth {r['depth']:>2}  {r['wps']:>10,.0f} words/s "
                   f"({r['cpu_wps']:,.0f} per CPU-second; epochs: "
                   f"{', '.join(f'{w:,.0f}' for w in r['epoch_wps'])})  peak RSS {r['peak_rss_mb']:,.0f} MiB = "
-                  f"{r['rss_ratio']:.2f} x params+state ({r['params_plus_state_mb']:,.0f} MiB)", file=sys.stderr)
+                  f"{r['rss_ratio']:.2f} x params+state ({r['params_plus_state_mb']:,.0f} MiB)"
+                  + (f"; fastText {r['fasttext']['wps']:,.0f}" if r["fasttext"] else ""), file=sys.stderr)
 
     def summarise(rows: list[dict]) -> dict:
         by = {str(r["V"]): r for r in rows}
@@ -140,6 +174,8 @@ def main(argv=None) -> int:
             out["cpu_ratio_1m_vs_10k"] = by["1000000"]["cpu_wps"] / by["10000"]["cpu_wps"]
             out["peak_rss_mb_1m"] = by["1000000"]["peak_rss_mb"]
             out["rss_vs_params_plus_state_1m"] = by["1000000"]["rss_ratio"]
+            if by["1000000"].get("fasttext") and by["10000"].get("fasttext"):
+                out["fasttext_ratio_1m_vs_10k"] = by["1000000"]["fasttext"]["wps"] / by["10000"]["fasttext"]["wps"]
         return out
 
     first = next(iter(by_threads))
