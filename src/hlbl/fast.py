@@ -100,7 +100,7 @@ _AHEAD = 6  # rows prefetched ahead in row loops: random rows of a large table m
 
 @intrinsic
 def _prefetch(typingctx, arr, row, off):
-    """Hint the CPU to fetch (for writing) the cache line at byte ``off`` of ``arr[row]`` (2D array).
+    """Hint the CPU to fetch (for writing) the cache line at byte ``off`` of ``arr[row]`` (any ndim >= 1).
 
     numba has no prefetch; this emits LLVM's ``llvm.prefetch`` (opaque-pointer name, as in the
     LLVM of the pinned numba). Without it a loop over random rows of a big table (V = 1M:
@@ -116,7 +116,7 @@ def _prefetch(typingctx, arr, row, off):
         off = context.cast(builder, args[2], signature.args[2], types.intp)
         ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
                                         strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
-                                        inds=[row, zero])
+                                        inds=[row] + [zero] * (aryty.ndim - 1))
         i8p = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
@@ -184,7 +184,17 @@ def _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys):
     n = ctx.shape[1]
     K = wleaves.shape[1]
     D = pnodes.shape[1]
-    for b in range(pos.shape[0]):
+    B = pos.shape[0]
+    for b in range(B):
+        # Three dependent random reads per example (token -> its leaves -> the leaf's path): each
+        # is fetched a few examples ahead, as the path table alone is 80 MB at V = 1M.
+        if b + 8 < B:
+            _prefetch(wleaves, stream[pos[b + 8]], 0)
+        if b + 4 < B:
+            la = wleaves[stream[pos[b + 4]], 0]
+            if la >= 0:
+                _prefetch(pnodes, la, 0)
+                _prefetch(pnodes, la, 64)
         p = pos[b]
         for i in range(n):
             ctx[b, i] = _context(stream, p, pad, n, i)
@@ -286,6 +296,8 @@ def _csr(keys, slot, uniq, start, cursor, ent):
     nu = 0
     start[0] = 0
     for e in range(keys.shape[0]):
+        if e + 16 < keys.shape[0] and keys[e + 16] >= 0:  # slot[] is random access into V or N entries
+            _prefetch(slot, keys[e + 16], 0)
         key = keys[e]
         if key < 0:
             continue
@@ -657,7 +669,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     V, d = R.shape
     N, n = Q.shape[0], C.shape[0]
     # last_*: the step each row is up to date with (0 = start of epoch).
-    last_w, last_n = np.zeros(V, np.int64), np.zeros(N, np.int64)
+    last_w, last_n = np.zeros(V, np.int32), np.zeros(N, np.int32)  # int32: half the cache footprint
     state = (opt.matrix, P["R"], P["Q"], P["qb"], last_w, last_n)
     K, D = tables[3].shape[1], tables[0].shape[1]
     T = min(T, steps) or 1
