@@ -351,7 +351,7 @@ def _sgd_scalar(p, buf, j, g, lr, mu, wd):
     p[j] = pj
 
 
-@njit(fastmath=_FM, cache=True)
+@njit(nogil=True, fastmath=_FM, cache=True)
 def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
     """Bring ``rows`` of W (and bias, if not empty) up to step S: apply the gradient-free steps
     they skipped, (p, buf) <- A^(S - last) (p, buf). Before a step reads them (S = t-1) and at
@@ -640,7 +640,8 @@ def _workspace(B: int, n: int, d: int, K: int, D: int, V: int, N: int) -> tuple:
 
 
 def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg, epoch: int,
-                show: bool, threads: int | None = None, max_batches: int | None = None) -> tuple[float, float]:
+                show: bool, threads: int | None = None, max_batches: int | None = None,
+                stats: dict | None = None) -> tuple[float, float]:
     """Drop-in for :func:`hlbl.train.train_epoch`: one pass in the same seeded order.
 
     Returns (mean NLL, words/s). ``threads`` defaults to ``cfg.hogwild`` (1 unless asked). With ``threads=1`` the steps
@@ -648,6 +649,8 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     thread r takes steps r+1, r+1+T, ... on the shared parameters without locks (Hogwild):
     each step is still an exact minibatch step, but it may read rows another thread is
     writing, so results vary slightly from run to run. ``max_batches`` stops early (benchmarks).
+    ``stats``, if given, receives the seconds spent in steps and in the end-of-epoch catch-up of
+    every row (O(V d), split over the threads).
     Parameters and optimiser state are caught up (exact) at return.
     """
     why = unsupported(model, optimizer, cfg)
@@ -687,19 +690,24 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
             bar.update(int(sum(min(B, len(order) - (t - 1) * B) for t in part)))
         return total
 
+    empty = works[0][-1]
+
+    def catch_up_all(r: int) -> None:
+        """Thread r's share of the end-of-epoch catch-up (rows are independent)."""
+        _catch_up(np.arange(r * V // T, (r + 1) * V // T), R, opt.buf["R"], empty, empty, last_w, steps, P["R"],
+                  opt.hyper["R"][1], P["qb"], 0.0)
+        _catch_up(np.arange(r * N // T, (r + 1) * N // T), Q, opt.buf["Q"], qb, opt.buf["qb"], last_n, steps, P["Q"],
+                  opt.hyper["Q"][1], P["qb"], opt.hyper["qb"][1])
+
     begin = time.perf_counter()
-    with torch.no_grad():
-        if T == 1:
-            total = run(0)
-        else:
-            with ThreadPoolExecutor(T) as pool:
-                total = sum(pool.map(run, range(T)))
+    with torch.no_grad(), ThreadPoolExecutor(T) as pool:
+        total = run(0) if T == 1 else sum(pool.map(run, range(T)))
+        steps_done = time.perf_counter()
         # Catch every row up to the last step: parameters and momentum buffers are now exact.
-        empty = works[0][-1]
-        _catch_up(np.arange(V), R, opt.buf["R"], empty, empty, last_w, steps, P["R"], opt.hyper["R"][1], P["qb"], 0.0)
-        _catch_up(np.arange(N), Q, opt.buf["Q"], qb, opt.buf["qb"], last_n, steps, P["Q"], opt.hyper["Q"][1],
-                  P["qb"], opt.hyper["qb"][1])
+        list(pool.map(catch_up_all, range(T)))
     elapsed = time.perf_counter() - begin
+    if stats is not None:
+        stats.update(steps_s=steps_done - begin, catch_up_s=elapsed - (steps_done - begin), threads=T)
     bar.close()
     seen = min(len(order), steps * B)
     if not math.isfinite(total):
