@@ -69,12 +69,12 @@ class TreeSoftmax(nn.Module):
         self.in_features = in_features
         self.tree = tree
         self.vocab_size = tree.num_words
-        self.weight = nn.Parameter(torch.randn(tree.num_nodes, in_features) * init_std)
+        self.weight = nn.Parameter(torch.empty(tree.num_nodes, in_features).normal_(0.0, init_std))  # in place: no V x d temporary
         self.bias = nn.Parameter(torch.zeros(tree.num_nodes))
         # Buffers are derived from the tree; they are rebuilt, not saved (persistent=False).
-        sign = np.where(tree.path_bits == 1, 1.0, -1.0) * tree.path_mask
+        sign = np.where(tree.path_bits == 1, np.float32(1.0), np.float32(-1.0)) * tree.path_mask  # float32: no L x D float64 temporary
         self.register_buffer("path_nodes", torch.from_numpy(tree.path_nodes), persistent=False)
-        self.register_buffer("path_sign", torch.from_numpy(sign.astype(np.float32)), persistent=False)
+        self.register_buffer("path_sign", torch.from_numpy(sign), persistent=False)
         self.register_buffer("word_leaves", torch.from_numpy(tree.word_leaves), persistent=False)
         self.multi_code = tree.word_leaves.shape[1] > 1
         # Per level t: node range [start, end) and, among its 2n children (left, right of each
@@ -178,7 +178,7 @@ class FlatSoftmax(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.vocab_size = vocab_size
-        self.weight = nn.Parameter(torch.randn(vocab_size, in_features) * init_std)
+        self.weight = nn.Parameter(torch.empty(vocab_size, in_features).normal_(0.0, init_std))
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
     def init_unigram(self, counts: Sequence[float]) -> None:
