@@ -24,8 +24,8 @@ K x D), ``_step``:
    sparse rows, pairs in example order).
 3. ``_catch_up``: brings those rows to their step t-1 values (see laziness below).
 4. ``_forward_backward``: ``h_b = sum_i C_i * R[ctx_bi]`` (diagonal C), node scores, per-node
-   loss gradients ``gs (B, K*D)``, ``dh_b = dLoss/dh_b``, the NLL, and ``R[ctx_bi] * dh_b``
-   for the gradient of C. Reads parameters only.
+   loss gradients ``gs (B, K*D)``, ``dh_b = dLoss/dh_b``, the NLL, and the gradient of C
+   (``sum_b R[ctx_bi] * dh_b``). Reads parameters only.
 5. ``_update_nodes`` / ``_update_words``: each touched row sums its gradient in example order
    and takes its optimiser step; then C takes its (dense) step.
 
@@ -61,8 +61,16 @@ less per epoch (valid perplexity 239 after 3 epochs against 232.3 for the exact 
 step reads parameters about one step stale); per CPU-second they are as efficient as one thread
 (so they pay off only when a second core is actually free).
 
-Memory-level tuning: the row loops prefetch rows a few iterations ahead (``_prefetch``, LLVM's
-prefetch intrinsic), since at V = 1M every touched row is a cache miss.
+Memory-level tuning (profiled per phase at V = 10k and 1M, d = 100, batch 1000). At 10k the
+15 MB of parameters and momentum live in the L3 cache and a step is arithmetic; at 1M a batch
+touches ~7,700 distinct rows (~3,500 at 10k), most of them in no cache, and a step waits for
+memory. So: the row loops prefetch rows a few iterations ahead (``_prefetch``, LLVM's prefetch
+intrinsic); the path and slot tables are prefetched in ``_gather`` / ``_csr``; step stamps are
+int32; the big tables sit on 2 MiB pages (:mod:`hlbl.memory`; +15-25% at 1M). The catch-up of
+cold rows then runs at the machine's random read-modify-write rate (~150 ns per 800-byte row and
+its momentum). Tried and dropped, as no faster: catching rows up inside the forward pass, sorting
+a batch's examples by leaf, prefetching the next step's rows during this one, two-stage
+L2/L1 prefetches, longer or shorter prefetch distances.
 
 Scoring (``token_log_probs``) is one parallel pass over the stream, O(K D d) per token.
 
