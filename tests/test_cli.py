@@ -62,3 +62,12 @@ def test_help_on_every_command(capsys):
             main(argv)
         assert e.value.code == 0
     assert "--data" in capsys.readouterr().out
+
+
+def test_optimiser_flags_reach_the_recipe(tmp_path, capsys):
+    data = tiny_corpus(tmp_path / "corpus")
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--epochs", "1", "--dim", "8",
+                 "--quiet", "--device", "cpu", "--max-train-tokens", "500", "--momentum", "0.5",
+                 "--weight-decay-words", "0", "--weight-decay", "2e-5"]) == 0
+    train = json.loads((tmp_path / "r" / "run.json").read_text())["train"]
+    assert (train["momentum"], train["weight_decay_words"], train["weight_decay_other"]) == (0.5, 0.0, 2e-5)

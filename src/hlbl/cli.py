@@ -63,6 +63,8 @@ def cmd_train(args) -> int:
         model.init_unigram(corpus.vocab.counts)
         cfg = TrainConfig(lr=args.lr, lr_final=args.lr_final, batch_size=args.batch_size,
                           max_epochs=args.epochs or TrainConfig.max_epochs, optimizer=args.optimizer,
+                          momentum=args.momentum, weight_decay_words=args.weight_decay_words,
+                          weight_decay_other=args.weight_decay,
                           seed=args.seed, device=device, max_train_tokens=args.max_train_tokens,
                           progress=not args.quiet)
     cfg.device = device
@@ -212,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=d.lr, help="learning rate per example (gradients are summed over a batch)")
     t.add_argument("--lr-final", type=float, default=d.lr_final, help="learning rate after validation perplexity first rises")
     t.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
+    t.add_argument("--momentum", type=float, default=d.momentum, help="with --optimizer momentum")
+    t.add_argument("--weight-decay-words", type=float, default=d.weight_decay_words,
+                   help="L2 penalty per example on the word feature vectors R")
+    t.add_argument("--weight-decay", type=float, default=d.weight_decay_other,
+                   help="L2 penalty per example on the other weights (C, node vectors; never biases)")
     t.add_argument("--engine", choices=ENGINES, default=d.engine,
                    help="fast = numba CPU kernels (tree output, SGD/momentum), torch = autograd (GPU, any model); auto picks fast where it applies")
     t.add_argument("--hogwild", type=int, default=d.hogwild,
