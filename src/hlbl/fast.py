@@ -633,6 +633,17 @@ class _Optim:
         return {k: _powers(*self.hyper[k], steps) for k in ("R", "Q", "qb")}
 
 
+def _huge_pages_once(model, *arrays: np.ndarray) -> None:
+    """:func:`hlbl.memory.prefer_huge_pages` for the arrays not yet advised for this model.
+
+    Collapsing is cheap on memory already collapsed, but where the kernel cannot find huge pages
+    each try may compact memory; so each buffer is tried once (remembered on the model)."""
+    done = model.__dict__.setdefault("_huge_pages_tried", set())
+    todo = [a for a in arrays if (a.ctypes.data, a.nbytes) not in done]
+    prefer_huge_pages(*todo)
+    done.update((a.ctypes.data, a.nbytes) for a in todo)
+
+
 def _set_threads(threads: int | None) -> int:
     n = threads or torch.get_num_threads()
     n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
@@ -679,7 +690,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     P = opt.powers(steps)
     R, C, Q, qb = _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias)
     params = (R, opt.buf["R"], C, opt.buf["C"], Q, opt.buf["Q"], qb, opt.buf["qb"])
-    prefer_huge_pages(R, Q, *(opt.buf[k] for k in ("R", "Q") if opt.hyper[k][1] != 0.0))
+    _huge_pages_once(model, R, Q, *(opt.buf[k] for k in ("R", "Q") if opt.hyper[k][1] != 0.0))
     tables = _tree_tables(model.out)
     V, d = R.shape
     N, n = Q.shape[0], C.shape[0]
@@ -735,7 +746,7 @@ def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = N
     _set_threads(threads)
     stream = _check_stream(stream, pad, model.config.vocab_size)
     out = np.empty(len(stream), dtype=np.float64)
-    prefer_huge_pages(_np(model.R.weight), _np(model.out.weight))
+    _huge_pages_once(model, _np(model.R.weight), _np(model.out.weight))
     with torch.no_grad():
         _score(stream, pad, _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias),
                *_tree_tables(model.out), out)
