@@ -1,0 +1,157 @@
+"""Training and scoring words/s of the PyTorch path on a GPU: the run prepared for a lent device.
+
+    python bench/gpu.py                      # on a CUDA machine: about 3 minutes
+    python bench/gpu.py --device cpu --quick # a dry run of the script itself (any machine)
+
+What it measures, each after a warm-up of 2 batches, with ``torch.cuda.synchronize`` around the
+clock (``hlbl.train.train_epoch``, the autograd path, on a prefix of the stream):
+
+- PTB (from $HLBL_DATA or the cache; a synthetic Zipf corpus with V = 10k if PTB is not there):
+  HLBL on a RANDOM tree at batch 1000 and ``--batch`` (default 4096), the flat-softmax LBL and
+  LBL + ``nn.AdaptiveLogSoftmaxWithLoss`` at ``--batch``;
+- synthetic Zipf corpora: V = 33,278 (HLBL, flat, adaptive) and V = 1M (HLBL, BALANCED tree);
+- scoring (``hlbl.evaluate.token_log_probs``, batch 4096) of the PTB HLBL.
+
+The learning rate stays the recipe's per-example rate whatever the batch: these are speed
+measurements, not training runs. The last line is one JSON object; ``--out`` (default
+results/gpu.json, or $OUT/gpu.json when $OUT is set, as on the device machine) gets it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hlbl.data import load_corpus
+from hlbl.evaluate import token_log_probs
+from hlbl.model import LBL, LBLConfig
+from hlbl.train import TrainConfig, make_optimizer, train_epoch
+from hlbl.tree import balanced_tree, random_tree
+from throughput import zipf_stream
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def model_for(V: int, output: str, tree, counts: np.ndarray, device: torch.device) -> LBL:
+    m = LBL(LBLConfig(V, dim=100, context=5, output=output), tree, torch.Generator().manual_seed(0))
+    m.init_unigram(counts)
+    return m.to(device)
+
+
+def time_train(model: LBL, stream: np.ndarray, pad: int, batch: int, batches: int, device: torch.device) -> dict:
+    """words/s of the autograd path over ``batches`` batches (after 2 warm-up batches)."""
+    cfg = TrainConfig(progress=False, batch_size=batch, device=str(device), engine="torch")
+    opt = make_optimizer(model, cfg, cfg.lr)
+    train_epoch(model, opt, stream[: 2 * batch], pad, cfg, 0, False)  # allocator, kernels, cuBLAS handles
+    part = stream[: batch * batches]
+    sync(device)
+    t = time.perf_counter()
+    loss, _ = train_epoch(model, opt, part, pad, cfg, 1, False)
+    sync(device)
+    wall = time.perf_counter() - t
+    out = {"wps": len(part) / wall, "tokens": len(part), "batch": batch, "loss": loss}
+    if device.type == "cuda":
+        out["peak_gpu_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        torch.cuda.reset_peak_memory_stats(device)
+    return out
+
+
+def time_score(model: LBL, stream: np.ndarray, pad: int, device: torch.device) -> dict:
+    token_log_probs(model, stream[:8192], pad, device=device, engine="torch")  # warm-up
+    sync(device)
+    t = time.perf_counter()
+    lp = token_log_probs(model, stream, pad, device=device, engine="torch")
+    sync(device)
+    wall = time.perf_counter() - t
+    return {"wps": len(stream) / wall, "tokens": len(stream), "ppl": float(np.exp(-lp.mean()))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--quick", action="store_true", help="a few batches of each (a dry run)")
+    default_out = Path(os.environ["OUT"]) / "gpu.json" if os.environ.get("OUT") else ROOT / "results" / "gpu.json"
+    ap.add_argument("--out", default=str(default_out))
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device here (use --device cpu for a dry run)", file=sys.stderr)
+        return 2
+    scale = 0.02 if args.quick else 1.0
+    n = lambda k: max(2, int(k * scale))  # noqa: E731 (batches per measurement)
+    B = args.batch
+    info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__, "batch": B}
+    print(json.dumps(info), file=sys.stderr)
+
+    try:
+        corpus = load_corpus("ptb")
+        V, pad, train = len(corpus.vocab), corpus.vocab.eos, corpus["train"]
+        counts = np.asarray(corpus.vocab.counts, np.float64)
+        info["ptb"] = True
+    except Exception as e:  # no PTB on this machine: the same sizes on a synthetic corpus
+        print(f"PTB not available ({e}); using Zipf V=10k", file=sys.stderr)
+        V, pad, train = 10_000, 0, zipf_stream(10_000, 1_000_000, seed=1)
+        counts = np.bincount(train, minlength=V).astype(np.float64)
+        info["ptb"] = False
+    results: dict = {}
+
+    def run(key: str, label: str, fn) -> None:
+        r = fn()
+        results[key] = r
+        print(f"{label:<44} {r['wps']:>12,.0f} words/s  {json.dumps({k: v for k, v in r.items() if k != 'wps'})}",
+              file=sys.stderr, flush=True)
+
+    tree = random_tree(V, 0)
+    run("hlbl_b1000", "PTB HLBL RANDOM, batch 1000",
+        lambda: time_train(model_for(V, "tree", tree, counts, device), train, pad, 1000, n(300), device))
+    run("hlbl", f"PTB HLBL RANDOM, batch {B}",
+        lambda: time_train(model_for(V, "tree", tree, counts, device), train, pad, B, n(200), device))
+    run("flat", f"PTB flat LBL, batch {B}",
+        lambda: time_train(model_for(V, "flat", None, counts, device), train, pad, B, n(100), device))
+    run("adaptive", f"PTB LBL + adaptive softmax, batch {B}",
+        lambda: time_train(model_for(V, "adaptive", None, counts, device), train, pad, B, n(100), device))
+    run("score", "PTB HLBL scoring",
+        lambda: time_score(model_for(V, "tree", tree, counts, device), train[: int(len(train) * max(scale, 0.1))], pad, device))
+
+    z = zipf_stream(33_278, 2_000_000, seed=2)
+    zc = np.bincount(z, minlength=33_278).astype(np.float64)
+    run("hlbl_v33k", f"V=33k HLBL RANDOM, batch {B}",
+        lambda: time_train(model_for(33_278, "tree", random_tree(33_278, 0), zc, device), z, 0, B, n(200), device))
+    run("flat_v33k", f"V=33k flat LBL, batch {B}",
+        lambda: time_train(model_for(33_278, "flat", None, zc, device), z, 0, B, n(50), device))
+    run("adaptive_v33k", f"V=33k LBL + adaptive softmax, batch {B}",
+        lambda: time_train(model_for(33_278, "adaptive", None, zc, device), z, 0, B, n(100), device))
+    V1 = 1_000_000 if not args.quick else 100_000
+    z1 = zipf_stream(V1, 2_000_000, seed=2)
+    z1c = np.bincount(z1, minlength=V1).astype(np.float64)
+    run("hlbl_v1m", f"V={V1:,} HLBL BALANCED, batch {B}",
+        lambda: time_train(model_for(V1, "tree", balanced_tree(np.arange(V1)), z1c, device), z1, 0, B, n(200), device))
+
+    summary = {**info, **{f"{k}_wps": r["wps"] for k, r in results.items()},
+               "ratio_vs_flat": results["hlbl"]["wps"] / results["flat"]["wps"],
+               "ratio_vs_flat_v33k": results["hlbl_v33k"]["wps"] / results["flat_v33k"]["wps"],
+               "ratio_vs_adaptive_v33k": results["hlbl_v33k"]["wps"] / results["adaptive_v33k"]["wps"],
+               "details": results}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != "details"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
