@@ -69,6 +69,40 @@ def test_foreign_files_are_refused(run, tmp_path):
         ckpt.load_model(tmp_path / "nothing")
 
 
+def test_every_json_file_names_its_format_and_version(run):
+    _, _, run_dir = run
+    formats = {name: json.loads((run_dir / name).read_text()) for name in ("run.json", "vocab.json", "state.json", "tree.json")}
+    assert {k: (v["format"], v["version"]) for k, v in formats.items()} == {
+        "run.json": ("hlbl-run", 1), "vocab.json": ("hlbl-vocab", 1),
+        "state.json": ("hlbl-train-state", 1), "tree.json": ("hlbl-word-tree", 1)}
+
+
+def test_foreign_or_damaged_vocab_and_state_are_refused(run):
+    from hlbl.data import DataError
+
+    model, corpus, run_dir = run
+    vocab = json.loads((run_dir / "vocab.json").read_text())
+    (run_dir / "vocab.json").write_text(json.dumps({**vocab, "format": "something-else"}))
+    with pytest.raises(DataError, match="not an hlbl vocabulary"):
+        ckpt.load_model(run_dir)
+    (run_dir / "vocab.json").write_text(json.dumps({**vocab, "version": 99}))
+    with pytest.raises(DataError, match="version 99"):
+        ckpt.load_model(run_dir)
+    # A file from before the format name existed is still read.
+    (run_dir / "vocab.json").write_text(json.dumps({"words": vocab["words"], "counts": vocab["counts"]}))
+    assert ckpt.load_model(run_dir)[1] == corpus.vocab
+
+    state = json.loads((run_dir / "state.json").read_text())
+    del state["optimizer"]
+    (run_dir / "state.json").write_text(json.dumps(state))
+    with pytest.raises(ckpt.CheckpointError, match="damaged training state"):
+        fit(model, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False), run_dir, resume=True,
+            log=lambda *a: None)
+    (run_dir / "state.json").write_text(json.dumps({**state, "format": "hlbl-run"}))
+    with pytest.raises(ckpt.CheckpointError, match="not an hlbl training state"):
+        ckpt.read_state(run_dir / "state.json")
+
+
 def test_shape_mismatch_is_reported(tmp_path):
     m = LBL(LBLConfig(6, dim=4), multi_code_tree())
     ckpt.save_weights(tmp_path / "w.safetensors", m)

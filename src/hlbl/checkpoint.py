@@ -9,11 +9,14 @@ A run directory holds::
     last.safetensors     weights after the last finished epoch
     optimizer.safetensors  optimiser state after the last epoch (for --resume)
     state.json           epoch, phase, learning rate, best perplexity, optimiser scalars
-    metrics.jsonl        one JSON line per epoch
+    metrics.jsonl        one JSON line per epoch (a log, appended to)
 
-Every file is written to a temporary name and renamed, so a crash leaves the previous version.
-Weights files carry ``{"format": "hlbl-weights", "version": "1"}`` in their safetensors
-metadata; anything else (a foreign, truncated or damaged file) raises :class:`CheckpointError`.
+Every other file is written to a temporary name and renamed, so a crash leaves the previous
+version. Each carries a format name and version: weights files ``{"format": "hlbl-weights",
+"version": "1"}`` in their safetensors metadata (``hlbl-optimizer`` for the optimiser), the JSON
+files ``"format"`` / ``"version"`` keys (``hlbl-run``, ``hlbl-vocab``, ``hlbl-train-state``,
+``hlbl-word-tree``); anything else (a foreign, truncated or damaged file) raises
+:class:`CheckpointError` (:class:`hlbl.data.DataError` for the vocabulary).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from .tree import TreeError, WordTree
 
 RUN_FORMAT = "hlbl-run"
 WEIGHTS_FORMAT = "hlbl-weights"
+STATE_FORMAT = "hlbl-train-state"
 FORMAT_VERSION = 1
 
 
@@ -89,6 +93,27 @@ def load_tensors(path: Path, kind: str = WEIGHTS_FORMAT) -> dict[str, torch.Tens
         raise CheckpointError(f"{path}: damaged or truncated checkpoint ({e})") from None
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read checkpoint ({e})") from None
+
+
+_STATE_KEYS = ("epoch", "phase", "lr", "best_valid_ppl", "done", "elapsed", "optimizer")
+
+
+def write_state(path: Path, state: dict) -> None:
+    """state.json: the training loop's state (epoch, phase, lr, best perplexity, optimiser scalars)."""
+    write_json(path, {"format": STATE_FORMAT, "version": FORMAT_VERSION, **state})
+
+
+def read_state(path: Path) -> dict:
+    """Inverse of :func:`write_state`, checked (files without a format name predate it and are read too)."""
+    obj = read_json(path, "training state")
+    if not isinstance(obj, dict) or obj.get("format", STATE_FORMAT) != STATE_FORMAT:
+        raise CheckpointError(f"{path}: not an hlbl training state")
+    if obj.get("version", FORMAT_VERSION) != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: training state version {obj.get('version')} is not supported")
+    missing = [k for k in _STATE_KEYS if k not in obj]
+    if missing:
+        raise CheckpointError(f"{path}: damaged training state (no {', '.join(missing)})")
+    return {k: v for k, v in obj.items() if k not in ("format", "version")}
 
 
 def save_run_files(run_dir: Path, model: LBL, vocab: Vocab, train_config: dict, corpus: str) -> None:

@@ -35,6 +35,8 @@ EOS = "<eos>"
 UNK = "<unk>"
 SPLITS = ("train", "valid", "test")
 ENCODING_VERSION = 1
+VOCAB_FORMAT = "hlbl-vocab"
+VOCAB_VERSION = 1
 
 # Standard MD5s of Mikolov's PTB files (as in torchtext); used to check any copy we fetch.
 PTB_MD5 = {
@@ -152,13 +154,20 @@ class Vocab:
         return np.asarray(self.counts, dtype=np.float64)
 
     def to_json(self) -> dict:
-        return {"words": list(self.words), "counts": list(self.counts)}
+        return {"format": VOCAB_FORMAT, "version": VOCAB_VERSION, "words": list(self.words), "counts": list(self.counts)}
 
     @classmethod
     def from_json(cls, obj: dict) -> "Vocab":
+        """Inverse of :meth:`to_json`; files without a format name (written before it existed) are read too."""
+        if not isinstance(obj, dict):
+            raise DataError("malformed vocabulary: not a JSON object")
+        if obj.get("format", VOCAB_FORMAT) != VOCAB_FORMAT:
+            raise DataError(f"not an hlbl vocabulary (format {obj.get('format')!r}, expected {VOCAB_FORMAT!r})")
+        if obj.get("version", VOCAB_VERSION) != VOCAB_VERSION:
+            raise DataError(f"vocabulary version {obj.get('version')} is not supported (this hlbl reads {VOCAB_VERSION})")
         try:
             return cls(tuple(obj["words"]), tuple(int(c) for c in obj["counts"]))
-        except (KeyError, TypeError) as e:
+        except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"malformed vocabulary: {e}") from None
 
 

@@ -179,7 +179,7 @@ class Reproduction:
             model.init_unigram(self.counts)
             self.log(f"[{name}] training {label} ({output} output, {model.num_parameters():,} parameters)")
             fit(model, self.corpus, self.train_config(epochs), run, corpus_spec=str(self.cfg.data), log=self.log)
-        state = ckpt.read_json(run / "state.json", "training state")
+        state = ckpt.read_state(run / "state.json")
         metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
         pad = self.corpus.vocab.eos
         ev = {s: evaluate(model, self.eval_stream(s), pad) for s in ("valid", "test")}

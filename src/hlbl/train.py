@@ -152,7 +152,7 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
     state = {"epoch": 0, "phase": 0, "lr": cfg.lr, "best_valid_ppl": math.inf, "done": False, "elapsed": 0.0}
     optimizer = make_optimizer(model, cfg, cfg.lr)
     if resume and (run_dir / "state.json").exists():
-        state = ckpt.read_json(run_dir / "state.json", "training state")
+        state = ckpt.read_state(run_dir / "state.json")
         ckpt.load_weights(run_dir / "last.safetensors", model)
         tensors = ckpt.load_tensors(run_dir / "optimizer.safetensors", kind="hlbl-optimizer")
         optimizer = make_optimizer(model, cfg, state["lr"])
@@ -198,7 +198,7 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
             state["optimizer"] = meta
             ckpt.save_tensors(run_dir / "optimizer.safetensors", tensors, kind="hlbl-optimizer")
             ckpt.save_weights(run_dir / "last.safetensors", model)
-            ckpt.write_json(run_dir / "state.json", state)
+            ckpt.write_state(run_dir / "state.json", state)
     if rank == 0:
         ckpt.load_weights(run_dir / "best.safetensors", model)
     return state
