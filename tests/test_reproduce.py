@@ -1,11 +1,13 @@
 """``hlbl reproduce``: the whole pipeline on a tiny corpus, its tables, and resuming."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import hlbl.reproduce as rp
+from hlbl.train import TrainConfig
 from hlbl.cli import main
 
 COLUMNS = "| model | tree | test perplexity | valid perplexity | minutes per epoch | words/s |"
@@ -32,7 +34,8 @@ def done(tmp_path_factory):
     base = tmp_path_factory.mktemp("repro")
     data = tiny_corpus(base / "corpus")
     out = base / "out"
-    argv = ["reproduce", "--data", str(data), "--out", str(out), "--quick", "--quiet", "--threads", "1"]
+    argv = ["reproduce", "--data", str(data), "--out", str(out), "--work", str(out / "work"), "--quick", "--quiet",
+            "--threads", "1"]
     assert main(argv) == 0
     return data, out, argv
 
@@ -90,8 +93,18 @@ def test_interrupted_training_resumes(done, monkeypatch):
     assert json.loads((out / "work" / "results" / "T3.json").read_text())["tree"] == "ADAPTIVE"
 
 
-def test_bad_options_are_one_line_errors(tmp_path, capsys):
+def test_work_directory_defaults_to_runs_not_out(tmp_path, monkeypatch):
+    data = tiny_corpus(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    r = rp.Reproduction(rp.ReproConfig(data=str(data), out="tables", quick=True), log=lambda *a: None)
+    assert r.work == Path("runs") / "reproduce-corpus" and (tmp_path / "runs" / "reproduce-corpus" / "runs").is_dir()
+    assert rp.ReproConfig().epochs == TrainConfig().max_epochs  # the same cap as `hlbl train`
+
+
+def test_bad_options_are_one_line_errors(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing may be written, but if it were, not into the checkout
     assert main(["reproduce", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o"), "--quick"]) == 2
     assert main(["reproduce", "--data", "ptb", "--out", str(tmp_path / "o"), "--skip", "T9"]) == 2
     err = capsys.readouterr().err
     assert err.count("hlbl: error:") == 2
+    assert not (tmp_path / "runs").exists()

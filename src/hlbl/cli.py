@@ -17,6 +17,7 @@ import torch
 from .checkpoint import CheckpointError, load_model
 from .data import DataError, load_corpus
 from .evaluate import evaluate
+from .reproduce import ReproConfig
 from .model import LBL, LBLConfig
 from .output import OUTPUT_KINDS
 from .train import ENGINES, OPTIMIZERS, TrainConfig, fit
@@ -193,14 +194,33 @@ def cmd_reproduce(args) -> int:
 # ---- parser ---------------------------------------------------------------------------------
 
 
+class _Help(argparse.HelpFormatter):
+    """Help lines end in ``(default: X)`` where there is a default worth saying and the text does not give it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default  # identity tests: a default of 0 is worth saying, unlike None/False
+        if (action.option_strings and not any(default is x for x in (None, False, argparse.SUPPRESS))
+                and "default" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every (sub)command's parser, so that all help pages share :class:`_Help`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hlbl", description="Hierarchical log-bilinear language models.")
+    p = _Parser(prog="hlbl", description="Hierarchical log-bilinear language models.")
     sub = p.add_subparsers(dest="command", required=True)
 
     d = TrainConfig()
     m = {f.name: f.default for f in fields(LBLConfig) if f.name != "vocab_size"}
-    t = sub.add_parser("train", help="train a model and report valid/test perplexity",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t = sub.add_parser("train", help="train a model and report valid/test perplexity")
     _corpus_args(t)
     t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
     t.add_argument("--output", choices=OUTPUT_KINDS, default="tree", help="output layer: tree = HLBL, flat = LBL")
@@ -208,12 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dim", type=int, default=m["dim"], help="feature vector size")
     t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
     t.add_argument("--full-context", action="store_true", help="full d x d context matrices C_i")
-    t.add_argument("--init-std", type=float, default=m["init_std"])
+    t.add_argument("--init-std", type=float, default=m["init_std"], help="std of the Gaussian initial weights")
     t.add_argument("--epochs", type=int, default=None, help=f"maximum epochs (default {d.max_epochs}; early stopping ends sooner)")
-    t.add_argument("--batch-size", type=int, default=d.batch_size)
+    t.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per SGD step")
     t.add_argument("--lr", type=float, default=d.lr, help="learning rate per example (gradients are summed over a batch)")
     t.add_argument("--lr-final", type=float, default=d.lr_final, help="learning rate after validation perplexity first rises")
-    t.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
+    t.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer,
+                   help="momentum = SGD with momentum (the recipe), sgd = plain SGD; adam/adagrad use the torch engine")
     t.add_argument("--momentum", type=float, default=d.momentum, help="with --optimizer momentum")
     t.add_argument("--weight-decay-words", type=float, default=d.weight_decay_words,
                    help="L2 penalty per example on the word feature vectors R")
@@ -223,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fast = numba CPU kernels (tree output, SGD/momentum), torch = autograd (GPU, any model); auto picks fast where it applies")
     t.add_argument("--hogwild", type=int, default=d.hogwild,
                    help="threads of the fast engine; 1 is bit-reproducible, more run lock-free Hogwild steps")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--seed", type=int, default=0, help="initial weights and example order")
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     t.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
     t.add_argument("--max-train-tokens", type=int, default=None, help="train on this many tokens only")
@@ -233,10 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("eval", help="perplexity of a trained run on a split (one JSON line)")
     e.add_argument("run", help="run directory")
-    e.add_argument("--split", choices=("train", "valid", "test"), default="test")
+    e.add_argument("--split", choices=("train", "valid", "test"), default="test", help="split to score")
     e.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
-    e.add_argument("--which", choices=("best", "last"), default="best")
-    e.add_argument("--device", default="auto")
+    e.add_argument("--which", choices=("best", "last"), default="best",
+                   help="weights with the best valid perplexity, or after the last epoch")
+    e.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     e.add_argument("--interpolate", metavar="ARPA", default=None,
                    help="also mix with this n-gram model: W p_model + (1-W) p_ngram, per token")
     e.add_argument("--weight", default="auto", help="with --interpolate: W in [0, 1], or auto (tuned on valid)")
@@ -247,45 +269,47 @@ def build_parser() -> argparse.ArgumentParser:
     ts = tsub.add_parser("stats", help="Table 1 statistics of a tree (one JSON line)")
     ts.add_argument("tree", help="tree file (JSON or npz)")
     ts.add_argument("--data", default=None, help="corpus whose training counts weight the averages")
-    ts.add_argument("--max-vocab", type=int, default=None)
-    ts.add_argument("--min-count", type=int, default=1)
+    ts.add_argument("--max-vocab", type=int, default=None, help="as for hlbl train")
+    ts.add_argument("--min-count", type=int, default=1, help="as for hlbl train")
     ts.set_defaults(func=cmd_tree_stats)
     tm = tsub.add_parser("make", help="build a RANDOM or Huffman tree for a corpus")
     _corpus_args(tm)
-    tm.add_argument("--kind", choices=("random", "huffman"), default="random")
-    tm.add_argument("--seed", type=int, default=0)
-    tm.add_argument("--out", required=True)
+    tm.add_argument("--kind", choices=("random", "huffman"), default="random",
+                    help="random permutation halved recursively, or Huffman codes from the training counts")
+    tm.add_argument("--seed", type=int, default=0, help="the random tree's permutation")
+    tm.add_argument("--out", required=True, help="tree file (.json or .npz)")
     tm.set_defaults(func=cmd_tree_make)
-    tb = tsub.add_parser("build", help="learned tree from a trained run's word features (paper, Section 5)",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    tb = tsub.add_parser("build", help="learned tree from a trained run's word features (paper, Section 5)")
     tb.add_argument("--from", dest="run", required=True, help="run directory of a trained model (normally HLBL on a RANDOM tree)")
     tb.add_argument("--policy", default="adaptive", help="balanced, adaptive, or adaptive:EPS (e.g. adaptive:0.4)")
     tb.add_argument("--copies", type=int, default=1, help="K trees from different seeds joined under new top nodes (xK)")
-    tb.add_argument("--seed", type=int, default=0)
+    tb.add_argument("--seed", type=int, default=0, help="EM initialisation (trees differ run to run)")
     tb.add_argument("--em-iters", type=int, default=10, help="EM iterations per split")
     tb.add_argument("--weighted", action="store_true", help="weight words by training frequency in the EM")
     tb.add_argument("--max-leaves-per-word", type=float, default=None, help="leaf budget per tree, in units of V (default 4)")
     tb.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
-    tb.add_argument("--threads", type=int, default=None)
+    tb.add_argument("--threads", type=int, default=None, help="CPU threads")
     tb.add_argument("--out", required=True, help="tree file (.json or .npz)")
     tb.set_defaults(func=cmd_tree_build)
-    rp = sub.add_parser("reproduce", help="the paper's Tables 1 and 3 on a corpus, resumable",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    rp = sub.add_parser("reproduce", help="the paper's Tables 1 and 3 on a corpus, resumable")
     rp.add_argument("--data", default="ptb", help="corpus directory or name")
     rp.add_argument("--out", default="results/ptb", help="tables, plot, results.json")
-    rp.add_argument("--work", default=None, help="checkpoints, features, trees (default OUT/work)")
-    rp.add_argument("--epochs", type=int, default=10, help="epoch cap of every HLBL run")
-    rp.add_argument("--flat-epochs", type=int, default=3, help="epoch cap of the flat LBL (0 = skip it)")
-    rp.add_argument("--dim", type=int, default=100)
-    rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--work", default=None,
+                    help="checkpoints, features, trees, ~300 MB for PTB (default: runs/reproduce-NAME)")
+    rp.add_argument("--epochs", type=int, default=ReproConfig.epochs,
+                    help="epoch cap of every HLBL run (early stopping ends sooner)")
+    rp.add_argument("--flat-epochs", type=int, default=ReproConfig.flat_epochs,
+                    help="epoch cap of the flat LBL, ~4 min an epoch on PTB (0 = skip it)")
+    rp.add_argument("--dim", type=int, default=100, help="feature vector size")
+    rp.add_argument("--seed", type=int, default=0, help="initial weights, example order, tree seeds")
     rp.add_argument("--threads", type=int, default=None, help="CPU threads for PyTorch")
-    rp.add_argument("--max-train-tokens", type=int, default=None)
-    rp.add_argument("--em-iters", type=int, default=10)
+    rp.add_argument("--max-train-tokens", type=int, default=None, help="train on this many tokens only")
+    rp.add_argument("--em-iters", type=int, default=10, help="EM iterations per split")
     rp.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types")
     rp.add_argument("--skip", default=None, help="comma-separated steps to leave out: T2..T7, flat, KN5")
     rp.add_argument("--quick", action="store_true",
                     help="smoke test: 2000 words, 3000 training tokens, 5000 eval tokens, 16-d, 2 epochs (1 flat)")
-    rp.add_argument("--quiet", action="store_true")
+    rp.add_argument("--quiet", action="store_true", help="no progress lines")
     rp.set_defaults(func=cmd_reproduce)
     _add_inference_commands(sub)
     from .ngram import add_subcommands as add_ngram_commands  # hlbl ngram train|eval
@@ -387,7 +411,8 @@ def cmd_predict(args) -> int:
 def _add_inference_commands(sub) -> None:
     def common(c):
         c.add_argument("run", help="run directory")
-        c.add_argument("--which", choices=("best", "last"), default="best")
+        c.add_argument("--which", choices=("best", "last"), default="best",
+                       help="weights with the best valid perplexity, or after the last epoch")
         c.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
 
     g = sub.add_parser("generate", help="sample text from a trained model (reproducible under --seed)")

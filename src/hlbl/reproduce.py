@@ -63,8 +63,8 @@ PAPER_TABLE3 = {"T1": 151.2, "T2": 131.3, "T3": 127.0, "T4": 124.4, "T5": 123.3,
 class ReproConfig:
     data: str = "ptb"
     out: str = "results/ptb"
-    work: str | None = None  # checkpoints, features, trees; default OUT/work
-    epochs: int = 10  # cap for every HLBL run (early stopping may end sooner)
+    work: str | None = None  # checkpoints, features, trees; default runs/reproduce-<corpus name>
+    epochs: int = 40  # cap for every HLBL run, as `hlbl train` (early stopping ends sooner)
     flat_epochs: int = 3  # cap for the flat LBL (about 100x slower per epoch)
     dim: int = 100
     context: int = 5
@@ -122,11 +122,12 @@ class Reproduction:
     def __init__(self, cfg: ReproConfig, log=print):
         self.cfg = cfg
         self.out = Path(cfg.out)
-        self.work = Path(cfg.work) if cfg.work else self.out / "work"
+        # Not under OUT: the work directory holds ~300 MB of checkpoints, OUT the tables to keep.
+        self.work = Path(cfg.work) if cfg.work else Path("runs") / f"reproduce-{Path(str(cfg.data)).name}"
+        self.log = log
+        self.corpus: Corpus = load_corpus(cfg.data, max_vocab=cfg.max_vocab)  # first: bad --data creates nothing
         for d in (self.out, self.work / "runs", self.work / "results", self.work / "trees"):
             d.mkdir(parents=True, exist_ok=True)
-        self.log = log
-        self.corpus: Corpus = load_corpus(cfg.data, max_vocab=cfg.max_vocab)
         self.V = len(self.corpus.vocab)
         self.counts = self.corpus.vocab.counts_array() if hasattr(self.corpus.vocab, "counts_array") \
             else np.asarray(self.corpus.vocab.counts)

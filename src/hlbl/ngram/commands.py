@@ -5,7 +5,6 @@ Errors are :class:`hlbl.data.DataError` (``ArpaError`` is one), which the CLI pr
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -102,8 +101,7 @@ def add_subcommands(subparsers) -> None:
     ng = subparsers.add_parser("ngram", help="Kneser-Ney n-gram baseline: estimate an ARPA file, evaluate one")
     nsub = ng.add_subparsers(dest="ngram_command", required=True)
 
-    t = nsub.add_parser("train", help="estimate interpolated modified Kneser-Ney and write an ARPA file",
-                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t = nsub.add_parser("train", help="estimate interpolated modified Kneser-Ney and write an ARPA file")
     t.add_argument("--data", required=True, help="corpus directory or name (looked up in $HLBL_DATA, then the cache)")
     t.add_argument("--order", type=int, default=5, help="n-gram order")
     t.add_argument("--out", required=True, help="ARPA file to write")
@@ -114,5 +112,5 @@ def add_subcommands(subparsers) -> None:
     e = nsub.add_parser("eval", help="perplexity of an ARPA model on a split (one JSON line, as hlbl eval)")
     e.add_argument("arpa", help="ARPA file (from hlbl ngram train, KenLM, SRILM, ...)")
     e.add_argument("--data", required=True, help="corpus directory or name")
-    e.add_argument("--split", choices=SPLITS, default="test")
+    e.add_argument("--split", choices=SPLITS, default="test", help="split to score")
     e.set_defaults(func=cmd_ngram_eval)
