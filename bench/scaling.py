@@ -1,7 +1,7 @@
 """Training cost vs vocabulary size: HLBL fast engine on synthetic Zipf corpora, V = 10k .. 1M.
 
     python bench/scaling.py                          # about 4 minutes, ~3 GB of memory at V = 1M
-    python bench/scaling.py --sizes 10000,100000 --threads 1
+    python bench/scaling.py --sizes 10000,100000 --threads 1 --out /tmp/scaling.json  # not over results/
 
 For each V, a child process (so that peak RSS is that size's alone) builds a BALANCED tree
 (recursive halving of the words in frequency order; depth ceil(log2 V)), an HLBL with d = 100,
@@ -146,7 +146,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="runs per size; the best counts (shared machine)")
     ap.add_argument("--skip-fasttext", action="store_true", help="no fastText reference runs")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=str(ROOT / "results" / "scaling.json"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "scaling.json"),
+                    help="summary JSON; the plot goes beside it (.png)")
     args = ap.parse_args(argv)
     if args.child is not None:
         print(json.dumps(child(args.child, args.tokens, args.epochs, int(args.threads), args.optimizer)))

@@ -1,7 +1,7 @@
 """Training and scoring throughput: HLBL (fast and PyTorch engines) vs flat LBL, adaptive softmax, fastText.
 
     python bench/throughput.py                 # about 3-8 minutes; needs $HLBL_DATA with ptb/
-    python bench/throughput.py --threads 1 --skip-fasttext
+    python bench/throughput.py --threads 1 --skip-fasttext --out /tmp/throughput.json  # not over results/
 
 All in one process (fastText in a child process), on the same data, with the same thread
 count (default 2); words/s = training tokens / wall time of the training call (data already in
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     ap.add_argument("--zipf-tokens", type=int, default=1_000_000)
     ap.add_argument("--skip-fasttext", action="store_true")
     ap.add_argument("--repeats", type=int, default=2, help="rounds over all measurements; the best of each is kept")
-    ap.add_argument("--out", default=str(ROOT / "results" / "throughput.json"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "throughput.json"), help="JSON with every measurement")
     args = ap.parse_args(argv)
     T = args.threads
     torch.set_num_threads(T)
