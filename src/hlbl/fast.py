@@ -55,7 +55,8 @@ loaded machine, per-step barriers between threads cost a scheduler time slice ea
 different threads overlap, so a step may read rows another is writing, and results are not
 bit-reproducible. With ``threads=1`` the engine is deterministic: a seed fixes the result to the
 bit, and it equals the PyTorch path up to float32 rounding. ``fit`` (``engine="fast"``/"auto")
-uses one thread, so a seed fixes a run; Hogwild is for callers that ask for it (the benchmarks).
+uses ``TrainConfig.hogwild`` threads, 1 by default, so a seed fixes a run; Hogwild is for callers
+that ask for it (``hlbl train --hogwild N``, the benchmarks).
 Measured trade-offs (PTB, V = 10k, shared 2-core machine): two Hogwild threads learn a little
 less per epoch (valid perplexity 239 after 3 epochs against 232.3 for the exact path, as each
 step reads parameters about one step stale); per CPU-second they are as efficient as one thread
