@@ -109,3 +109,38 @@ def test_shape_mismatch_is_reported(tmp_path):
     other = LBL(LBLConfig(6, dim=5), multi_code_tree())
     with pytest.raises(ckpt.CheckpointError, match="shape"):
         ckpt.load_weights(tmp_path / "w.safetensors", other)
+
+
+def test_an_inconsistent_run_directory_is_refused(run):
+    model, corpus, run_dir = run
+    from hlbl.tree import random_tree
+
+    V = len(corpus.vocab)
+    random_tree(V, seed=123).save(run_dir / "tree.json")  # same size, another tree
+    with pytest.raises(ckpt.CheckpointError, match="another word tree"):
+        ckpt.load_model(run_dir)
+    random_tree(V + 1, seed=0).save(run_dir / "tree.json")
+    with pytest.raises(ckpt.CheckpointError, match="tree has"):
+        ckpt.load_model(run_dir)
+    model.tree.save(run_dir / "tree.json")
+    vocab = json.loads((run_dir / "vocab.json").read_text())
+    short = {**vocab, "words": vocab["words"][:3] + vocab["words"][4:], "counts": vocab["counts"][:3] + vocab["counts"][4:]}
+    (run_dir / "vocab.json").write_text(json.dumps(short))
+    with pytest.raises(ckpt.CheckpointError, match="words, the model"):
+        ckpt.load_model(run_dir)
+    (run_dir / "vocab.json").write_text(json.dumps(vocab))
+    info = json.loads((run_dir / "run.json").read_text())
+    info["model"]["output"] = "mystery"
+    (run_dir / "run.json").write_text(json.dumps(info))
+    with pytest.raises(ckpt.CheckpointError):
+        ckpt.load_model(run_dir)
+
+
+def test_files_get_the_permissions_of_a_plain_open(run):
+    import os
+
+    _, _, run_dir = run
+    mask = os.umask(0)
+    os.umask(mask)
+    for name in ("run.json", "vocab.json", "tree.json", "state.json", "best.safetensors", "optimizer.safetensors"):
+        assert (run_dir / name).stat().st_mode & 0o777 == 0o666 & ~mask, name

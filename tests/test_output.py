@@ -168,3 +168,29 @@ def test_factory_rejects_bad_requests():
         make_output_layer("tree", 4, 6)
     with pytest.raises(ValueError, match="tree has 6 words"):
         make_output_layer("tree", 4, 7, multi_code_tree())
+
+
+@pytest.mark.parametrize("kind", ["tree", "flat"])
+def test_targets_out_of_range_are_refused_not_wrapped(kind):
+    """A -1 "padding" target must not silently score word V-1 (nor be skipped as -100 would be)."""
+    tree = multi_code_tree()
+    layer = make_output_layer(kind, 3, tree.num_words, tree)
+    h = torch.randn(2, 3)
+    for bad in (-1, -100, tree.num_words):
+        with pytest.raises(ValueError, match="target word ids"):
+            layer(h, torch.tensor([0, bad]))
+
+
+@pytest.mark.parametrize("name,tree", all_trees().items())
+def test_empty_batch_gives_an_empty_distribution(name, tree):
+    layer, _ = random_layer(tree)
+    assert layer.log_prob(torch.zeros(0, 6, dtype=torch.float64)).shape == (0, tree.num_words)
+
+
+def test_init_unigram_needs_one_count_per_word():
+    tree = multi_code_tree()
+    for kind in ("tree", "flat"):
+        layer = make_output_layer(kind, 3, tree.num_words, tree)
+        for counts in ([1.0] * (tree.num_words + 1), [1.0] * (tree.num_words - 1), [1.0, -1.0] + [1.0] * (tree.num_words - 2)):
+            with pytest.raises(ValueError, match="init_unigram"):
+                layer.init_unigram(counts)

@@ -205,6 +205,8 @@ def test_topk_rejects_bad_arguments():
     layer = TreeSoftmax(4, tree)
     with pytest.raises(ValueError, match="k must be"):
         tree_topk(tree, layer.weight, layer.bias, torch.zeros(1, 4), 0)
+    with pytest.raises(ValueError, match="whole number"):
+        tree_topk(tree, layer.weight, layer.bias, torch.zeros(1, 4), 2.7)
     with pytest.raises(ValueError, match="features"):
         tree_topk(tree, layer.weight, layer.bias, torch.zeros(1, 5), 1)
     assert tree_topk(tree, layer.weight, layer.bias, torch.zeros(0, 4), 3).values.shape == (0, 3)
@@ -297,6 +299,9 @@ def test_sampling_is_reproducible_and_checks_temperature(sampling_layer):
     assert torch.equal(a, b) and not torch.equal(a, c)
     with pytest.raises(ValueError, match="temperature"):
         sample_from_log_prob(torch.zeros(1, 3), None, 0.0)
+    # A tiny temperature is the argmax, not NaN (lp / T alone would be -inf for every word).
+    lp = torch.log_softmax(torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 1.0]]), dim=1)
+    assert sample_from_log_prob(lp, torch.Generator().manual_seed(0), 1e-320).tolist() == [1, 0]
 
 
 @pytest.mark.parametrize("output", ["tree", "flat"])
@@ -365,8 +370,9 @@ def test_cli_generate(tiny_run, monkeypatch, capsys):
     assert set(words) <= set(vocab.words) and len(words) + a.count("\n") >= 25 - 1
     for extra in (["--temperature", "0.5"], ["--temperature", "0.5", "--per-node-temperature"]):
         assert _run(base + extra, monkeypatch, capsys)[0] == 0
-    rc, _, err = _run(base + ["--temperature", "0"], monkeypatch, capsys)
-    assert rc == 2 and err.count("\n") == 1 and "temperature" in err
+    for bad in ("0", "inf", "nan"):
+        rc, _, err = _run(base + ["--temperature", bad], monkeypatch, capsys)
+        assert rc == 2 and err.count("\n") == 1 and "temperature" in err
 
 
 def test_cli_score(tiny_run, monkeypatch, capsys):

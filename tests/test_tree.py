@@ -125,3 +125,16 @@ def test_build_tree_checks_vocabulary_size(tmp_path):
     with pytest.raises(TreeError, match="5 words"):
         build_tree(str(tmp_path / "t.json"), 6)
     assert build_tree("huffman", 3, [5, 1, 1]).num_words == 3
+
+
+def test_load_rejects_non_integer_ids(tmp_path):
+    good = unbalanced_tree().to_json()
+    for damage in ({"children": [[1.9 if x == 1 else x for x in row] for row in good["children"]]},
+                   {"children": [[str(x) for x in row] for row in good["children"]]},
+                   {"num_words": good["num_words"] + 0.7}, {"num_words": str(good["num_words"])}):
+        (tmp_path / "t.json").write_text(json.dumps({**good, **damage}))
+        with pytest.raises(TreeError, match="malformed word tree"):
+            WordTree.load(tmp_path / "t.json")
+    (tmp_path / "t.json").write_text(json.dumps(good))
+    assert WordTree.load(tmp_path / "t.json").fingerprint() == unbalanced_tree().fingerprint()
+    assert unbalanced_tree().fingerprint() != multi_code_tree().fingerprint()

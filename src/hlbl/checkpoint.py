@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from . import atomic
 from .data import Vocab
 from .model import LBL, LBLConfig
 from .tree import TreeError, WordTree
@@ -45,17 +45,8 @@ class CheckpointError(RuntimeError):
     """A run directory or checkpoint file that cannot be used; one line for the user."""
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(Path(path), json.dumps(obj, indent=1).encode())
+    atomic.write_text(path, json.dumps(obj, indent=1))
 
 
 def read_json(path: Path, what: str) -> Any:
@@ -68,16 +59,19 @@ def read_json(path: Path, what: str) -> Any:
         raise CheckpointError(f"{path}: damaged {what} ({e})") from None
 
 
-def save_tensors(path: Path, tensors: dict[str, torch.Tensor], kind: str = WEIGHTS_FORMAT) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], kind: str = WEIGHTS_FORMAT,
+                 meta: dict[str, str] | None = None) -> None:
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    save_file(tensors, tmp, metadata={"format": kind, "version": str(FORMAT_VERSION)})
-    os.replace(tmp, path)
+    with atomic.atomic_path(path) as tmp:
+        save_file(tensors, tmp, metadata={"format": kind, "version": str(FORMAT_VERSION), **(meta or {})})
 
 
 def load_tensors(path: Path, kind: str = WEIGHTS_FORMAT) -> dict[str, torch.Tensor]:
+    return load_tensors_and_meta(path, kind)[0]
+
+
+def load_tensors_and_meta(path: Path, kind: str = WEIGHTS_FORMAT) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors of an hlbl safetensors file and its metadata, checked."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: missing checkpoint file")
@@ -88,7 +82,7 @@ def load_tensors(path: Path, kind: str = WEIGHTS_FORMAT) -> dict[str, torch.Tens
                 raise CheckpointError(f"{path}: not an hlbl checkpoint (format {meta.get('format')!r}, expected {kind!r})")
             if meta.get("version") != str(FORMAT_VERSION):
                 raise CheckpointError(f"{path}: checkpoint version {meta.get('version')} is not supported (this hlbl reads {FORMAT_VERSION})")
-            return {k: f.get_tensor(k) for k in f.keys()}
+            return {k: f.get_tensor(k) for k in f.keys()}, meta
     except SafetensorError as e:
         raise CheckpointError(f"{path}: damaged or truncated checkpoint ({e})") from None
     except OSError as e:
@@ -128,12 +122,24 @@ def save_run_files(run_dir: Path, model: LBL, vocab: Vocab, train_config: dict, 
         model.tree.save(run_dir / "tree.json")
 
 
+def _weights_meta(model: LBL) -> dict[str, str]:
+    """What the weights belong to: a tree's node vectors are meaningless under another tree."""
+    meta = {"vocab_size": str(model.config.vocab_size)}
+    if model.tree is not None:
+        meta["tree_sha256"] = model.tree.fingerprint()
+    return meta
+
+
 def save_weights(path: Path, model: LBL) -> None:
-    save_tensors(path, dict(model.state_dict()))
+    save_tensors(path, dict(model.state_dict()), meta=_weights_meta(model))
 
 
 def load_weights(path: Path, model: LBL) -> None:
-    state = load_tensors(path)
+    state, meta = load_tensors_and_meta(path)
+    for key, want in _weights_meta(model).items():
+        if key in meta and meta[key] != want:  # (files from before these keys existed lack them)
+            what = "word tree" if key == "tree_sha256" else "vocabulary size"
+            raise CheckpointError(f"{path}: these weights were trained with another {what} than this model's")
     own = model.state_dict()
     if set(state) != set(own):
         raise CheckpointError(f"{path}: tensors {sorted(set(state) ^ set(own))[:4]} do not match the model")
@@ -165,13 +171,18 @@ def load_model(run_dir: str | os.PathLike, which: str = "best", device: str | to
     except (TypeError, KeyError, ValueError) as e:
         raise CheckpointError(f"{run_dir / 'run.json'}: bad model config ({e})") from None
     vocab = Vocab.from_json(read_json(run_dir / "vocab.json", "vocabulary"))
+    if len(vocab) != config.vocab_size:
+        raise CheckpointError(f"{run_dir / 'vocab.json'}: {len(vocab)} words, the model {config.vocab_size}")
     tree = None
     if config.output == "tree":
         try:
             tree = WordTree.load(run_dir / "tree.json")
         except TreeError as e:
             raise CheckpointError(str(e)) from None
-    model = LBL(config, tree)
+    try:
+        model = LBL(config, tree)
+    except ValueError as e:  # e.g. a tree over another vocabulary, an unknown output layer
+        raise CheckpointError(f"{run_dir}: {e}") from None
     load_weights(run_dir / f"{which}.safetensors", model)
     return model.to(device), vocab, info
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -345,8 +346,8 @@ def cmd_generate(args) -> int:
 
     if args.tokens < 0:
         raise DataError(f"--tokens must be at least 0, got {args.tokens}")
-    if not args.temperature > 0:
-        raise DataError(f"--temperature must be positive, got {args.temperature}")
+    if not (args.temperature > 0 and math.isfinite(args.temperature)):
+        raise DataError(f"--temperature must be a positive number, got {args.temperature}")
     model, vocab, _ = _load_for_inference(args)
     prompt = args.prompt.split() if args.prompt else []
     ids, oov = encode_context(vocab, prompt, len(prompt))

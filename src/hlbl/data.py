@@ -23,13 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
+
+from . import atomic
 
 EOS = "<eos>"
 UNK = "<unk>"
@@ -250,7 +251,7 @@ def load_corpus(
             vocab = Vocab.from_json(json.loads(vpath.read_text()))
         else:
             vocab = Vocab.from_counts(count_file(files["train"]), max_vocab, min_count)
-            _atomic_write_text(vpath, json.dumps(vocab.to_json()))
+            atomic.write_text(vpath, json.dumps(vocab.to_json()))
     vhash = hashlib.sha1("\n".join(vocab.words).encode()).hexdigest()[:16]
     splits = {}
     for s, p in files.items():
@@ -260,20 +261,13 @@ def load_corpus(
         if not (bin_path.exists() and meta_path.exists()):
             bin_path.parent.mkdir(parents=True, exist_ok=True)
             n = encode_file(p, vocab, bin_path)
-            _atomic_write_text(meta_path, json.dumps({"tokens": n, "source": str(p)}))
+            atomic.write_text(meta_path, json.dumps({"tokens": n, "source": str(p)}))
         n = json.loads(meta_path.read_text())["tokens"]
         if bin_path.stat().st_size != 4 * n:
             bin_path.unlink()
             raise DataError(f"cached encoding {bin_path} was damaged and has been removed; run again")
         splits[s] = np.memmap(bin_path, dtype="<i4", mode="r", shape=(n,))
     return Corpus(root.name, vocab, splits)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------------------------

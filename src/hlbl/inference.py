@@ -398,6 +398,8 @@ def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: t
 
 
 def _check_k(k: int, vocab_size: int) -> int:
+    if isinstance(k, bool) or int(k) != k:
+        raise ValueError(f"k must be a whole number, got {k!r}")
     k = int(k)
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
@@ -482,7 +484,9 @@ def sample_from_log_prob(log_prob: torch.Tensor, generator: torch.Generator | No
                          temperature: float = 1.0) -> torch.Tensor:
     """(B,) words drawn from ``softmax(log_prob / T)``: the exact tempered distribution."""
     _check_temperature(temperature)
-    p = torch.softmax(log_prob.double() / temperature, dim=1)
+    lp = log_prob.double()
+    # Shift first: with a tiny T, lp / T alone is -inf for every word and softmax gives NaN.
+    p = torch.softmax((lp - lp.max(dim=1, keepdim=True).values) / temperature, dim=1)
     if generator is not None and generator.device != p.device:
         p = p.to(generator.device)
     return torch.multinomial(p, 1, generator=generator).squeeze(1).to(log_prob.device)

@@ -43,11 +43,24 @@ class LayerOutput(NamedTuple):
     loss: torch.Tensor  # () mean negative log-likelihood
 
 
-def _unigram(counts: Sequence[float]) -> np.ndarray:
+def _unigram(counts: Sequence[float], vocab_size: int) -> np.ndarray:
     # Zero counts (e.g. an unused <unk>) get half a count so every bias stays finite.
     c = np.asarray(counts, dtype=np.float64)
+    if c.shape != (vocab_size,):
+        raise ValueError(f"init_unigram needs one count per word: {vocab_size} words, counts of shape {c.shape}")
+    if not np.isfinite(c).all() or (c < 0).any():
+        raise ValueError("init_unigram needs finite, non-negative counts")
     c = np.where(c > 0, c, 0.5)
     return c / c.sum()
+
+
+def _check_targets(target: torch.Tensor, vocab_size: int) -> None:
+    """Word ids must be in 0..V-1: a negative id would silently index from the end (no padding id)."""
+    if target.device.type == "cpu":
+        if target.numel() and (int(target.min()) < 0 or int(target.max()) >= vocab_size):
+            raise ValueError(f"target word ids must be in 0..{vocab_size - 1}; got {int(target.min())}..{int(target.max())}")
+    else:  # no host synchronisation in a GPU training step: the check fails asynchronously
+        torch._assert_async(((target >= 0) & (target < vocab_size)).all(), "target word ids out of range")
 
 
 class TreeSoftmax(nn.Module):
@@ -95,7 +108,7 @@ class TreeSoftmax(nn.Module):
         ``log(mass(left subtree) / mass(right subtree))``.
         """
         tree = self.tree
-        p = _unigram(counts)
+        p = _unigram(counts, self.vocab_size)
         leaf_mass = p[tree.leaf_word] / tree.codes_per_word[tree.leaf_word]
         mass = np.zeros(tree.num_nodes)
         child_mass = np.zeros((tree.num_nodes, 2))
@@ -112,6 +125,7 @@ class TreeSoftmax(nn.Module):
 
     def path_log_probs(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """(B, K) log-probability of each of the targets' paths; -inf where a word has fewer."""
+        _check_targets(target, self.vocab_size)
         leaves = self.word_leaves[target]  # (B, K)
         nodes = self.path_nodes[leaves.clamp(min=0)]  # (B, K, D)
         sign = self.path_sign[leaves.clamp(min=0)]  # (B, K, D): +1 left, -1 right, 0 padding
@@ -137,7 +151,7 @@ class TreeSoftmax(nn.Module):
         leaves = []
         for t, (start, end) in enumerate(self._level_ranges):
             s = scores[:, start:end]
-            kids = torch.stack((above + F.logsigmoid(s), above + F.logsigmoid(-s)), dim=2).view(B, -1)
+            kids = torch.stack((above + F.logsigmoid(s), above + F.logsigmoid(-s)), dim=2).reshape(B, 2 * (end - start))
             leaves.append(kids[:, getattr(self, f"_leaves{t}")])
             above = kids[:, getattr(self, f"_internal{t}")]
         return torch.cat(leaves, dim=1)
@@ -183,12 +197,13 @@ class FlatSoftmax(nn.Module):
 
     def init_unigram(self, counts: Sequence[float]) -> None:
         with torch.no_grad():
-            self.bias.copy_(torch.from_numpy(np.log(_unigram(counts))))
+            self.bias.copy_(torch.from_numpy(np.log(_unigram(counts, self.vocab_size))))
 
     def log_prob(self, input: torch.Tensor) -> torch.Tensor:
         return F.log_softmax(F.linear(input, self.weight, self.bias), dim=-1)
 
     def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        _check_targets(target, self.vocab_size)  # cross_entropy would skip -100 (its ignore_index)
         logits = F.linear(input, self.weight, self.bias)
         return -F.cross_entropy(logits, target, reduction="none")
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import atomic
 from . import checkpoint as ckpt
 from .data import Corpus, load_corpus
 from .evaluate import evaluate
@@ -208,9 +209,8 @@ class Reproduction:
         model, _, _ = ckpt.load_model(self.work / "runs" / "T1", which="best")
         t0 = time.perf_counter()
         X, n = word_features(model, self.train_stream, self.corpus.vocab.eos)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, X=X, n=n)
-        tmp.replace(path)
+        with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, X=X, n=n)
         self.log(f"[features] {X.shape} in {time.perf_counter() - t0:.1f}s; {int((n == 0).sum())} words never a target")
         return X
 
@@ -286,7 +286,7 @@ class Reproduction:
             "Internal nodes = leaves - 1. The paper's columns are for APNews (17,964 words).\n")
         if missing:
             text += f"\nMissing (not built yet): {', '.join(missing)}.\n"
-        ckpt.atomic_write_bytes(self.out / "table1.md", text.encode())
+        atomic.write_text(self.out / "table1.md", text)
 
     def rows(self) -> list[dict]:
         out = []
@@ -321,7 +321,7 @@ class Reproduction:
             "APNews, not comparable in absolute terms.\n" % (self.cfg.seed, self.cfg.dim, self.cfg.context))
         if missing:
             text += f"\nMissing rows (not finished or skipped): {', '.join(missing)}.\n"
-        ckpt.atomic_write_bytes(self.out / "table3.md", text.encode())
+        atomic.write_text(self.out / "table3.md", text)
         ckpt.write_json(self.out / "results.json", {"config": asdict(self.cfg), "commit": git_commit(),
                                                     "rows": self.rows()})
 
@@ -358,10 +358,9 @@ class Reproduction:
         ax.set_title(f"{self.cfg.data}: perplexity vs training time")
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        tmp = self.out / "perplexity_vs_time.tmp.png"
-        fig.savefig(tmp, dpi=120)
+        with atomic.atomic_path(self.out / "perplexity_vs_time.png") as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
         plt.close(fig)
-        tmp.replace(self.out / "perplexity_vs_time.png")
 
     def report(self) -> None:
         self.write_table1()

@@ -25,16 +25,18 @@ the same word. A tree with ``L`` leaves has ``N = L - 1`` internal nodes.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+from .atomic import atomic_path
 
 TREE_FORMAT = "hlbl-word-tree"
 TREE_VERSION = 1
@@ -273,6 +275,12 @@ class WordTree:
 
     # ---- files ------------------------------------------------------------------------------
 
+    def fingerprint(self) -> str:
+        """SHA-256 of the canonical structure: equal for equal trees, whatever file they came from."""
+        h = hashlib.sha256(np.int64(self.num_words).tobytes())
+        h.update(np.ascontiguousarray(self.children, dtype="<i8").tobytes())
+        return h.hexdigest()
+
     def to_json(self) -> dict:
         return {
             "format": TREE_FORMAT,
@@ -288,7 +296,13 @@ class WordTree:
         if obj.get("version") != TREE_VERSION:
             raise TreeError(f"word tree version {obj.get('version')} is not supported (this hlbl reads {TREE_VERSION})")
         try:
-            return cls(np.asarray(obj["children"], dtype=np.int64), int(obj["num_words"]))
+            children, num_words = np.asarray(obj["children"]), obj["num_words"]
+            # Ids must be integers as written: a float or string would be silently truncated.
+            if children.size and children.dtype.kind not in "iu":
+                raise TreeError(f"malformed word tree: children must be integers, not {children.dtype}")
+            if isinstance(num_words, bool) or not isinstance(num_words, (int, np.integer)):
+                raise TreeError(f"malformed word tree: num_words must be an integer, not {num_words!r}")
+            return cls(children.astype(np.int64), int(num_words))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, TreeError):
                 raise
@@ -297,14 +311,12 @@ class WordTree:
     def save(self, path: str | os.PathLike) -> None:
         """Write JSON (``.json``) or numpy (``.npz``, no pickle), atomically."""
         path = Path(path)
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=path.name + ".", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             if path.suffix == ".npz":
                 np.savez(f, children=self.children, num_words=np.int64(self.num_words),
                          format=np.array(TREE_FORMAT), version=np.int64(TREE_VERSION))
             else:
                 f.write(json.dumps(self.to_json()).encode())
-        os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "WordTree":
@@ -315,7 +327,7 @@ class WordTree:
             if path.suffix == ".npz":
                 with np.load(path, allow_pickle=False) as z:
                     obj = {"format": str(z["format"]), "version": int(z["version"]),
-                           "num_words": int(z["num_words"]), "children": z["children"]}
+                           "num_words": z["num_words"].item(), "children": z["children"]}
             else:
                 obj = json.loads(path.read_text(encoding="utf-8"))
         except TreeError:

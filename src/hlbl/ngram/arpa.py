@@ -34,11 +34,11 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_path
 from ..data import DataError, default_cache_dir
 from .model import BOS_WORD, UNK_WORD, NgramModel
 
@@ -145,10 +145,8 @@ def _save_cached(model: NgramModel, where: Path | None) -> None:
         arrays[f"bo{k}"] = model.log10_backoff[k]
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=where.parent, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
+        with atomic_path(where) as tmp, open(tmp, "wb") as f:
             np.savez(f, **arrays)
-        os.replace(tmp, where)
     except OSError:
         pass
 
