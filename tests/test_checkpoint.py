@@ -144,3 +144,13 @@ def test_files_get_the_permissions_of_a_plain_open(run):
     os.umask(mask)
     for name in ("run.json", "vocab.json", "tree.json", "state.json", "best.safetensors", "optimizer.safetensors"):
         assert (run_dir / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+
+
+def test_non_finite_weights_are_refused(run):
+    _, _, run_dir = run
+    state = ckpt.load_tensors(run_dir / "best.safetensors")
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    state[name].view(-1)[0] = float("nan")
+    ckpt.save_tensors(run_dir / "best.safetensors", state)
+    with pytest.raises(ckpt.CheckpointError, match="NaN or infinite"):
+        ckpt.load_model(run_dir)

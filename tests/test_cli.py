@@ -71,3 +71,56 @@ def test_optimiser_flags_reach_the_recipe(tmp_path, capsys):
                  "--weight-decay-words", "0", "--weight-decay", "2e-5"]) == 0
     train = json.loads((tmp_path / "r" / "run.json").read_text())["train"]
     assert (train["momentum"], train["weight_decay_words"], train["weight_decay_other"]) == (0.5, 0.0, 2e-5)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--epochs", "0"], ["--max-train-tokens", "0"], ["--lr", "-0.1"], ["--lr", "0"], ["--batch-size", "0"],
+    ["--context", "0"], ["--dim", "0"], ["--threads", "-1"], ["--init-std", "-1"], ["--device", "tpu"],
+    ["--momentum", "1.5"], ["--hogwild", "0"], ["--weight-decay", "-1"], ["--lr", "nan"],
+])
+def test_bad_numbers_are_one_line_errors_not_defaults(tmp_path, capsys, flags):
+    data = tiny_corpus(tmp_path / "corpus")
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--quiet", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hlbl: error:") and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_unwritable_output_is_a_one_line_error(trained, tmp_path, capsys):
+    _, data = trained
+    assert main(["tree", "make", "--data", str(data), "--out", str(tmp_path / "no" / "dir" / "t.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hlbl: error: cannot write") and "t.json" in err and ".tmp" not in err
+
+
+def test_a_test_split_shorter_than_the_context(tmp_path, capsys):
+    from conftest import write_corpus
+
+    data = write_corpus(tmp_path / "c", {"train": ["a b c d", "b c a"], "valid": ["a"], "test": ["b"]})
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--epochs", "1", "--dim", "4",
+                 "--quiet", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert json.loads(out[0])["test_tokens"] == 2 and out[2].startswith("sample: ")
+
+
+def test_eval_reports_out_of_vocabulary_tokens(trained, tmp_path, capsys):
+    from conftest import write_corpus
+
+    root, data = trained
+    words = (data / "train.txt").read_text().split()[:5]
+    other = write_corpus(tmp_path / "o", {"train": [" ".join(words)], "valid": [" ".join(words)],
+                                           "test": [" ".join(words[:3] + ["zzqx", "qqzx"])]})
+    assert main(["eval", str(root / "run"), "--data", str(other), "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["oov"] == 2 and "out of the vocabulary" in captured.err
+
+
+def test_resume_checks_the_corpus_and_the_checkpoint(trained, tmp_path, capsys):
+    root, _ = trained
+    other = tiny_corpus(tmp_path / "other", seed=1, n_train=50)
+    assert main(["train", "--data", str(other), "--out", str(root / "run"), "--resume", "--quiet"]) == 2
+    assert "vocabulary differs" in capsys.readouterr().err
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "run.json").write_text((root / "run" / "run.json").read_text())
+    assert main(["train", "--data", str(other), "--out", str(tmp_path / "half"), "--resume", "--quiet"]) == 2
+    assert "no finished epoch" in capsys.readouterr().err

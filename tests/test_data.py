@@ -99,3 +99,13 @@ def test_vocab_json_round_trip_and_errors():
         Vocab(("a", EOS), (1, 1))
     with pytest.raises(DataError, match="malformed"):
         Vocab.from_json({"words": ["a"]})
+
+
+def test_non_utf8_error_names_the_line_and_a_bom_is_no_word(tmp_path):
+    root = write_corpus(tmp_path / "c", {"train": ["a b"], "valid": ["a"], "test": ["b"]})
+    good = "".join(f"line {i} ok\n" for i in range(3000)).encode()
+    (root / "train.txt").write_bytes(good + b"caf\xe9\n" + good)
+    with pytest.raises(DataError, match="bad byte 0xe9 on line 3001, column 4"):
+        load_corpus(root)
+    (root / "train.txt").write_bytes("\ufeffThe cat\nthe dog\n".encode("utf-8"))
+    assert "\ufeffThe" not in load_corpus(root).vocab.words and "The" in load_corpus(root).vocab.words

@@ -25,7 +25,10 @@ def _umask() -> int:
 def atomic_path(dest: str | os.PathLike) -> Iterator[str]:
     """The name of a temporary file to write; renamed to ``dest`` when the block ends cleanly."""
     dest = Path(dest)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".tmp")
+    except OSError as e:  # name the file the caller asked for, not the temporary one
+        raise OSError(e.errno, f"cannot write {dest}: {e.strerror}") from None
     os.close(fd)
     try:
         yield tmp

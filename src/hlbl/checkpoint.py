@@ -146,6 +146,9 @@ def load_weights(path: Path, model: LBL) -> None:
     for k, v in state.items():
         if v.shape != own[k].shape:
             raise CheckpointError(f"{path}: tensor {k} has shape {tuple(v.shape)}, the model {tuple(own[k].shape)}")
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            # safetensors has no checksum: damaged data bytes read as numbers; NaN/inf are the detectable ones
+            raise CheckpointError(f"{path}: tensor {k} holds NaN or infinite values (a damaged file, or a diverged run)")
     model.load_state_dict(state)
 
 

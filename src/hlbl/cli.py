@@ -13,6 +13,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, load_model
@@ -30,7 +31,11 @@ USER_ERRORS = (DataError, TreeError, CheckpointError, FloatingPointError)
 def pick_device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        kind = torch.device(name).type
+    except RuntimeError:
+        raise DataError(f"--device {name!r}: not a device name (cpu, cuda, cuda:N or auto)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
         raise DataError(f"--device {name}: CUDA is not available on this machine")
     return name
 
@@ -44,31 +49,55 @@ def _corpus_args(p: argparse.ArgumentParser) -> None:
 # ---- train ----------------------------------------------------------------------------------
 
 
+def _set_threads(threads: int | None) -> None:
+    if threads is not None:
+        if threads < 1:
+            raise DataError(f"--threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)
+
+
 def cmd_train(args) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
+    # 0 is a value, not "unset": --epochs 0 must not mean the default.
+    for flag, value in (("--epochs", args.epochs), ("--max-train-tokens", args.max_train_tokens),
+                        ("--hogwild", args.hogwild)):
+        if value is not None and value < 1:
+            raise DataError(f"{flag} must be at least 1, got {value}")
     device = pick_device(args.device)
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file, not a run directory")
     if out.exists() and any(out.iterdir()) and not args.resume:
-        raise DataError(f"{out} is not empty; choose a new --out or pass --resume")
+        raise DataError(f"{out} is not empty; choose a new --out, pass --resume, or delete it")
+    if args.resume and (out / "run.json").exists() and not (out / "state.json").exists():
+        raise DataError(f"{out} has no finished epoch to resume from (stopped before its first checkpoint); "
+                        "delete it or choose a new --out")
     corpus = load_corpus(args.data, args.max_vocab, args.min_count)
     V = len(corpus.vocab)
     if args.resume and (out / "run.json").exists():
-        model, _, info = load_model(out, which="last")
+        model, vocab, info = load_model(out, which="last")
+        if vocab != corpus.vocab:
+            raise DataError(f"{out} was trained on {info['corpus']!r}, whose vocabulary differs from that of "
+                            f"--data {args.data!r}; resume with the same --data (and --max-vocab, --min-count)")
         cfg = TrainConfig(**{**info["train"], "max_epochs": args.epochs or info["train"]["max_epochs"]})
+        print(f"resuming {out}: the model and recipe are the run's own (only --epochs, --engine, --hogwild, "
+              "--device and --threads apply)", file=sys.stderr)
     else:
         torch.manual_seed(args.seed)
-        mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
-                         output=args.output, init_std=args.init_std)
+        try:
+            mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
+                             output=args.output, init_std=args.init_std)
+            cfg = TrainConfig(lr=args.lr, lr_final=args.lr_final, batch_size=args.batch_size,
+                              max_epochs=args.epochs or TrainConfig.max_epochs, optimizer=args.optimizer,
+                              momentum=args.momentum, weight_decay_words=args.weight_decay_words,
+                              weight_decay_other=args.weight_decay, hogwild=args.hogwild,
+                              seed=args.seed, device=device, max_train_tokens=args.max_train_tokens,
+                              progress=not args.quiet)
+        except ValueError as e:
+            raise DataError(str(e)) from None
         tree = build_tree(args.tree, V, corpus.vocab.counts, args.seed) if args.output == "tree" else None
         model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
         model.init_unigram(corpus.vocab.counts)
-        cfg = TrainConfig(lr=args.lr, lr_final=args.lr_final, batch_size=args.batch_size,
-                          max_epochs=args.epochs or TrainConfig.max_epochs, optimizer=args.optimizer,
-                          momentum=args.momentum, weight_decay_words=args.weight_decay_words,
-                          weight_decay_other=args.weight_decay,
-                          seed=args.seed, device=device, max_train_tokens=args.max_train_tokens,
-                          progress=not args.quiet)
     cfg.device = device
     cfg.engine = args.engine  # like the device, a choice of how to run, not of what is learned
     cfg.hogwild = args.hogwild
@@ -77,8 +106,9 @@ def cmd_train(args) -> int:
           f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, device {device}", file=sys.stderr)
     state = fit(model, corpus, cfg, out, resume=args.resume, corpus_spec=str(args.data), log=log)
     test = evaluate(model, corpus["test"], corpus.vocab.eos, device=device)  # fit left the best weights in
+    test = with_oov(test, corpus["test"], corpus.vocab, "test")
     print(json.dumps({"valid_perplexity": state["best_valid_ppl"], "test_perplexity": test["perplexity"],
-                      "test_tokens": test["tokens"], "run": str(out)}))
+                      "test_tokens": test["tokens"], "test_oov": test["oov"], "run": str(out)}))
     show_sample(model, corpus, device, args.seed)
     return 0
 
@@ -87,7 +117,7 @@ def show_sample(model: LBL, corpus, device: str, seed: int) -> None:
     """Print the top next words for a test context and a short sample continuing it."""
     vocab, n = corpus.vocab, model.config.context
     test = corpus["test"]
-    prompt = [int(i) for i in test[:n]]
+    prompt = [vocab.eos] * max(0, n - len(test)) + [int(i) for i in test[:n]]  # a test split may be shorter
     lp, idx = model.topk(torch.tensor([prompt], device=device), 5)
     nxt = ", ".join(f"{vocab.words[i]} {p:.3f}" for p, i in zip(lp[0].exp().tolist(), idx[0].tolist()))
     print(f"context: {' '.join(vocab.decode(prompt))} -> {nxt}")
@@ -98,6 +128,20 @@ def show_sample(model: LBL, corpus, device: str, seed: int) -> None:
 # ---- eval -----------------------------------------------------------------------------------
 
 
+def with_oov(report: dict, stream, vocab, split: str) -> dict:
+    """``report`` plus ``oov``, the tokens of ``stream`` that are ``<unk>``; warns (stderr) when they
+    weigh on the perplexity because ``<unk>`` never occurs in the training data."""
+    oov = int(np.count_nonzero(np.asarray(stream) == vocab.unk))
+    if oov and vocab.counts[vocab.unk] == 0:
+        print(f"note: {oov:,} {split} tokens ({100 * oov / len(stream):.1f}%) are out of the vocabulary, and <unk> "
+              "never occurs in training, so each gets a very low probability and they weigh heavily on the "
+              "perplexity; training with --min-count 2 gives <unk> a training count", file=sys.stderr)
+    if not math.isfinite(report["perplexity"]):
+        raise DataError(f"perplexity is {report['perplexity']}: the model gives some token probability 0 "
+                        "(non-finite weights?)")
+    return {**report, "oov": oov}
+
+
 def cmd_eval(args) -> int:
     device = pick_device(args.device)
     model, vocab, info = load_model(args.run, which=args.which, device=device)
@@ -105,9 +149,10 @@ def cmd_eval(args) -> int:
     if args.interpolate:  # mixture with an n-gram model (hlbl.ngram)
         from .ngram.commands import interpolated_report
 
-        print(json.dumps(interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device)))
-        return 0
-    print(json.dumps(evaluate(model, corpus[args.split], vocab.eos, device=device)))
+        report = interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device)
+    else:
+        report = evaluate(model, corpus[args.split], vocab.eos, device=device)
+    print(json.dumps(with_oov(report, corpus[args.split], vocab, args.split)))
     return 0
 
 
@@ -140,8 +185,9 @@ def cmd_tree_build(args) -> int:
 
     from .treebuild import BuildReport, build_tree_from_features, features_from_run, parse_policy
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    _set_threads(args.threads)
+    if args.max_leaves_per_word is not None and not args.max_leaves_per_word >= 1:
+        raise DataError(f"--max-leaves-per-word must be at least 1 (every word has a leaf), got {args.max_leaves_per_word}")
     parse_policy(args.policy)  # fail on a bad policy before the feature pass
     _, vocab, info = load_model(args.run, which="best")
     corpus = load_corpus(args.data or info["corpus"], vocab=vocab)
@@ -454,6 +500,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except USER_ERRORS as e:
         print(f"hlbl: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # unreadable input, unwritable output: the system's message names the path
+        print(f"hlbl: error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("hlbl: interrupted", file=sys.stderr)

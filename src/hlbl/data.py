@@ -63,17 +63,25 @@ def iter_sentences(path: Path) -> Iterator[list[str]]:
         raise DataError(f"{path} is a directory, expected a text file")
     if not path.exists():
         raise DataError(f"{path}: no such file")
-    lineno = 0
     try:
-        with open(path, encoding="utf-8", newline=None) as f:
-            for lineno, line in enumerate(f, 1):
+        with open(path, encoding="utf-8-sig", newline=None) as f:  # -sig: a leading byte-order mark is no word
+            for line in f:
                 tokens = line.split()
                 if tokens:
                     yield tokens
-    except UnicodeDecodeError as e:
-        raise DataError(
-            f"{path}: not UTF-8 text (bad byte 0x{e.object[e.start]:02x} after line {lineno})"
-        ) from None
+    except UnicodeDecodeError:
+        raise DataError(f"{path}: not UTF-8 text ({_first_bad_byte(path)})") from None
+
+
+def _first_bad_byte(path: Path) -> str:
+    """Where a file stops being UTF-8 (the decoder works in blocks, so its own position is no line)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return f"bad byte 0x{raw[e.start]:02x} on line {lineno}, column {e.start + 1}"
+    return "a bad byte"
 
 
 def count_file(path: Path) -> Counter:

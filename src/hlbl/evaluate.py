@@ -47,7 +47,8 @@ def perplexity_report(log_probs: np.ndarray) -> dict:
     if n == 0:
         raise ValueError("no tokens to evaluate")
     nll = float(-np.sum(log_probs, dtype=np.float64) / n)
-    return {"perplexity": math.exp(nll), "tokens": n, "nll": nll}
+    ppl = math.exp(nll) if nll < 709.0 else (math.inf if nll == nll else math.nan)  # exp overflows past ~709
+    return {"perplexity": ppl, "tokens": n, "nll": nll}
 
 
 def evaluate(model, stream: np.ndarray, pad: int, batch_size: int = 4096,

@@ -709,7 +709,8 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     T = min(T, steps) or 1
     works = [_workspace(B, n, d, K, D, V, N) for _ in range(T)]
     bar = tqdm(total=min(len(order), steps * B), unit="w", unit_scale=True, desc=f"epoch {epoch}",
-               disable=not show, leave=False, file=sys.stderr, mininterval=1.0)
+               disable=None if show else True,  # None: no bar when stderr is not a terminal
+               leave=False, file=sys.stderr, mininterval=1.0)
     chunk = 16  # steps per kernel call: progress updates without per-step Python overhead
 
     def run(r: int) -> float:

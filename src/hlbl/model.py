@@ -38,6 +38,8 @@ class LBLConfig:
             raise ValueError(f"vocab_size must be at least 2, got {self.vocab_size}")
         if self.dim < 1 or self.context < 1:
             raise ValueError("dim and context must be positive")
+        if not 0 <= self.init_std < float("inf"):
+            raise ValueError(f"init_std must be >= 0, got {self.init_std}")
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -65,8 +65,16 @@ class TrainConfig:
             raise ValueError("hogwild threads must be at least 1")
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; choose from {', '.join(ENGINES)}")
-        if self.batch_size < 1 or self.max_epochs < 1 or self.lr <= 0:
+        if self.batch_size < 1 or self.max_epochs < 1 or not 0 < self.lr < math.inf:
             raise ValueError("batch size, epochs and learning rate must be positive")
+        if not 0 <= self.lr_final < math.inf:
+            raise ValueError(f"the final learning rate must be >= 0, got {self.lr_final}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if not (0 <= self.weight_decay_words < math.inf and 0 <= self.weight_decay_other < math.inf):
+            raise ValueError("weight decays must be >= 0")
+        if self.max_train_tokens is not None and self.max_train_tokens < 1:
+            raise ValueError(f"max_train_tokens must be at least 1, got {self.max_train_tokens}")
 
 
 def make_optimizer(model: LBL, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
@@ -98,7 +106,8 @@ def train_epoch(model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray
     device = torch.device(cfg.device)
     total, seen = 0.0, 0
     start = time.perf_counter()
-    bar = tqdm(total=len(order), unit="w", unit_scale=True, desc=f"epoch {epoch}", disable=not show,
+    bar = tqdm(total=len(order), unit="w", unit_scale=True, desc=f"epoch {epoch}",
+               disable=None if show else True,  # None: no bar when stderr is not a terminal (logs stay clean)
                leave=False, file=sys.stderr, mininterval=1.0)
     model.train()
     for ctx, tgt in batches(stream, model.config.context, cfg.batch_size, pad, order):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 
 from ..data import DataError, load_corpus
@@ -79,6 +80,11 @@ def interpolated_report(model, corpus, split: str, arpa, weight: str | float = "
     auto = w is None
     ngram = read_arpa(arpa)
     vocab = corpus.vocab
+    known = set(ngram.words)
+    missing = sum(w not in known for w in vocab.words)
+    if missing > 0.01 * len(vocab):
+        print(f"warning: {missing:,} of the model's {len(vocab):,} words are not in {arpa} (different training "
+              "data or vocabulary?); the n-gram model scores them as <unk>", file=sys.stderr)
     scored = {}
     for s in {split, "valid"} if auto else {split}:
         scored[s] = (neural_log_probs(model, corpus[s], vocab.eos, device=device),
@@ -92,6 +98,7 @@ def interpolated_report(model, corpus, split: str, arpa, weight: str | float = "
         "weight_tuned_on": "valid" if auto else None,
         "model_perplexity": math.exp(-float(a.mean())),
         "ngram_perplexity": math.exp(-float(b.mean())),
+        "words_missing_from_ngram": missing,
     })
     return report
 
