@@ -109,3 +109,16 @@ def test_non_utf8_error_names_the_line_and_a_bom_is_no_word(tmp_path):
         load_corpus(root)
     (root / "train.txt").write_bytes("\ufeffThe cat\nthe dog\n".encode("utf-8"))
     assert "\ufeffThe" not in load_corpus(root).vocab.words and "The" in load_corpus(root).vocab.words
+
+
+def test_a_given_vocabulary_needs_only_the_requested_splits(tmp_path):
+    root = write_corpus(tmp_path / "c", {"train": ["a b", "b c"], "valid": ["a"], "test": ["c b"]})
+    vocab = load_corpus(root).vocab
+    (root / "valid.txt").unlink()
+    (root / "train.txt").unlink()
+    corpus = load_corpus(root, vocab=vocab, splits=("test",))
+    assert len(corpus["test"]) == 3
+    with pytest.raises(DataError, match="no valid.txt"):
+        load_corpus(root, vocab=vocab, splits=("valid",))
+    with pytest.raises(DataError, match="no train.txt"):
+        load_corpus(root)

@@ -145,7 +145,8 @@ def with_oov(report: dict, stream, vocab, split: str) -> dict:
 def cmd_eval(args) -> int:
     device = pick_device(args.device)
     model, vocab, info = load_model(args.run, which=args.which, device=device)
-    corpus = load_corpus(args.data or info["corpus"], vocab=vocab)
+    needed = {args.split} | ({"valid"} if args.interpolate else set())  # valid: to tune the weight
+    corpus = load_corpus(args.data or info["corpus"], vocab=vocab, splits=tuple(needed))
     if args.interpolate:  # mixture with an n-gram model (hlbl.ngram)
         from .ngram.commands import interpolated_report
 

@@ -239,21 +239,26 @@ def load_corpus(
     min_count: int = 1,
     vocab: Vocab | None = None,
     cache_dir: Path | None = None,
+    splits: Sequence[str] = SPLITS,
 ) -> Corpus:
     """Resolve ``spec`` (a directory or a corpus name), build or reuse the vocabulary, encode.
 
-    With ``vocab`` given (a trained model's), the splits are encoded with it instead.
+    With ``vocab`` given (a trained model's), the splits are encoded with it instead. Only the
+    files of ``splits`` (and ``train.txt`` when the vocabulary is built) need to exist.
     """
+    bad = set(splits) - set(SPLITS)
+    if bad:
+        raise DataError(f"unknown split(s) {', '.join(sorted(bad))}; choose from {', '.join(SPLITS)}")
     root = resolve_corpus(spec)
-    files = {s: root / f"{s}.txt" for s in SPLITS}
+    files = {s: root / f"{s}.txt" for s in SPLITS if s in splits or (s == "train" and vocab is None)}
     for s, p in files.items():
         if not p.is_file():
             raise DataError(f"corpus {root} has no {s}.txt" + (" (it is a directory)" if p.is_dir() else ""))
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    key_src = json.dumps([ENCODING_VERSION, _file_key(files["train"]), max_vocab, min_count])
-    vdir = cache / "corpora" / hashlib.sha1(key_src.encode()).hexdigest()[:16]
-    vdir.mkdir(parents=True, exist_ok=True)
     if vocab is None:
+        key_src = json.dumps([ENCODING_VERSION, _file_key(files["train"]), max_vocab, min_count])
+        vdir = cache / "corpora" / hashlib.sha1(key_src.encode()).hexdigest()[:16]
+        vdir.mkdir(parents=True, exist_ok=True)
         vpath = vdir / "vocab.json"
         if vpath.exists():
             vocab = Vocab.from_json(json.loads(vpath.read_text()))
@@ -261,8 +266,9 @@ def load_corpus(
             vocab = Vocab.from_counts(count_file(files["train"]), max_vocab, min_count)
             atomic.write_text(vpath, json.dumps(vocab.to_json()))
     vhash = hashlib.sha1("\n".join(vocab.words).encode()).hexdigest()[:16]
-    splits = {}
-    for s, p in files.items():
+    encoded = {}
+    for s in (s for s in SPLITS if s in splits):
+        p = files[s]
         ekey = hashlib.sha1(f"{ENCODING_VERSION}:{_file_key(p)}:{vhash}".encode()).hexdigest()[:16]
         bin_path = cache / "encoded" / f"{s}-{ekey}.i32"
         meta_path = bin_path.with_suffix(".json")
@@ -274,8 +280,8 @@ def load_corpus(
         if bin_path.stat().st_size != 4 * n:
             bin_path.unlink()
             raise DataError(f"cached encoding {bin_path} was damaged and has been removed; run again")
-        splits[s] = np.memmap(bin_path, dtype="<i4", mode="r", shape=(n,))
-    return Corpus(root.name, vocab, splits)
+        encoded[s] = np.memmap(bin_path, dtype="<i4", mode="r", shape=(n,))
+    return Corpus(root.name, vocab, encoded)
 
 
 # --------------------------------------------------------------------------------------------
