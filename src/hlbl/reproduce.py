@@ -263,7 +263,10 @@ class Reproduction:
                 f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
                 f"Corpus `{self.cfg.data}`: {self.V:,} words, {len(self.train_stream):,} training tokens"
                 + (f", valid/test cut to {self.cfg.max_eval_tokens:,} tokens" if self.cfg.max_eval_tokens else "")
-                + ".\n\n")
+                + ".\n"
+                + (f"`--quick` smoke test: {self.cfg.dim}-d vectors, at most {self.cfg.epochs} epochs "
+                   f"({self.cfg.flat_epochs} flat), whatever the options above say.\n" if self.cfg.quick else "")
+                + "\n")
 
     def write_table1(self) -> None:
         rows = ["| tree | rule | mean code length | codes/word | internal nodes | max depth | build s "
