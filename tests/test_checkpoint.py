@@ -154,3 +154,13 @@ def test_non_finite_weights_are_refused(run):
     ckpt.save_tensors(run_dir / "best.safetensors", state)
     with pytest.raises(ckpt.CheckpointError, match="NaN or infinite"):
         ckpt.load_model(run_dir)
+
+
+def test_a_flipped_data_byte_is_detected(run):
+    _, _, run_dir = run
+    path = run_dir / "best.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x01  # in the tensor data, past the JSON header: a number changes slightly
+    path.write_bytes(bytes(data))
+    with pytest.raises(ckpt.CheckpointError, match="checksum"):
+        ckpt.load_model(run_dir)

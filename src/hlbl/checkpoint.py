@@ -21,6 +21,7 @@ files ``"format"`` / ``"version"`` keys (``hlbl-run``, ``hlbl-vocab``, ``hlbl-tr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -59,11 +60,24 @@ def read_json(path: Path, what: str) -> Any:
         raise CheckpointError(f"{path}: damaged {what} ({e})") from None
 
 
+def _digest(tensors: dict[str, torch.Tensor]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes: safetensors itself has no checksum, so a
+    flipped data byte would otherwise load as a plausible number."""
+    h = hashlib.sha256()
+    for k in sorted(tensors):
+        v = tensors[k]
+        h.update(f"{k}:{v.dtype}:{tuple(v.shape)};".encode())
+        if v.numel():
+            h.update(v.contiguous().reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
+    return h.hexdigest()
+
+
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], kind: str = WEIGHTS_FORMAT,
                  meta: dict[str, str] | None = None) -> None:
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    meta = {"format": kind, "version": str(FORMAT_VERSION), **(meta or {}), "sha256": _digest(tensors)}
     with atomic.atomic_path(path) as tmp:
-        save_file(tensors, tmp, metadata={"format": kind, "version": str(FORMAT_VERSION), **(meta or {})})
+        save_file(tensors, tmp, metadata=meta)
 
 
 def load_tensors(path: Path, kind: str = WEIGHTS_FORMAT) -> dict[str, torch.Tensor]:
@@ -82,7 +96,10 @@ def load_tensors_and_meta(path: Path, kind: str = WEIGHTS_FORMAT) -> tuple[dict[
                 raise CheckpointError(f"{path}: not an hlbl checkpoint (format {meta.get('format')!r}, expected {kind!r})")
             if meta.get("version") != str(FORMAT_VERSION):
                 raise CheckpointError(f"{path}: checkpoint version {meta.get('version')} is not supported (this hlbl reads {FORMAT_VERSION})")
-            return {k: f.get_tensor(k) for k in f.keys()}, meta
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        if "sha256" in meta and _digest(tensors) != meta["sha256"]:  # (files from before the digest lack it)
+            raise CheckpointError(f"{path}: damaged checkpoint (its data does not match its checksum)")
+        return tensors, meta
     except SafetensorError as e:
         raise CheckpointError(f"{path}: damaged or truncated checkpoint ({e})") from None
     except OSError as e:
