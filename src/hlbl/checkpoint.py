@@ -15,7 +15,9 @@ Every other file is written to a temporary name and renamed, so a crash leaves t
 version. Each carries a format name and version: weights files ``{"format": "hlbl-weights",
 "version": "1"}`` in their safetensors metadata (``hlbl-optimizer`` for the optimiser), the JSON
 files ``"format"`` / ``"version"`` keys (``hlbl-run``, ``hlbl-vocab``, ``hlbl-train-state``,
-``hlbl-word-tree``); anything else (a foreign, truncated or damaged file) raises
+``hlbl-word-tree``). Safetensors files also hold a SHA-256 of their tensors, and weights files the
+vocabulary size and the tree's fingerprint. Anything else (a foreign, truncated or damaged file,
+weights of another tree) raises
 :class:`CheckpointError` (:class:`hlbl.data.DataError` for the vocabulary).
 """
 
