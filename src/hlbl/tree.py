@@ -262,14 +262,14 @@ class WordTree:
         p = np.ones(self.num_words) if counts is None else np.asarray(counts, dtype=np.float64)
         if len(p) != self.num_words:
             raise TreeError(f"{len(p)} counts for a tree of {self.num_words} words")
-        p = p / p.sum()
         total_len = np.bincount(self.leaf_word, weights=self.leaf_depth, minlength=self.num_words)
+        # Weighted sums divided once (not p / p.sum() first): a single-code tree gives exactly 1.0.
         return {
             "words": self.num_words,
             "internal_nodes": self.num_nodes,
             "leaves": int(len(self.leaf_word)),
-            "mean_code_length": float(p @ total_len),
-            "codes_per_word": float(p @ self.codes_per_word),
+            "mean_code_length": float(p @ total_len / p.sum()),
+            "codes_per_word": float(p @ self.codes_per_word / p.sum()),
             "max_depth": int(self.leaf_depth.max()),
         }
 
