@@ -17,11 +17,17 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 
 def data_root() -> Path | None:
+    """$HLBL_DATA, or None when it is unset. Set but without ptb/, the PTB tests fail rather than
+    skip: CI sets it, and a wrong path must not pass as "no data here"."""
     root = os.environ.get("HLBL_DATA")
-    return Path(root) if root and (Path(root) / "ptb" / "train.txt").is_file() else None
+    if not root:
+        return None
+    if not (Path(root) / "ptb" / "train.txt").is_file():
+        raise FileNotFoundError(f"HLBL_DATA={root} has no ptb/train.txt (unset HLBL_DATA to skip the PTB tests)")
+    return Path(root)
 
 
-needs_ptb = pytest.mark.skipif(data_root() is None, reason="set HLBL_DATA to the shared corpora to run PTB tests")
+needs_ptb = pytest.mark.skipif(not os.environ.get("HLBL_DATA"), reason="set HLBL_DATA to the shared corpora to run PTB tests")
 
 
 def unbalanced_tree() -> WordTree:

@@ -164,3 +164,24 @@ def test_a_flipped_data_byte_is_detected(run):
     path.write_bytes(bytes(data))
     with pytest.raises(ckpt.CheckpointError, match="checksum"):
         ckpt.load_model(run_dir)
+
+
+@pytest.mark.parametrize("variant", ["tree", "multi_code_full_context", "flat"])
+def test_a_model_saved_from_memory_loads_with_identical_log_probs(tmp_path, variant):
+    from hlbl.data import Vocab
+
+    tree = multi_code_tree() if variant != "flat" else None
+    V = 6
+    vocab = Vocab(("<eos>", "<unk>", "a", "b", "c", "d"), (3, 0, 2, 2, 1, 1))
+    config = LBLConfig(V, dim=5, context=2, output="flat" if tree is None else "tree",
+                       full_context=variant == "multi_code_full_context")
+    model = LBL(config, tree, torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    run_dir = tmp_path / "run"
+    ckpt.save_run_files(run_dir, model, vocab, {}, "memory")
+    ckpt.save_weights(run_dir / "best.safetensors", model)
+    loaded, _, _ = ckpt.load_model(run_dir)
+    ctx = torch.randint(0, V, (30, 2), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(loaded.log_prob(ctx), model.log_prob(ctx))

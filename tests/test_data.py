@@ -1,13 +1,13 @@
 import numpy as np
 import pytest
 
-from conftest import needs_ptb, write_corpus
+from conftest import data_root, needs_ptb, write_corpus
 from hlbl.data import EOS, UNK, DataError, Vocab, batches, contexts, load_corpus, resolve_corpus
 
 
 @needs_ptb
 def test_ptb_has_the_standard_counts():
-    c = load_corpus("ptb")
+    c = load_corpus(data_root() / "ptb")
     assert len(c.vocab) == 10_000
     assert [len(c[s]) for s in ("train", "valid", "test")] == [929_589, 73_760, 82_430]
     # PTB's own <unk> is an ordinary word with its training count, not a second unknown.

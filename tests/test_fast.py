@@ -192,3 +192,15 @@ def test_fit_with_either_engine_gives_the_same_model(tmp_path):
         models[engine] = model
     for (name, a), (_, b) in zip(models["torch"].named_parameters(), models["fast"].named_parameters()):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), name
+
+
+def test_hogwild_runs_the_threads_it_is_given():
+    tree = TREES["single"]()
+    model = make_model(tree)
+    cfg = TrainConfig(batch_size=20, seed=0, progress=False)
+    opt = make_optimizer(model, cfg, cfg.lr)
+    stats = {}
+    fast.train_epoch(model, opt, stream_for(tree.num_words, 400, 1), 0, cfg, 1, False, threads=2, stats=stats)
+    assert stats["threads"] == 2
+    fast.train_epoch(model, opt, stream_for(tree.num_words, 400, 1), 0, cfg, 2, False, stats=stats)
+    assert stats["threads"] == 1  # cfg.hogwild's default

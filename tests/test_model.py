@@ -62,3 +62,26 @@ def test_topk_and_generate():
     s1 = m.generate([1, 2], 10, 0, torch.Generator().manual_seed(3))
     s2 = m.generate([1, 2], 10, 0, torch.Generator().manual_seed(3))
     assert s1 == s2 and len(s1) == 10 and all(0 <= w < 30 for w in s1)
+
+
+def test_generate_conditions_each_word_on_the_words_before_it(monkeypatch):
+    V, n, pad = 12, 3, 0
+    model = LBL(LBLConfig(V, dim=4, context=n), random_tree(V, 1), torch.Generator().manual_seed(0))
+    seen = []
+    real = model.context_vector
+
+    def spy(ctx):
+        seen.append(ctx[0].tolist())
+        return real(ctx)
+
+    monkeypatch.setattr(model, "context_vector", spy)
+    prompt = [5, 7]
+    out = model.generate(prompt, 6, pad, torch.Generator().manual_seed(3))
+    ids = [pad] * n + prompt + out
+    assert seen == [ids[i - n : i] for i in range(n + len(prompt), len(ids))]
+
+
+def test_context_weights_start_near_one_but_not_at_one():
+    model = LBL(LBLConfig(50, dim=8, context=4), random_tree(50, 0), torch.Generator().manual_seed(0))
+    C = model.C.detach()
+    assert (C - 1).abs().mean() < 0.5 and not torch.equal(C, torch.ones_like(C))

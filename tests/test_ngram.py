@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import data_root
 from hlbl.data import EOS, DataError, Vocab, load_corpus
 from hlbl.ngram import (
     ArpaError,
@@ -514,10 +515,10 @@ def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
 
 
 def _ptb_or_skip():
-    root = os.environ.get("HLBL_DATA")
-    if not root or not (Path(root) / "ptb" / "train.txt").is_file():
-        pytest.skip("PTB not found under $HLBL_DATA")
-    return load_corpus(Path(root) / "ptb")
+    root = data_root()  # fails, not skips, when HLBL_DATA is set but wrong
+    if root is None:
+        pytest.skip("set HLBL_DATA to the shared corpora to run PTB tests")
+    return load_corpus(root / "ptb")
 
 
 def test_ptb_matches_kenlm_reference():

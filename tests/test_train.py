@@ -9,7 +9,8 @@ from conftest import tiny_corpus
 from hlbl.data import load_corpus
 from hlbl.evaluate import evaluate, perplexity_report
 from hlbl.model import LBL, LBLConfig
-from hlbl.train import TrainConfig, fit
+import hlbl.train as tr
+from hlbl.train import TrainConfig, fit, make_optimizer
 from hlbl.tree import random_tree
 
 
@@ -95,3 +96,95 @@ def test_every_token_is_predicted_with_eos_padding(corpus):
     r = evaluate(model, corpus["valid"], corpus.vocab.eos)
     assert r["tokens"] == len(corpus["valid"])
     assert r["perplexity"] == pytest.approx(V, rel=1e-5)  # a uniform model has perplexity V
+
+
+@pytest.mark.parametrize("engine", ["torch", "fast"])
+def test_the_seed_sets_the_example_order(tmp_path, corpus, engine):
+    """Same tree and initial weights, only TrainConfig.seed differs: the epoch order must differ."""
+    V = len(corpus.vocab)
+
+    def run(seed):
+        model = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0), torch.Generator().manual_seed(0))
+        model.init_unigram(corpus.vocab.counts)
+        cfg = TrainConfig(batch_size=64, max_epochs=1, seed=seed, engine=engine, progress=False)
+        fit(model, corpus, cfg, tmp_path / f"{engine}{seed}", log=lambda *a: None)
+        return model.R.weight.detach().clone()
+
+    a, b = run(0), run(1)
+    assert torch.equal(a, run(0)) and not torch.equal(a, b)
+
+
+def test_the_recipe_reaches_the_optimiser():
+    model = LBL(LBLConfig(20, dim=4, context=2), random_tree(20, 0))
+    cfg = TrainConfig(batch_size=50, momentum=0.7, weight_decay_words=2e-4, weight_decay_other=3e-6)
+    groups = {g["name"]: g for g in make_optimizer(model, cfg, 0.01).param_groups}
+    # The penalty is per example and the loss a sum over the batch: decay x batch size; biases none.
+    assert groups["words"]["weight_decay"] == pytest.approx(2e-4 * 50)
+    assert groups["other"]["weight_decay"] == pytest.approx(3e-6 * 50)
+    assert groups["biases"]["weight_decay"] == 0.0
+    assert all(g["lr"] == 0.01 and g["momentum"] == 0.7 for g in groups.values())
+    ids = {k: {id(p) for p in g["params"]} for k, g in groups.items()}
+    assert ids["words"] == {id(model.R.weight)}
+    assert ids["biases"] == {id(p) for n, p in model.named_parameters() if n.endswith("bias")}
+    assert {id(model.C), id(model.out.weight)} <= ids["other"]
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """fit() with scripted validation perplexities; records, per epoch, the optimiser's learning
+    rates and the weights at the start of the epoch and when it is validated."""
+    record = {"lr": {}, "start": {}, "validated": {}, "script": []}
+    clone = lambda m: {k: v.detach().clone() for k, v in m.state_dict().items()}  # noqa: E731
+    real_runner = tr.epoch_runner
+
+    def runner(model, cfg):
+        run = real_runner(model, cfg)
+
+        def wrapped(model, optimizer, stream, pad, cfg, epoch, show):
+            record["lr"][epoch] = {g["lr"] for g in optimizer.param_groups}
+            record["start"][epoch] = clone(model)
+            record["epoch"] = epoch
+            return run(model, optimizer, stream, pad, cfg, epoch, show)
+        return wrapped
+
+    def fake_evaluate(model, *a, **k):
+        record["validated"][record["epoch"]] = clone(model)
+        return {"perplexity": record["script"][record["epoch"] - 1], "tokens": 1, "nll": 0.0}
+
+    monkeypatch.setattr(tr, "epoch_runner", runner)
+    monkeypatch.setattr(tr, "evaluate", fake_evaluate)
+    return record
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_early_stopping_restores_the_best_weights_and_lowers_the_rate(tmp_path, corpus, scripted):
+    scripted["script"] = [10.0, 9.0, 11.0, 8.0, 12.0, 7.0]  # epoch 3 rises: drop; epoch 5 rises: stop
+    model, state = train(tmp_path, "es", corpus, epochs=40)
+    assert state["epoch"] == 5 and state["done"] and state["best_valid_ppl"] == 8.0
+    assert scripted["lr"] == {1: {1e-3}, 2: {1e-3}, 3: {1e-3}, 4: {3e-5}, 5: {3e-5}}
+    assert _same(scripted["start"][4], scripted["validated"][2])  # epoch 4 starts from the best so far
+    assert not _same(scripted["start"][4], scripted["validated"][3])
+    final = {k: v for k, v in model.state_dict().items()}
+    assert _same(final, scripted["validated"][4])  # the run ends on the best weights
+    best = LBL(model.config, model.tree)
+    from hlbl import checkpoint as ckpt
+
+    ckpt.load_weights(tmp_path / "es" / "best.safetensors", best)
+    assert _same(best.state_dict(), scripted["validated"][4])
+
+
+def test_resume_after_the_rate_drop_keeps_the_low_rate(tmp_path, corpus, scripted):
+    scripted["script"] = [10.0, 9.0, 11.0, 8.0, 12.0]
+    straight, _ = train(tmp_path, "straight", corpus, epochs=5)
+    scripted["lr"].clear()
+    _, state = train(tmp_path, "halves", corpus, epochs=3)
+    assert state["phase"] == 1 and state["lr"] == 3e-5
+    V = len(corpus.vocab)
+    resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
+    cfg = TrainConfig(batch_size=64, max_epochs=5, progress=False)
+    fit(resumed, corpus, cfg, tmp_path / "halves", resume=True, log=lambda *a: None)
+    assert scripted["lr"][4] == scripted["lr"][5] == {3e-5}
+    assert all(torch.allclose(x, y) for x, y in zip(straight.state_dict().values(), resumed.state_dict().values()))
