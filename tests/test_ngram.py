@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import Counter, defaultdict
 from fractions import Fraction
 from pathlib import Path
