@@ -80,6 +80,7 @@ def test_rerun_skips_finished_steps(done, monkeypatch):
 
 def test_interrupted_training_resumes(done, monkeypatch):
     _, out, argv = done
+    before = json.loads((out / "work" / "results" / "T3.json").read_text())
     (out / "work" / "results" / "T3.json").unlink()  # as if killed after its last checkpoint
     calls = []
     real_fit = rp.fit
@@ -91,7 +92,10 @@ def test_interrupted_training_resumes(done, monkeypatch):
     monkeypatch.setattr(rp, "fit", counting_fit)
     assert main(argv) == 0
     assert calls == [("T3", True)]
-    assert json.loads((out / "work" / "results" / "T3.json").read_text())["tree"] == "ADAPTIVE"
+    after = json.loads((out / "work" / "results" / "T3.json").read_text())
+    assert after["tree"] == "ADAPTIVE"
+    for key in ("test_perplexity", "valid_perplexity", "epochs", "stopped_early"):
+        assert after[key] == before[key], key
 
 
 def test_work_directory_defaults_to_runs_not_out(tmp_path, monkeypatch):
