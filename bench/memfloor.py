@@ -1,0 +1,116 @@
+"""The machine's cost of touching a cold row: the floor under the fast engine's speed at large V.
+
+    python bench/memfloor.py            # about 1 minute, 1.7 GB of memory
+
+At V = 1M a training step meets thousands of rows that are in no cache (README, Speed). This
+times, on one thread, what bringing such a row up to date costs with nothing else going on: V = 1M
+rows of d = 100 float32 parameters and their momentum rows (2 x 400 MB, on huge pages where the
+kernel allows, as in the engine), 7,700 random rows a round (a step's worth), each row
+prefetched ``--ahead`` rows in advance as the engine's loops do:
+
+- ``read``: read the parameter row and the momentum row (the least any exact lazy step can do);
+- ``update``: the catch-up's read-modify-write of both rows and the row's step stamp;
+- ``update_one_record``: the same with parameters, momentum and stamp stored together in one
+  832-byte record (a layout the engine does not use: torch parameters would be strided views).
+
+Median of ``--rounds`` passes, ns per row. One JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from hlbl.fast import _prefetch, _prefetch_row  # noqa: E402
+from hlbl.memory import prefer_huge_pages  # noqa: E402
+
+
+@njit(fastmath=True, cache=True)
+def _read(rows, W, M, ahead):
+    acc = np.float32(0.0)
+    for r in range(rows.shape[0]):
+        if r + ahead < rows.shape[0]:
+            _prefetch_row(W, rows[r + ahead])
+            _prefetch_row(M, rows[r + ahead])
+        j = rows[r]
+        for k in range(W.shape[1]):
+            acc += W[j, k] + M[j, k]
+    return acc
+
+
+@njit(fastmath=True, cache=True)
+def _update(rows, W, M, last, step, ahead):
+    for r in range(rows.shape[0]):
+        if r + ahead < rows.shape[0]:
+            _prefetch_row(W, rows[r + ahead])
+            _prefetch_row(M, rows[r + ahead])
+            _prefetch(last, rows[r + ahead], 0)
+        j = rows[r]
+        a = np.float32(1.0 - 1e-6 * (step - last[j]))
+        for k in range(W.shape[1]):
+            p, m = W[j, k], M[j, k]
+            W[j, k] = a * p - np.float32(1e-3) * m
+            M[j, k] = np.float32(0.9) * m + np.float32(1e-5) * p
+        last[j] = step
+
+
+@njit(fastmath=True, cache=True)
+def _update_record(rows, X, d, step, ahead):
+    for r in range(rows.shape[0]):
+        if r + ahead < rows.shape[0]:
+            _prefetch_row(X, rows[r + ahead])
+        j = rows[r]
+        a = np.float32(1.0 - 1e-6 * (step - np.int32(X[j, 2 * d])))
+        for k in range(d):
+            p, m = X[j, k], X[j, d + k]
+            X[j, k] = a * p - np.float32(1e-3) * m
+            X[j, d + k] = np.float32(0.9) * m + np.float32(1e-5) * p
+        X[j, 2 * d] = step
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--dim", type=int, default=100)
+    ap.add_argument("--per-round", type=int, default=7_700, help="random rows a round (one step's worth at V = 1M)")
+    ap.add_argument("--rounds", type=int, default=150)
+    ap.add_argument("--ahead", type=int, default=6, help="prefetch distance in rows (the engine's)")
+    args = ap.parse_args(argv)
+    V, d = args.rows, args.dim
+    rng = np.random.default_rng(0)
+    W = rng.random((V, d), dtype=np.float32)
+    M = rng.random((V, d), dtype=np.float32)
+    last = np.zeros(V, np.int32)
+    X = np.zeros((V, 2 * d + 8), np.float32)  # parameters | momentum | stamp, padded to 64 bytes
+    prefer_huge_pages(W, M, X)
+    X[:, : 2 * d] = rng.random((V, 2 * d), dtype=np.float32)
+    kinds = {
+        "read": lambda rows, s: _read(rows, W, M, args.ahead),
+        "update": lambda rows, s: _update(rows, W, M, last, s, args.ahead),
+        "update_one_record": lambda rows, s: _update_record(rows, X, d, s, args.ahead),
+    }
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    for k, f in kinds.items():  # compile
+        f(rng.integers(0, V, 100), 1)
+    for s in range(1, args.rounds + 1):
+        for k, f in kinds.items():  # interleaved: a burst of load hits every kind alike
+            rows = rng.integers(0, V, args.per_round)  # each its own rows: none left in cache by another
+            t = time.perf_counter()
+            f(rows, s)
+            times[k].append((time.perf_counter() - t) / len(rows) * 1e9)
+    best = {k: float(np.median(v)) for k, v in times.items()}
+    for k, v in best.items():
+        print(f"{k:<18} {v:6.1f} ns per row ({v / ((2 * d * 4) / 64):.1f} ns per 64-byte line)", file=sys.stderr)
+    print(json.dumps({"rows": V, "dim": d, "ns_per_row": {k: round(v, 1) for k, v in best.items()}}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
