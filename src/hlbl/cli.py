@@ -19,9 +19,9 @@ import torch
 from .checkpoint import CheckpointError, load_model
 from .data import DataError, load_corpus
 from .evaluate import evaluate
-from .reproduce import ReproConfig
 from .model import LBL, LBLConfig
 from .output import OUTPUT_KINDS
+from .reproduce import ReproConfig
 from .train import ENGINES, OPTIMIZERS, TrainConfig, fit
 from .tree import TreeError, WordTree, build_tree
 

@@ -35,7 +35,7 @@ from . import atomic
 EOS = "<eos>"
 UNK = "<unk>"
 SPLITS = ("train", "valid", "test")
-ENCODING_VERSION = 1
+ENCODING_VERSION = 2  # 2: a leading UTF-8 byte-order mark is dropped (older caches could hold it as a word)
 VOCAB_FORMAT = "hlbl-vocab"
 VOCAB_VERSION = 1
 
