@@ -62,7 +62,7 @@ less per epoch (valid perplexity 239 after 3 epochs against 232.3 for the exact 
 step reads parameters about one step stale); per CPU-second they are as efficient as one thread
 (so they pay off only when a second core is actually free).
 
-Memory-level tuning (profiled per phase at V = 10k and 1M, d = 100, batch 1000). At 10k the
+Memory-level tuning (profiled per phase by ``bench/phases.py`` at V = 10k and 1M, d = 100, batch 1000). At 10k the
 15 MB of parameters and momentum live in the L3 cache and a step is arithmetic; at 1M a batch
 touches ~7,700 distinct rows (~3,500 at 10k), most of them in no cache, and a step waits for
 memory. So: the row loops prefetch rows a few iterations ahead (``_prefetch``, LLVM's prefetch
