@@ -62,25 +62,26 @@ less per epoch (valid perplexity 239 after 3 epochs against 232.3 for the exact 
 step reads parameters about one step stale); per CPU-second they are as efficient as one thread
 (so they pay off only when a second core is actually free).
 
-Memory-level tuning (profiled per phase by ``bench/phases.py`` at V = 10k and 1M, d = 100, batch 1000). At 10k the
-15 MB of parameters and momentum live in the L3 cache and a step is arithmetic; at 1M a batch
-touches ~7,700 distinct rows (~3,500 at 10k), most of them in no cache, and a step waits for
-memory. So: the row loops prefetch rows a few iterations ahead (``_prefetch``, LLVM's prefetch
-intrinsic); the path and slot tables are prefetched in ``_gather`` / ``_csr``; step stamps are
-int32; the big tables sit on 2 MiB pages (:mod:`hlbl.memory`; +15-25% at 1M). The catch-up of
-rows then runs near the machine's rate for cold rows (~150 ns a row at 1M; ``bench/memfloor.py``
-measures ~105 ns to read a random 400-byte row and its momentum row alone, ~115 ns to update
-them, ~9 ns per 64-byte line: the core's miss throughput, whatever the prefetch distance). At 1M
-the catch-up alone is ~1.15 ms per batch of 1,000 (0.2 at 10k), on top of the arithmetic of paths
-20/14 times longer than at 10k.
-Tried and dropped, as no faster: catching rows up inside the forward pass, sorting
-a batch's examples by leaf, prefetching the next step's rows during this one (gathered a step
-ahead or chained through the token; 8-15% slower at 1M, as the forward pass then competes for
-the same miss buffers), two-stage L2/L1 prefetches, longer or shorter prefetch distances,
-storing each row's parameters, momentum and stamp in one record (~10% faster alone in
-``bench/memfloor.py``, not worth parameters that torch could only see as strided views), and stepping
-the rows a single example uses inside the forward pass (80% of rows at 1M; 5-10% slower, the
-forward loops vectorise worse).
+Memory-level tuning (profiled per phase by ``bench/phases.py`` at V = 10k and 1M, d = 100,
+batch 1000). At 10k the 15 MB of parameters and momentum live in the L3 cache and a step is
+arithmetic; at 1M a batch touches ~7,800 distinct rows (~3,600 at 10k), most of them in no cache,
+and a step waits for memory. So: the row loops prefetch rows a few iterations ahead
+(``_prefetch``, LLVM's prefetch intrinsic); the path and slot tables are prefetched in
+``_gather`` / ``_csr``; step stamps are int32; the big tables sit on 2 MiB pages
+(:mod:`hlbl.memory`; +15-25% at 1M). The catch-up then runs near the machine's rate for cold rows
+(~150 ns a row at 1M; ``bench/memfloor.py`` measures ~105 ns to read a random 400-byte row and
+its momentum row alone, ~115 ns to update them, ~9 ns per 64-byte line: the core's miss
+throughput, whatever the prefetch distance). At 1M the catch-up alone is ~1.2 ms per batch of
+1,000 (0.2 at 10k), on top of the arithmetic of paths 20/14 times longer than at 10k.
+
+Tried and dropped, as no faster: catching rows up inside the forward pass; sorting a batch's
+examples by leaf; prefetching the next step's rows during this one (gathered a step ahead, or
+chained through the token: 8-15% slower at 1M, as the forward pass then competes for the same
+miss buffers); two-stage L2/L1 prefetches; longer or shorter prefetch distances; storing each
+row's parameters, momentum and stamp in one record (~10% faster alone in ``bench/memfloor.py``,
+not worth parameters that torch could only see as strided views); stepping the rows a single
+example uses inside the forward pass (80% of rows at 1M; 5-10% slower, the forward loops
+vectorise worse).
 
 Scoring (``token_log_probs``) is one parallel pass over the stream, O(K D d) per token.
 
