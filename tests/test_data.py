@@ -18,11 +18,11 @@ def test_ptb_has_the_standard_counts():
 
 def test_vocabulary_rules(tmp_path):
     root = write_corpus(tmp_path / "c", {"train": ["b a a", "c a b", "d"], "valid": ["a z"], "test": ["q"]})
-    c = load_corpus(root)
+    c = load_corpus(root, min_count=1)
     assert c.vocab.words[:4] == (EOS, "a", "b", "c")  # by count, ties by text ("<" < "a")
     assert UNK in c.vocab.words and c.vocab.counts[c.vocab.unk] == 0
     assert c.vocab.decode(c["valid"]) == ["a", UNK, EOS]
-    small = load_corpus(root, max_vocab=4)
+    small = load_corpus(root, max_vocab=4, min_count=1)
     assert len(small.vocab) == 4 and set(small.vocab.words) == {"a", "b", EOS, UNK}
     # the two dropped training tokens (c, d) become <unk> and count as such
     assert small.vocab.counts[small.vocab.unk] == 2
@@ -36,10 +36,10 @@ def test_line_endings_blank_lines_and_cache(tmp_path):
     (root / "train.txt").write_bytes(b"a b\r\n\r\n  \nb a\rc\n")
     (root / "valid.txt").write_bytes(b"a\n")
     (root / "test.txt").write_bytes(b"b")  # no final newline
-    c = load_corpus(root)
+    c = load_corpus(root, min_count=1)
     assert c.vocab.decode(c["train"]) == ["a", "b", EOS, "b", "a", EOS, "c", EOS]
     assert c.vocab.decode(c["test"]) == ["b", EOS]
-    again = load_corpus(root)
+    again = load_corpus(root, min_count=1)
     assert np.array_equal(again["train"], c["train"])
 
 
@@ -108,7 +108,7 @@ def test_non_utf8_error_names_the_line_and_a_bom_is_no_word(tmp_path):
     with pytest.raises(DataError, match="bad byte 0xe9 on line 3001, column 4"):
         load_corpus(root)
     (root / "train.txt").write_bytes("\ufeffThe cat\nthe dog\n".encode("utf-8"))
-    assert "\ufeffThe" not in load_corpus(root).vocab.words and "The" in load_corpus(root).vocab.words
+    assert "\ufeffThe" not in load_corpus(root, min_count=1).vocab.words and "The" in load_corpus(root, min_count=1).vocab.words
 
 
 def test_a_given_vocabulary_needs_only_the_requested_splits(tmp_path):
@@ -122,3 +122,14 @@ def test_a_given_vocabulary_needs_only_the_requested_splits(tmp_path):
         load_corpus(root, vocab=vocab, splits=("valid",))
     with pytest.raises(DataError, match="no train.txt"):
         load_corpus(root)
+
+
+def test_min_count_auto_holds_out_singletons_only_when_training_has_no_unk(tmp_path):
+    root = write_corpus(tmp_path / "c", {"train": ["b a a", "c a b", "d"], "valid": ["a z"], "test": ["q"]})
+    auto = load_corpus(root).vocab  # no <unk> in training: words seen once (c, d) become <unk>
+    assert set(auto.words) == {EOS, UNK, "a", "b"} and auto.counts[auto.unk] == 2
+    root2 = write_corpus(tmp_path / "p", {"train": ["b a <unk>", "c a b", "d"], "valid": ["a"], "test": ["q"]})
+    kept = load_corpus(root2).vocab  # PTB-style: <unk> already in the text, every word kept
+    assert {"c", "d"} <= set(kept.words) and kept.counts[kept.unk] == 1
+    with pytest.raises(DataError, match="min-count"):
+        load_corpus(root, min_count=0)

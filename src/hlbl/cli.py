@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, load_model
-from .data import DataError, load_corpus
+from .data import DataError, load_corpus, min_count_arg
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .output import OUTPUT_KINDS
@@ -43,7 +43,9 @@ def pick_device(name: str) -> str:
 def _corpus_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="corpus directory or name (looked up in $HLBL_DATA, then the cache)")
     p.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types (with <eos>, <unk>)")
-    p.add_argument("--min-count", type=int, default=1, help="drop training words seen fewer times")
+    p.add_argument("--min-count", type=min_count_arg, default="auto",
+                   help="training words seen fewer times become <unk>; auto = 1 if the training text has "
+                        "<unk> tokens already (PTB), else 2, so that <unk> is learned")
 
 
 # ---- train ----------------------------------------------------------------------------------
@@ -135,7 +137,8 @@ def with_oov(report: dict, stream, vocab, split: str) -> dict:
     if oov and vocab.counts[vocab.unk] == 0:
         print(f"note: {oov:,} {split} tokens ({100 * oov / len(stream):.1f}%) are out of the vocabulary, and <unk> "
               "never occurs in training, so each gets a very low probability and they weigh heavily on the "
-              "perplexity; training with --min-count 2 gives <unk> a training count", file=sys.stderr)
+              "perplexity; --min-count 2 (the auto default where training has no <unk>) or --max-vocab gives <unk> "
+              "a training count", file=sys.stderr)
     if not math.isfinite(report["perplexity"]):
         raise DataError(f"perplexity is {report['perplexity']}: the model gives some token probability 0 "
                         "(non-finite weights?)")
@@ -318,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     ts.add_argument("tree", help="tree file (JSON or npz)")
     ts.add_argument("--data", default=None, help="corpus whose training counts weight the averages")
     ts.add_argument("--max-vocab", type=int, default=None, help="as for hlbl train")
-    ts.add_argument("--min-count", type=int, default=1, help="as for hlbl train")
+    ts.add_argument("--min-count", type=min_count_arg, default="auto", help="as for hlbl train")
     ts.set_defaults(func=cmd_tree_stats)
     tm = tsub.add_parser("make", help="build a RANDOM or Huffman tree for a corpus")
     _corpus_args(tm)

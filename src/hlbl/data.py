@@ -20,6 +20,7 @@ one line at a time.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -117,10 +118,21 @@ class Vocab:
                 raise DataError(f"vocabulary lacks {special}")
 
     @classmethod
-    def from_counts(cls, counts: Counter, max_vocab: int | None = None, min_count: int = 1) -> "Vocab":
-        """Keep the most frequent words (``max_vocab`` counts ``<eos>`` and ``<unk>`` too)."""
+    def from_counts(cls, counts: Counter, max_vocab: int | None = None, min_count: int | str = 1) -> "Vocab":
+        """Keep the most frequent words (``max_vocab`` counts ``<eos>`` and ``<unk>`` too).
+
+        ``min_count="auto"``: 1 when the training text already has ``<unk>`` tokens (PTB: its
+        preprocessing mapped rare words), else 2, so that words seen once become ``<unk>`` and the
+        model learns what an unknown word's probability is. With every word kept and no ``<unk>``
+        in training, each out-of-vocabulary test word would get the probability of a word never
+        seen, and such words would dominate the perplexity.
+        """
         if max_vocab is not None and max_vocab < 2:
             raise DataError("--max-vocab must be at least 2 (<eos> and <unk>)")
+        if min_count == "auto":
+            min_count = 1 if counts.get(UNK, 0) > 0 else 2
+        if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+            raise DataError(f"--min-count must be a positive whole number or auto, got {min_count!r}")
         counts = Counter(counts)
         counts.setdefault(UNK, 0)
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -180,6 +192,19 @@ class Vocab:
             raise DataError(f"malformed vocabulary: {e}") from None
 
 
+def min_count_arg(text: str) -> int | str:
+    """``--min-count``: a positive whole number, or ``auto`` (see :meth:`hlbl.data.Vocab.from_counts`)."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or auto, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 # --------------------------------------------------------------------------------------------
 # Encoding and caching
 
@@ -236,7 +261,7 @@ class Corpus:
 def load_corpus(
     spec: str | os.PathLike,
     max_vocab: int | None = None,
-    min_count: int = 1,
+    min_count: int | str = "auto",
     vocab: Vocab | None = None,
     cache_dir: Path | None = None,
     splits: Sequence[str] = SPLITS,

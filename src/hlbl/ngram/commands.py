@@ -10,7 +10,7 @@ import math
 import sys
 import time
 
-from ..data import DataError, load_corpus
+from ..data import DataError, load_corpus, min_count_arg
 from .arpa import read_arpa, write_arpa
 from .kneser_ney import train_kneser_ney
 from . import token_log_probs
@@ -113,7 +113,7 @@ def add_subcommands(subparsers) -> None:
     t.add_argument("--order", type=int, default=5, help="n-gram order")
     t.add_argument("--out", required=True, help="ARPA file to write")
     t.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types (as for hlbl train)")
-    t.add_argument("--min-count", type=int, default=1, help="drop training words seen fewer times (as for hlbl train)")
+    t.add_argument("--min-count", type=min_count_arg, default="auto", help="as for hlbl train")
     t.set_defaults(func=cmd_ngram_train)
 
     e = nsub.add_parser("eval", help="perplexity of an ARPA model on a split (one JSON line, as hlbl eval)")
