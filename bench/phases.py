@@ -32,6 +32,7 @@ def profile(V: int, batches: int, warm: int, tokens: int) -> dict:
     import torch
 
     from hlbl import fast
+    from hlbl.data import epoch_order
     from hlbl.model import LBL, LBLConfig
     from hlbl.train import TrainConfig, make_optimizer
     from hlbl.tree import balanced_tree
@@ -57,7 +58,7 @@ def profile(V: int, batches: int, warm: int, tokens: int) -> dict:
     (ctx, keys, h, dh, gs, plp, nll, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w,
      cursor, g, empty) = fast._workspace(B, n, d, K, D, V, N)
     hyper = o.matrix
-    order = np.random.default_rng([cfg.seed, 2]).permutation(len(stream))
+    order = epoch_order(cfg.seed, 2, len(stream))
     times = {p: [] for p in PHASES}
     for t in range(1, batches + 1):
         pos = order[(t - 1) * B : t * B]

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from conftest import data_root, needs_ptb, write_corpus
-from hlbl.data import EOS, UNK, DataError, Vocab, batches, contexts, load_corpus, resolve_corpus
+from hlbl.data import EOS, UNK, DataError, Vocab, batches, contexts, epoch_order, load_corpus, resolve_corpus
 
 
 @needs_ptb
@@ -133,3 +133,10 @@ def test_min_count_auto_holds_out_singletons_only_when_training_has_no_unk(tmp_p
     assert {"c", "d"} <= set(kept.words) and kept.counts[kept.unk] == 1
     with pytest.raises(DataError, match="min-count"):
         load_corpus(root, min_count=0)
+
+
+def test_epoch_order_is_the_seeded_permutation_in_int32():
+    order = epoch_order(3, 2, 10_001)
+    assert order.dtype == np.int32
+    assert np.array_equal(order, np.random.default_rng([3, 2]).permutation(10_001))
+    assert not np.array_equal(order, epoch_order(3, 3, 10_001)) and not np.array_equal(order, epoch_order(4, 2, 10_001))

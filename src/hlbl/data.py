@@ -397,6 +397,15 @@ def contexts(stream: np.ndarray, positions: np.ndarray, n_ctx: int, pad: int) ->
     return out
 
 
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The order in which an epoch visits the n positions of a stream: a permutation seeded by
+    (seed, epoch), the same for every engine. int32 where it fits: the permutation of a 1B-token
+    corpus takes 4 GB, not 8 (the same order as ``default_rng([seed, epoch]).permutation(n)``)."""
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
+    np.random.default_rng([seed, epoch]).shuffle(order)
+    return order
+
+
 def batches(
     stream: np.ndarray,
     n_ctx: int,

@@ -105,6 +105,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 from tqdm import tqdm
 
+from .data import epoch_order
 from .memory import prefer_huge_pages
 from .output import TreeSoftmax
 
@@ -691,7 +692,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
         raise ValueError(f"the fast engine cannot train this model: {why}")
     T = max(1, int(threads or getattr(cfg, "hogwild", 1)))
     stream = _check_stream(stream, pad, model.config.vocab_size)
-    order = np.random.default_rng([cfg.seed, epoch]).permutation(len(stream))
+    order = epoch_order(cfg.seed, epoch, len(stream))
     B = int(cfg.batch_size)
     steps = (len(order) + B - 1) // B
     if max_batches is not None:

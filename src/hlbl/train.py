@@ -33,7 +33,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
-from .data import Corpus, DataError, batches
+from .data import Corpus, DataError, batches, epoch_order
 from .evaluate import evaluate
 from .model import LBL
 
@@ -101,8 +101,7 @@ def _rank() -> int:
 def train_epoch(model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int,
                 cfg: TrainConfig, epoch: int, show: bool) -> tuple[float, float]:
     """One pass over ``stream`` in a seeded random order; returns (mean NLL, words/s)."""
-    rng = np.random.default_rng([cfg.seed, epoch])
-    order = rng.permutation(len(stream))
+    order = epoch_order(cfg.seed, epoch, len(stream))
     device = torch.device(cfg.device)
     total, seen = 0.0, 0
     start = time.perf_counter()
