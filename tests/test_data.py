@@ -140,3 +140,21 @@ def test_epoch_order_is_the_seeded_permutation_in_int32():
     assert order.dtype == np.int32
     assert np.array_equal(order, np.random.default_rng([3, 2]).permutation(10_001))
     assert not np.array_equal(order, epoch_order(3, 3, 10_001)) and not np.array_equal(order, epoch_order(4, 2, 10_001))
+
+
+def test_large_files_show_progress_on_a_terminal_only(tmp_path, monkeypatch):
+    import io
+    import sys
+
+    import hlbl.data as data
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    root = write_corpus(tmp_path / "c", {"train": ["a b c"] * 200_000, "valid": ["a"], "test": ["b"]})
+    monkeypatch.setattr(data, "PROGRESS_BYTES", 0)
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert data.count_file(root / "train.txt")["a"] == 200_000
+        assert ("counting train.txt" in stream.getvalue()) == shown

@@ -24,12 +24,14 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from . import atomic
 
@@ -57,21 +59,37 @@ class DataError(ValueError):
 # Reading text
 
 
-def iter_sentences(path: Path) -> Iterator[list[str]]:
-    """Yield the token lists of the non-blank lines of ``path``, with clear errors."""
+PROGRESS_BYTES = 32 << 20  # files at least this large show a progress bar while read (if stderr is a terminal)
+
+
+def iter_sentences(path: Path, desc: str | None = None) -> Iterator[list[str]]:
+    """Yield the token lists of the non-blank lines of ``path``, with clear errors.
+
+    ``desc``: label of the progress bar shown for large files (characters read of the file's size).
+    """
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path} is a directory, expected a text file")
     if not path.exists():
         raise DataError(f"{path}: no such file")
+    size = path.stat().st_size
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc=desc, leave=False, file=sys.stderr, mininterval=1.0,
+               disable=None if desc and size >= PROGRESS_BYTES else True)
     try:
         with open(path, encoding="utf-8-sig", newline=None) as f:  # -sig: a leading byte-order mark is no word
-            for line in f:
+            chars = 0
+            for i, line in enumerate(f, 1):
+                chars += len(line)
+                if not i & 0xFFFF:  # every 65,536 lines: no per-line call
+                    bar.update(chars)
+                    chars = 0
                 tokens = line.split()
                 if tokens:
                     yield tokens
     except UnicodeDecodeError:
         raise DataError(f"{path}: not UTF-8 text ({_first_bad_byte(path)})") from None
+    finally:
+        bar.close()
 
 
 def _first_bad_byte(path: Path) -> str:
@@ -88,7 +106,7 @@ def _first_bad_byte(path: Path) -> str:
 def count_file(path: Path) -> Counter:
     counts: Counter = Counter()
     lines = 0
-    for tokens in iter_sentences(path):
+    for tokens in iter_sentences(path, desc=f"counting {Path(path).name}"):
         counts.update(tokens)
         lines += 1
     if lines == 0:
@@ -217,7 +235,7 @@ def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20) -> in
     n = 0
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     with open(tmp, "wb") as f:
-        for tokens in iter_sentences(path):
+        for tokens in iter_sentences(path, desc=f"encoding {Path(path).name}"):
             buf.extend(index.get(t, unk) for t in tokens)
             buf.append(eos)
             if len(buf) >= chunk:
