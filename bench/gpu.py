@@ -3,7 +3,10 @@
     python bench/gpu.py                      # on a CUDA machine: about 3 minutes
     python bench/gpu.py --device cpu --quick # a dry run of the script itself (any machine; writes no file)
 
-What it measures, each after a warm-up of 2 batches, with ``torch.cuda.synchronize`` around the
+First it checks that the device computes what the CPU does on a small multi-code model (full
+distribution, one autograd training step, top-k, scoring: ``agreement_with_cpu`` in the JSON,
+``ok`` false if any differs beyond float32 tolerance). Then what it measures, each after a
+warm-up of 2 batches, with ``torch.cuda.synchronize`` around the
 clock (``hlbl.train.train_epoch``, the autograd path, on a prefix of the stream):
 
 - PTB (from $HLBL_DATA or the cache; a synthetic Zipf corpus with V = 10k if PTB is not there):
@@ -80,6 +83,41 @@ def time_score(model: LBL, stream: np.ndarray, pad: int, device: torch.device) -
     return {"wps": len(stream) / wall, "tokens": len(stream), "ppl": float(np.exp(-lp.mean()))}
 
 
+def agreement(device: torch.device) -> dict:
+    """Before any timing: the device gives the CPU's numbers (float32 tolerance) on a small
+    multi-code model: the full distribution, one training step of the autograd path (momentum
+    and L2), exact top-k, and scoring. The CUDA path has no other test (CI has no GPU)."""
+    import copy
+
+    from hlbl.tree import WordTree
+
+    V = 300
+    base = random_tree(V, 0)
+    off = base.num_nodes  # a second copy of the tree under a new root: every word has two codes
+    children = [[1, 1 + off]] + [[c + 1 if c >= 0 else c for c in row] for row in base.children] \
+        + [[c + 1 + off if c >= 0 else c for c in row] for row in base.children]
+    tree = WordTree(np.asarray(children, dtype=np.int64), V)
+    stream = zipf_stream(V, 4000, seed=5)
+    cpu = LBL(LBLConfig(V, dim=32, context=4), tree, torch.Generator().manual_seed(1))
+    cpu.init_unigram(np.bincount(stream, minlength=V) + 1.0)
+    dev = copy.deepcopy(cpu).to(device)
+    ctx = torch.randint(0, V, (64, 4), generator=torch.Generator().manual_seed(2))
+    out = {"log_prob_max_abs_diff": (cpu.log_prob(ctx) - dev.log_prob(ctx.to(device)).cpu()).abs().max().item()}
+    topk_cpu, topk_dev = cpu.topk(ctx, 5), dev.topk(ctx.to(device), 5)
+    out["topk_same_words"] = bool(torch.equal(topk_cpu[1], topk_dev[1].cpu()))
+    for m, d in ((cpu, "cpu"), (dev, str(device))):
+        cfg = TrainConfig(progress=False, batch_size=4000, device=d, engine="torch", lr=0.01)
+        train_epoch(m, make_optimizer(m, cfg, cfg.lr), stream, 0, cfg, 1, False)
+    out["step_param_max_abs_diff"] = max((a - b.cpu()).abs().max().item()
+                                        for a, b in zip(cpu.parameters(), dev.parameters()))
+    a = token_log_probs(cpu, stream, 0, device="cpu", engine="torch")
+    b = token_log_probs(dev, stream, 0, device=device, engine="torch")
+    out["score_max_abs_diff"] = float(np.abs(a - b).max())
+    out["ok"] = (out["log_prob_max_abs_diff"] < 1e-4 and out["topk_same_words"]
+                 and out["step_param_max_abs_diff"] < 1e-4 and out["score_max_abs_diff"] < 1e-4)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -100,6 +138,8 @@ def main(argv=None) -> int:
     info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
             "torch": torch.__version__, "batch": B}
     print(json.dumps(info), file=sys.stderr)
+    info["agreement_with_cpu"] = agreement(device)
+    print(f"agreement with the CPU: {json.dumps(info['agreement_with_cpu'])}", file=sys.stderr, flush=True)
 
     try:
         corpus = load_corpus("ptb")
