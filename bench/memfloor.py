@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from hlbl.fast import _prefetch, _prefetch_row  # noqa: E402
+from hlbl.kernels import _prefetch, _prefetch_row  # noqa: E402
 from hlbl.memory import prefer_huge_pages  # noqa: E402
 
 

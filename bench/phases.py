@@ -6,7 +6,7 @@
 Same setting as ``bench/scaling.py`` (synthetic Zipf(1) corpus, BALANCED tree in frequency order,
 d = 100, context 5, batch 1000, SGD with momentum and L2). After ``--warm`` ordinary steps (so the
 momentum buffers exist and every page has been touched), ``--batches`` steps are replayed with the
-kernels of ``hlbl.fast._step`` called one at a time and timed: gather + grouping, the catch-up of
+kernels of ``hlbl.kernels._step`` called one at a time and timed: gather + grouping, the catch-up of
 the rows the batch touches, forward/backward, and the updates of the node rows and of the word
 rows (with C). Milliseconds per batch, median over the steps; one JSON line at the end.
 """
@@ -31,7 +31,7 @@ PHASES = ("gather_group", "catch_up", "forward_backward", "update_nodes", "updat
 def profile(V: int, batches: int, warm: int, tokens: int) -> dict:
     import torch
 
-    from hlbl import fast
+    from hlbl import fast, kernels
     from hlbl.data import epoch_order
     from hlbl.model import LBL, LBLConfig
     from hlbl.train import TrainConfig, make_optimizer
@@ -63,20 +63,20 @@ def profile(V: int, batches: int, warm: int, tokens: int) -> dict:
     for t in range(1, batches + 1):
         pos = order[(t - 1) * B : t * B]
         c0 = time.perf_counter()
-        fast._gather(stream, pos, 0, pnodes, pdepth, wleaves, ctx, keys)
-        nu_n = fast._csr(keys.ravel(), slot_n, uniq_n, start_n, cursor, ent_n)
-        nu_w = fast._csr(ctx.ravel(), slot_w, uniq_w, start_w, cursor, ent_w)
+        kernels._gather(stream, pos, 0, pnodes, pdepth, wleaves, ctx, keys)
+        nu_n = kernels._csr(keys.ravel(), slot_n, uniq_n, start_n, cursor, ent_n)
+        nu_w = kernels._csr(ctx.ravel(), slot_w, uniq_w, start_w, cursor, ent_w)
         c1 = time.perf_counter()
-        fast._catch_up(uniq_n[:nu_n], Q, Qbuf, qb, qbbuf, last_n, t - 1, P["Q"], hyper[1, 1], P["qb"], hyper[2, 1])
-        fast._catch_up(uniq_w[:nu_w], R, Rbuf, empty, empty, last_w, t - 1, P["R"], hyper[0, 1], P["qb"], 0.0)
+        kernels._catch_up(uniq_n[:nu_n], Q, Qbuf, qb, qbbuf, last_n, t - 1, P["Q"], hyper[1, 1], P["qb"], hyper[2, 1])
+        kernels._catch_up(uniq_w[:nu_w], R, Rbuf, empty, empty, last_w, t - 1, P["R"], hyper[0, 1], P["qb"], 0.0)
         c2 = time.perf_counter()
-        fast._forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC)
+        kernels._forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC)
         c3 = time.perf_counter()
-        fast._update_nodes(uniq_n, nu_n, start_n, ent_n, K * D, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, last_n, t, g)
+        kernels._update_nodes(uniq_n, nu_n, start_n, ent_n, K * D, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, last_n, t, g)
         c4 = time.perf_counter()
-        fast._update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)
+        kernels._update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)
         for i in range(n):
-            fast._sgd_row(C[i], Cbuf[i], gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
+            kernels._sgd_row(C[i], Cbuf[i], gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
         c5 = time.perf_counter()
         for p, dt in zip(PHASES, (c1 - c0, c2 - c1, c3 - c2, c4 - c3, c5 - c4)):
             times[p].append(dt * 1e3)

@@ -1,0 +1,454 @@
+"""The numba kernels of the fast CPU engine (:mod:`hlbl.fast` says what they compute and why).
+
+One training step is ``_step``: ``_gather`` (the rows a batch reads), ``_csr`` (its entries grouped
+by row), ``_catch_up`` (lazy momentum and decay of those rows), ``_forward_backward``, then
+``_update_nodes`` / ``_update_words`` and C's step. ``_train_steps`` runs a thread's steps with
+the GIL released; ``_score`` is the parallel scorer. Shapes are given in each docstring.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+# Vectorised float reductions and FMAs; never approximate functions ('afn') or assume no NaN/inf.
+_FM = {"reassoc", "contract", "nsz"}
+
+
+# ---- helpers -------------------------------------------------------------------------------
+
+_AHEAD = 6  # rows prefetched ahead in row loops: random rows of a large table miss the caches
+
+
+@intrinsic
+def _prefetch(typingctx, arr, row, off):
+    """Hint the CPU to fetch (for writing) the cache line at byte ``off`` of ``arr[row]`` (any ndim >= 1).
+
+    numba has no prefetch; this emits LLVM's ``llvm.prefetch`` (opaque-pointer name, as in the
+    LLVM of the pinned numba). Without it a loop over random rows of a big table (V = 1M:
+    400 MB) waits for memory row after row.
+    """
+    sig = types.void(arr, row, off)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        zero = context.get_constant(types.intp, 0)
+        row = context.cast(builder, args[1], signature.args[1], types.intp)
+        off = context.cast(builder, args[2], signature.args[2], types.intp)
+        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+                                        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
+                                        inds=[row] + [zero] * (aryty.ndim - 1))
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0")
+        addr = builder.gep(builder.bitcast(ptr, i8p), [off])
+        builder.call(fn, [addr, ir.Constant(i32, 1), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(inline="always", cache=True)
+def _prefetch_row(W, j):
+    """Prefetch row j of a float32 (., d) array."""
+    for off in range(0, W.shape[1] * 4, 64):
+        _prefetch(W, j, off)
+
+
+# A path's log-probability is accumulated as a float64 product of sigmoids, with one log per
+# path (and whenever the product gets small), instead of a log1p per node: the same value to
+# float64 rounding at half the transcendental cost. Factors below sigmoid(-_LOG_DOMAIN) go
+# straight into the log-domain sum, so nothing underflows.
+_LOG_DOMAIN = 30.0
+_RENORM = 1e-280  # > 1e-308 / sigmoid(-_LOG_DOMAIN): the product stays a normal float64
+
+
+@njit(inline="always", cache=True)
+def _sigmoids(z):
+    """(sigmoid(z), sigmoid(-z), exp(-|z|)) for float64 z, from one exp, without overflow."""
+    e = math.exp(-abs(z))
+    inv = 1.0 / (1.0 + e)
+    if z >= 0.0:
+        return inv, e * inv, e
+    return e * inv, inv, e
+
+
+@njit(inline="always", cache=True)
+def _accumulate(z, sz, e, acc, prod):
+    """Add log sigmoid(z) to the path's (log-domain sum acc, product prod); returns both."""
+    if z > -_LOG_DOMAIN:
+        prod *= sz
+        if prod < _RENORM:
+            acc += math.log(prod)
+            prod = 1.0
+    else:
+        acc += z - math.log1p(e)  # exact log sigmoid(z) for very negative z
+    return acc, prod
+
+
+@njit(inline="always", fastmath=_FM, cache=True)
+def _context(stream, p, pad, n, i):
+    o = p - n + i
+    return stream[o] if o >= 0 else pad
+
+
+# ---- training kernels (sequential; threads run them side by side, see train_epoch) ----------
+
+
+@njit(fastmath=_FM, cache=True)
+def _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys):
+    """The rows example b reads: context words ctx[b] (n,) and tree nodes keys[b] (K*D,).
+
+    ``keys[b, k*D + t]`` is the node at step t of the target's path k, -1 where there is none.
+    """
+    n = ctx.shape[1]
+    K = wleaves.shape[1]
+    D = pnodes.shape[1]
+    B = pos.shape[0]
+    for b in range(B):
+        # Three dependent random reads per example (token -> its leaves -> the leaf's path): each
+        # is fetched a few examples ahead, as the path table alone is 80 MB at V = 1M.
+        if b + 8 < B:
+            _prefetch(wleaves, stream[pos[b + 8]], 0)
+        if b + 4 < B:
+            la = wleaves[stream[pos[b + 4]], 0]
+            if la >= 0:
+                _prefetch(pnodes, la, 0)
+                _prefetch(pnodes, la, 64)
+        p = pos[b]
+        for i in range(n):
+            ctx[b, i] = _context(stream, p, pad, n, i)
+        for e in range(K * D):
+            keys[b, e] = -1
+        target = stream[p]
+        for c in range(K):
+            lf = wleaves[target, c]
+            if lf < 0:
+                continue
+            for t in range(pdepth[lf]):
+                keys[b, c * D + t] = pnodes[lf, t]
+
+
+@njit(fastmath=_FM, cache=True)
+def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC):
+    """Per example b: h (B, d), dh (B, d) = dLoss/dh, gs (B, K*D), plp (B, K), nll (B,); gC (n, d).
+
+    ``gs[b, k*D + t]`` is the loss gradient w.r.t. the score of node keys[b, k*D + t];
+    ``gC[i] = sum_b R[ctx[b, i]] * dh[b]`` (in example order) is the gradient of C_i; summed here,
+    while the rows are in cache, rather than from a (B, n, d) array that would not fit in L2.
+    """
+    n, d = C.shape
+    K = wleaves.shape[1]
+    D = keys.shape[1] // K
+    B = pos.shape[0]
+    zs = np.empty(D)  # one path's scores
+    gC[:] = 0.0
+    for b in range(B):
+        if b + 1 < B:  # the next example's rows, while this one computes
+            for i in range(n):
+                _prefetch_row(R, ctx[b + 1, i])
+            for e in range(K * D):
+                if keys[b + 1, e] >= 0:
+                    _prefetch_row(Q, keys[b + 1, e])
+        hb = h[b]
+        for k in range(d):
+            hb[k] = 0.0
+        for i in range(n):
+            w = ctx[b, i]
+            for k in range(d):
+                hb[k] += C[i, k] * R[w, k]
+        target = stream[pos[b]]
+        best = -np.inf
+        for c in range(K):
+            lf = wleaves[target, c]
+            if lf < 0:
+                plp[b, c] = -np.inf
+                continue
+            for t in range(pdepth[lf]):  # dot products first: independent, they overlap
+                j = keys[b, c * D + t]
+                s = np.float32(0.0)
+                for k in range(d):
+                    s += hb[k] * Q[j, k]
+                zs[t] = psign[lf, t] * (np.float64(s) + qb[j])
+            acc, prod = 0.0, 1.0
+            for t in range(pdepth[lf]):
+                z = zs[t]
+                sz, snz, e = _sigmoids(z)
+                acc, prod = _accumulate(z, sz, e, acc, prod)
+                gs[b, c * D + t] = psign[lf, t] * snz  # d log P(path) / d score = sign * sigmoid(-z)
+            lp = acc + math.log(prod)
+            plp[b, c] = lp
+            best = max(best, lp)
+        tot = 0.0
+        for c in range(K):
+            if plp[b, c] > -np.inf:
+                tot += math.exp(plp[b, c] - best)
+        logp = best + math.log(tot)
+        nll[b] = -logp
+        dhb = dh[b]
+        for k in range(d):
+            dhb[k] = 0.0
+        for c in range(K):
+            if plp[b, c] == -np.inf:
+                continue
+            share = math.exp(plp[b, c] - logp)  # posterior P(path c | target, h)
+            lf = wleaves[target, c]
+            for t in range(pdepth[lf]):
+                j = keys[b, c * D + t]
+                g = np.float32(-share * gs[b, c * D + t])  # d loss / d score
+                gs[b, c * D + t] = g
+                for k in range(d):
+                    dhb[k] += g * Q[j, k]
+        for i in range(n):
+            w = ctx[b, i]
+            for k in range(d):
+                gC[i, k] += R[w, k] * dhb[k]
+
+
+@njit(cache=True)
+def _csr(keys, slot, uniq, start, cursor, ent):
+    """Group entries by key: returns the number of distinct keys ``nu``.
+
+    keys (E,) int32, -1 = no entry; slot (M,) int32, all -1 on entry and on return.
+    Out: uniq[:nu] keys in order of first appearance; entries of key uniq[u] are
+    ent[start[u]:start[u+1]], in increasing entry order (so sums run in example order).
+    """
+    nu = 0
+    start[0] = 0
+    for e in range(keys.shape[0]):
+        if e + 16 < keys.shape[0] and keys[e + 16] >= 0:  # slot[] is random access into V or N entries
+            _prefetch(slot, keys[e + 16], 0)
+        key = keys[e]
+        if key < 0:
+            continue
+        s = slot[key]
+        if s < 0:
+            s = nu
+            slot[key] = s
+            uniq[nu] = key
+            start[nu + 1] = 0
+            nu += 1
+        start[s + 1] += 1
+    for u in range(nu):
+        start[u + 1] += start[u]
+        cursor[u] = start[u]
+    for e in range(keys.shape[0]):
+        key = keys[e]
+        if key < 0:
+            continue
+        s = slot[key]
+        ent[cursor[s]] = e
+        cursor[s] += 1
+    for u in range(nu):
+        slot[uniq[u]] = -1
+    return nu
+
+
+@njit(inline="always", fastmath=_FM, cache=True)
+def _sgd_row(p, buf, g, lr, mu, wd):
+    """torch.optim.SGD on one row: buf <- mu*buf + g + wd*p; p <- p - lr*buf (no buf if mu == 0)."""
+    lr32, mu32, wd32 = np.float32(lr), np.float32(mu), np.float32(wd)
+    if mu != 0.0:
+        for k in range(p.shape[0]):
+            bk = mu32 * buf[k] + (g[k] + wd32 * p[k])
+            buf[k] = bk
+            p[k] -= lr32 * bk
+    else:
+        for k in range(p.shape[0]):
+            p[k] -= lr32 * (g[k] + wd32 * p[k])
+
+
+@njit(inline="always", cache=True)
+def _sgd_scalar(p, buf, j, g, lr, mu, wd):
+    """:func:`_sgd_row` for the single value p[j] (a node bias), in float64."""
+    pj = np.float64(p[j])
+    if mu != 0.0:
+        bj = mu * buf[j] + (g + wd * pj)
+        buf[j] = bj
+        pj -= lr * bj
+    else:
+        pj -= lr * (g + wd * pj)
+    p[j] = pj
+
+
+@njit(nogil=True, fastmath=_FM, cache=True)
+def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
+    """Bring ``rows`` of W (and bias, if not empty) up to step S: apply the gradient-free steps
+    they skipped, (p, buf) <- A^(S - last) (p, buf). Before a step reads them (S = t-1) and at
+    the end of an epoch (all rows).
+    """
+    has_bias = bias.shape[0] > 0
+    for r in range(rows.shape[0]):
+        if r + _AHEAD < rows.shape[0]:
+            ja = rows[r + _AHEAD]
+            _prefetch_row(W, ja)
+            if mu != 0.0:
+                _prefetch_row(Wbuf, ja)
+        j = rows[r]
+        gap = S - last[j]
+        if gap <= 0:  # up to date (or, with Hogwild threads, already moved on by another thread)
+            continue
+        a00, a01, a10, a11 = P[gap, 0, 0], P[gap, 0, 1], P[gap, 1, 0], P[gap, 1, 1]
+        if mu != 0.0:
+            for k in range(W.shape[1]):
+                pk = W[j, k]
+                bk = Wbuf[j, k]
+                W[j, k] = a00 * pk + a01 * bk
+                Wbuf[j, k] = a10 * pk + a11 * bk
+        else:
+            for k in range(W.shape[1]):
+                W[j, k] = a00 * W[j, k]
+        if has_bias:
+            pk = np.float64(bias[j])
+            if mub != 0.0:
+                bk = np.float64(bbuf[j])
+                bias[j] = Pb[gap, 0, 0] * pk + Pb[gap, 0, 1] * bk
+                bbuf[j] = Pb[gap, 1, 0] * pk + Pb[gap, 1, 1] * bk
+            else:
+                bias[j] = Pb[gap, 0, 0] * pk
+        last[j] = S
+
+
+@njit(fastmath=_FM, cache=True)
+def _update_nodes(uniq, nu, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, last, t, g):
+    """Each touched node sums its gradient (in example order) and takes its step."""
+    d = Q.shape[1]
+    for u in range(nu):
+        if u + _AHEAD < nu:
+            _prefetch_row(Q, uniq[u + _AHEAD])
+            _prefetch_row(Qbuf, uniq[u + _AHEAD])
+        j = uniq[u]
+        for k in range(d):
+            g[k] = 0.0
+        gb = 0.0
+        for x in range(start[u], start[u + 1]):
+            e = ent[x]
+            c = gs[e]
+            hb = h[e // KD]
+            gb += c
+            for k in range(d):
+                g[k] += c * hb[k]
+        _sgd_row(Q[j], Qbuf[j], g, hyper[1, 0], hyper[1, 1], hyper[1, 2])
+        _sgd_scalar(qb, qbbuf, j, gb, hyper[2, 0], hyper[2, 1], hyper[2, 2])
+        last[j] = max(last[j], t)
+
+
+@njit(fastmath=_FM, cache=True)
+def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
+    """Each touched context word sums its gradient sum_(b,i) C_i * dh_b and takes its step."""
+    n, d = C.shape
+    for u in range(nu):
+        if u + _AHEAD < nu:
+            _prefetch_row(R, uniq[u + _AHEAD])
+            _prefetch_row(Rbuf, uniq[u + _AHEAD])
+        j = uniq[u]
+        for k in range(d):
+            g[k] = 0.0
+        for x in range(start[u], start[u + 1]):
+            e = ent[x]
+            b = e // n
+            ci = C[e - b * n]
+            db = dh[b]
+            for k in range(d):
+                g[k] += ci[k] * db[k]
+        _sgd_row(R[j], Rbuf[j], g, hyper[0, 0], hyper[0, 1], hyper[0, 2])
+        last[j] = max(last[j], t)
+
+
+@njit(fastmath=_FM, cache=True)
+def _step(t, pos, stream, pad, params, tables, opt, work):
+    """One exact minibatch step (step number t >= 1); returns the summed NLL of the batch."""
+    R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf = params
+    pnodes, psign, pdepth, wleaves = tables
+    hyper, P_words, P_other, P_bias, last_w, last_n = opt
+    ctx, keys, h, dh, gs, plp, nll, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor, g, empty = work
+    B = pos.shape[0]  # work arrays have room for a full batch; rows >= B are stale
+    n, d = C.shape
+    KD = keys.shape[1]
+    _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys)
+    nu_n = _csr(keys.ravel()[: B * KD], slot_n, uniq_n, start_n, cursor, ent_n)
+    nu_w = _csr(ctx.ravel()[: B * n], slot_w, uniq_w, start_w, cursor, ent_w)
+    # The rows this batch reads must hold their step t-1 values: decay and momentum moved them
+    # while no batch touched them.
+    _catch_up(uniq_n[:nu_n], Q, Qbuf, qb, qbbuf, last_n, t - 1, P_other, hyper[1, 1], P_bias, hyper[2, 1])
+    _catch_up(uniq_w[:nu_w], R, Rbuf, empty, empty, last_w, t - 1, P_words, hyper[0, 1], P_bias, 0.0)
+    _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC)
+    _update_nodes(uniq_n, nu_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, last_n, t, g)
+    _update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)  # reads C before its step
+    for i in range(n):
+        _sgd_row(C[i], Cbuf[i], gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
+    return nll[:B].sum()
+
+
+@njit(nogil=True, cache=True)
+def _train_steps(steps, order, B, stream, pad, params, tables, opt, work):
+    """Steps ``steps`` (step t trains on order[(t-1)B : tB]) in sequence; returns the summed NLL.
+
+    Releases the GIL, so several Python threads can run it on disjoint steps (Hogwild).
+    """
+    total = 0.0
+    for x in range(steps.shape[0]):
+        t = steps[x]
+        total += _step(t, order[(t - 1) * B : t * B], stream, pad, params, tables, opt, work)
+    return total
+
+
+# ---- scoring -------------------------------------------------------------------------------
+
+
+@njit(parallel=True, fastmath=_FM, cache=True)
+def _score(stream, pad, R, C, Q, qb, pnodes, psign, pdepth, wleaves, out):
+    """out[p] = log P(stream[p] | its n preceding tokens), float64, for every position p."""
+    N = stream.shape[0]
+    n, d = C.shape
+    K = wleaves.shape[1]
+    chunk = 256
+    for c in prange((N + chunk - 1) // chunk):
+        h = np.empty(d, dtype=np.float32)
+        plp = np.empty(K)
+        zs = np.empty(pnodes.shape[1])
+        for p in range(c * chunk, min(N, (c + 1) * chunk)):
+            if p + 1 < N:  # the next target's first path, while this one computes
+                lf = wleaves[stream[p + 1], 0]
+                for t in range(pdepth[lf]):
+                    _prefetch_row(Q, pnodes[lf, t])
+            for k in range(d):
+                h[k] = 0.0
+            for i in range(n):
+                w = _context(stream, p, pad, n, i)
+                for k in range(d):
+                    h[k] += C[i, k] * R[w, k]
+            target = stream[p]
+            best = -np.inf
+            for cc in range(K):
+                lf = wleaves[target, cc]
+                if lf < 0:
+                    plp[cc] = -np.inf
+                    continue
+                # All the path's dot products first (independent, so they overlap in the CPU),
+                # then the scalar chain: faster than one latency-bound node after the other.
+                for t in range(pdepth[lf]):
+                    j = pnodes[lf, t]
+                    s = np.float32(0.0)
+                    for k in range(d):
+                        s += h[k] * Q[j, k]
+                    zs[t] = psign[lf, t] * (np.float64(s) + qb[j])
+                acc, prod = 0.0, 1.0
+                for t in range(pdepth[lf]):
+                    sz, _, e = _sigmoids(zs[t])
+                    acc, prod = _accumulate(zs[t], sz, e, acc, prod)
+                lp = acc + math.log(prod)
+                plp[cc] = lp
+                best = max(best, lp)
+            tot = 0.0
+            for cc in range(K):
+                if plp[cc] > -np.inf:
+                    tot += math.exp(plp[cc] - best)
+            out[p] = best + math.log(tot)
