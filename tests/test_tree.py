@@ -138,3 +138,14 @@ def test_load_rejects_non_integer_ids(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps(good))
     assert WordTree.load(tmp_path / "t.json").fingerprint() == unbalanced_tree().fingerprint()
     assert unbalanced_tree().fingerprint() != multi_code_tree().fingerprint()
+
+
+def test_huffman_puts_the_more_frequent_side_left():
+    counts = np.random.default_rng(0).integers(1, 1000, 300)
+    t = huffman_tree(counts)
+    mass = np.zeros(t.num_nodes)
+    for nodes in reversed(t.levels):  # bottom-up subtree counts
+        for j in nodes:
+            side = [mass[c] if c >= 0 else counts[-1 - c] for c in t.children[j]]  # leaf(w) = -1 - w
+            mass[j] = sum(side)
+            assert side[0] >= side[1]
