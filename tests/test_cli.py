@@ -119,8 +119,24 @@ def test_resume_checks_the_corpus_and_the_checkpoint(trained, tmp_path, capsys):
     root, _ = trained
     other = tiny_corpus(tmp_path / "other", seed=1, n_train=50)
     assert main(["train", "--data", str(other), "--out", str(root / "run"), "--resume", "--quiet"]) == 2
-    assert "vocabulary differs" in capsys.readouterr().err
+    assert "was trained on" in capsys.readouterr().err
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "run.json").write_text((root / "run" / "run.json").read_text())
     assert main(["train", "--data", str(other), "--out", str(tmp_path / "half"), "--resume", "--quiet"]) == 2
     assert "no finished epoch" in capsys.readouterr().err
+
+
+def test_resume_uses_the_runs_own_vocabulary_and_reads_old_configs(tmp_path, capsys):
+    """A run made with other vocabulary flags (or before --min-count auto) resumes with its own
+    vocabulary; an old run.json that stored max_train_tokens 0 for "all" still resumes."""
+    data = tiny_corpus(tmp_path / "corpus")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--out", str(run), "--epochs", "1", "--dim", "8", "--quiet",
+                 "--device", "cpu", "--min-count", "1", "--max-vocab", "12"]) == 0
+    info = json.loads((run / "run.json").read_text())
+    info["train"]["max_train_tokens"] = 0
+    (run / "run.json").write_text(json.dumps(info))
+    assert main(["train", "--data", str(data), "--out", str(run), "--epochs", "2", "--quiet", "--device", "cpu",
+                 "--resume"]) == 0
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert "the run's own" in capsys.readouterr().err

@@ -194,12 +194,3 @@ def test_init_unigram_needs_one_count_per_word():
         for counts in ([1.0] * (tree.num_words + 1), [1.0] * (tree.num_words - 1), [1.0, -1.0] + [1.0] * (tree.num_words - 2)):
             with pytest.raises(ValueError, match="init_unigram"):
                 layer.init_unigram(counts)
-
-
-@pytest.mark.parametrize("dim", [2, 4, 8, 100])
-def test_adaptive_baseline_never_gets_an_empty_tail_projection(dim):
-    layer = make_output_layer("adaptive", dim, 1000)
-    sizes = [t[0].out_features for t in layer.asm.tail]
-    assert min(sizes) >= 1
-    if dim == 100:
-        assert layer.asm.div_value == 4.0  # PyTorch's default, as in the benchmarks

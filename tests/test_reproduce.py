@@ -113,3 +113,15 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.count("hlbl: error:") == 2
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_work_directory_serves_one_configuration(tmp_path, monkeypatch, capsys):
+    data = tiny_corpus(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    skip = ["--skip", "T2,T3,T4,T5,T6,T7,flat,KN5", "--quiet", "--threads", "1"]
+    assert main(["reproduce", "--data", str(data), "--out", "A", "--quick", *skip]) == 0
+    capsys.readouterr()
+    assert main(["reproduce", "--data", str(data), "--out", "B", "--quick", "--dim", "8", *skip]) == 2
+    assert "another dim" in capsys.readouterr().err
+    # a larger epoch cap is the same reproduction, continued
+    assert main(["reproduce", "--data", str(data), "--out", "A", "--quick", "--epochs", "2", *skip]) == 0

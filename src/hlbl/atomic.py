@@ -3,7 +3,8 @@
 ``with atomic_path(dest) as tmp:`` writes to ``tmp`` (a fresh file beside ``dest``), then flushes
 it to disk, gives it the permissions a plain ``open`` would (``0666`` less the umask:
 :func:`tempfile.mkstemp` makes ``0600`` files, which other users could not read) and renames it
-over ``dest``. If the body raises, the temporary file is removed and ``dest`` is untouched.
+over ``dest`` (and syncs the directory, so the rename survives a crash). If the body raises, the
+temporary file is removed and ``dest`` is untouched.
 """
 
 from __future__ import annotations
@@ -16,9 +17,32 @@ from typing import Iterator
 
 
 def _umask() -> int:
-    mask = os.umask(0)  # the only portable way to read it; restored at once
+    """The process umask, read from /proc where possible: ``os.umask`` can only read it by setting
+    it, which for an instant would give files another thread creates the permissions 0666."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def _sync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (best effort: not every system can open a directory)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @contextmanager
@@ -32,10 +56,14 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, dest)
+        try:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, dest)
+        except OSError as e:  # e.g. dest is a directory: name dest, not the temporary file
+            raise OSError(e.errno, f"cannot write {dest}: {e.strerror}") from None
+        _sync_dir(dest.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

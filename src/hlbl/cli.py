@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, load_model
-from .data import DataError, load_corpus, min_count_arg
+from .data import DataError, load_corpus, min_count_arg, resolve_corpus
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .output import OUTPUT_KINDS
@@ -37,6 +37,9 @@ def pick_device(name: str) -> str:
         raise DataError(f"--device {name!r}: not a device name (cpu, cuda, cuda:N or auto)") from None
     if kind == "cuda" and not torch.cuda.is_available():
         raise DataError(f"--device {name}: CUDA is not available on this machine")
+    index = torch.device(name).index
+    if kind == "cuda" and index is not None and index >= torch.cuda.device_count():
+        raise DataError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return name
 
 
@@ -58,6 +61,16 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def _same_corpus(spec: str, trained_on: str) -> bool:
+    """Whether --data names the corpus a run was trained on (True when the run's own spec no longer
+    resolves, e.g. a relative path from another directory: nothing to compare with)."""
+    try:
+        theirs = resolve_corpus(trained_on).resolve()
+    except DataError:
+        return True
+    return resolve_corpus(spec).resolve() == theirs
+
+
 def cmd_train(args) -> int:
     _set_threads(args.threads)
     # 0 is a value, not "unset": --epochs 0 must not mean the default.
@@ -74,17 +87,23 @@ def cmd_train(args) -> int:
     if args.resume and (out / "run.json").exists() and not (out / "state.json").exists():
         raise DataError(f"{out} has no finished epoch to resume from (stopped before its first checkpoint); "
                         "delete it or choose a new --out")
-    corpus = load_corpus(args.data, args.max_vocab, args.min_count)
-    V = len(corpus.vocab)
     if args.resume and (out / "run.json").exists():
         model, vocab, info = load_model(out, which="last")
-        if vocab != corpus.vocab:
-            raise DataError(f"{out} was trained on {info['corpus']!r}, whose vocabulary differs from that of "
-                            f"--data {args.data!r}; resume with the same --data (and --max-vocab, --min-count)")
-        cfg = TrainConfig(**{**info["train"], "max_epochs": args.epochs or info["train"]["max_epochs"]})
-        print(f"resuming {out}: the model and recipe are the run's own (only --epochs, --engine, --hogwild, "
-              "--device and --threads apply)", file=sys.stderr)
+        if not _same_corpus(args.data, info["corpus"]):
+            raise DataError(f"{out} was trained on {info['corpus']!r}, not {args.data!r}; resume with the same --data")
+        corpus = load_corpus(args.data, vocab=vocab)  # the run's own vocabulary, whatever the flags say now
+        train = {**info["train"], "max_epochs": args.epochs or info["train"]["max_epochs"]}
+        if not train.get("max_train_tokens"):
+            train["max_train_tokens"] = None  # runs written before 0 became an error stored 0 for "all"
+        try:
+            cfg = TrainConfig(**train)
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{out / 'run.json'}: bad training config ({e})") from None
+        print(f"resuming {out}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
+              "--hogwild, --device and --threads apply)", file=sys.stderr)
     else:
+        corpus = load_corpus(args.data, args.max_vocab, args.min_count)
+        V = len(corpus.vocab)
         torch.manual_seed(args.seed)
         try:
             mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
@@ -104,7 +123,7 @@ def cmd_train(args) -> int:
     cfg.engine = args.engine  # like the device, a choice of how to run, not of what is learned
     cfg.hogwild = args.hogwild
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
-    print(f"{model.config.output} output, {V:,} words, {model.num_parameters():,} parameters, "
+    print(f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
           f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, device {device}", file=sys.stderr)
     state = fit(model, corpus, cfg, out, resume=args.resume, corpus_spec=str(args.data), log=log)
     test = evaluate(model, corpus["test"], corpus.vocab.eos, device=device)  # fit left the best weights in

@@ -233,8 +233,7 @@ def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20) -> in
     unk, eos = index[UNK], index[EOS]
     buf: list[int] = []
     n = 0
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
+    with atomic.atomic_path(out) as tmp, open(tmp, "wb") as f:  # a bad byte half-way leaves nothing behind
         for tokens in iter_sentences(path, desc=f"encoding {Path(path).name}"):
             buf.extend(index.get(t, unk) for t in tokens)
             buf.append(eos)
@@ -244,9 +243,8 @@ def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20) -> in
                 buf.clear()
         f.write(np.asarray(buf, dtype="<i4").tobytes())
         n += len(buf)
-    os.replace(tmp, out)
-    if n == 0:
-        raise DataError(f"{path}: no sentences (the file is empty or blank)")
+        if n == 0:
+            raise DataError(f"{path}: no sentences (the file is empty or blank)")
     return n
 
 
@@ -289,6 +287,7 @@ def load_corpus(
     With ``vocab`` given (a trained model's), the splits are encoded with it instead. Only the
     files of ``splits`` (and ``train.txt`` when the vocabulary is built) need to exist.
     """
+    splits = (splits,) if isinstance(splits, str) else tuple(splits)
     bad = set(splits) - set(SPLITS)
     if bad:
         raise DataError(f"unknown split(s) {', '.join(sorted(bad))}; choose from {', '.join(SPLITS)}")

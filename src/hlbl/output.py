@@ -240,11 +240,10 @@ class AdaptiveSoftmax(nn.Module):
         self.vocab_size = vocab_size
         if cutoffs is None:
             cutoffs = sorted({c for c in (vocab_size // 50, vocab_size // 10, vocab_size * 2 // 5) if 0 < c < vocab_size})
-        # PyTorch's div_value 4 gives tail cluster i a d // 4^(i+1) projection: 0 (a cluster that
-        # ignores its input) for small d. Smaller where needed so the last one keeps 1 dimension;
-        # 4 at d = 100 (the benchmarks).
-        div = min(4.0, in_features ** (1.0 / max(len(cutoffs), 1)) * (1 - 1e-9))  # (under: d // div^k rounds down)
-        self.asm = nn.AdaptiveLogSoftmaxWithLoss(in_features, vocab_size, list(cutoffs), div_value=max(div, 1.0))
+        # PyTorch's layer as it is (div_value 4: tail cluster i projects to d // 4^(i+1)
+        # dimensions, 1 for the last at d = 100). Below d = 64 that last projection is empty and
+        # PyTorch warns; changing div_value would change saved shapes, so the baseline stays as is.
+        self.asm = nn.AdaptiveLogSoftmaxWithLoss(in_features, vocab_size, list(cutoffs), div_value=4.0)
 
     def init_unigram(self, counts: Sequence[float]) -> None:
         pass  # the head has a bias only through its linear layer; PyTorch's default init is kept

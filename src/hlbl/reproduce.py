@@ -21,6 +21,7 @@ cap, the seed); trees T2..T7 all come from the same features; tree seeds derive 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -35,7 +36,7 @@ import torch
 
 from . import atomic
 from . import checkpoint as ckpt
-from .data import Corpus, load_corpus
+from .data import Corpus, DataError, load_corpus, resolve_corpus
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .train import TrainConfig, fit
@@ -127,12 +128,36 @@ class Reproduction:
         self.work = Path(cfg.work) if cfg.work else Path("runs") / f"reproduce-{Path(str(cfg.data)).name}"
         self.log = log
         self.corpus: Corpus = load_corpus(cfg.data, max_vocab=cfg.max_vocab)  # first: bad --data creates nothing
+        self._claim_work_dir()
         for d in (self.out, self.work / "runs", self.work / "results", self.work / "trees"):
             d.mkdir(parents=True, exist_ok=True)
         self.V = len(self.corpus.vocab)
         self.counts = self.corpus.vocab.counts_array() if hasattr(self.corpus.vocab, "counts_array") \
             else np.asarray(self.corpus.vocab.counts)
         self.train_stream = self.corpus["train"][: cfg.max_train_tokens] if cfg.max_train_tokens else self.corpus["train"]
+
+    def _claim_work_dir(self) -> None:
+        """Finished steps in the work directory are reused by name, so it must hold this
+        reproduction's: same corpus and vocabulary, sizes, seed and token limits (the epoch caps
+        may differ: a larger cap continues a run). ``work/config.json`` records them."""
+        c = self.cfg
+        words = "\n".join(self.corpus.vocab.words).encode()
+        identity = {"data": str(resolve_corpus(c.data).resolve()), "vocab_sha256": hashlib.sha256(words).hexdigest(),
+                    "dim": c.dim, "context": c.context, "seed": c.seed, "max_train_tokens": c.max_train_tokens,
+                    "max_eval_tokens": c.max_eval_tokens, "em_iters": c.em_iters, "kn_order": c.kn_order}
+        path = self.work / "config.json"
+        if path.is_file():
+            try:
+                old = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                old = {}
+            differ = [k for k in identity if old.get(k) != identity[k]]
+            if differ:
+                raise DataError(f"{self.work} holds a reproduction with another {', '.join(differ)}; "
+                                "pass another --work, or delete it to start over")
+            return
+        self.work.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(path, json.dumps(identity, indent=1))  # (a work dir from before this file: trusted)
 
     def eval_stream(self, split: str) -> np.ndarray:
         s = self.corpus[split]
