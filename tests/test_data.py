@@ -105,7 +105,7 @@ def test_non_utf8_error_names_the_line_and_a_bom_is_no_word(tmp_path):
     root = write_corpus(tmp_path / "c", {"train": ["a b"], "valid": ["a"], "test": ["b"]})
     good = "".join(f"line {i} ok\n" for i in range(3000)).encode()
     (root / "train.txt").write_bytes(good + b"caf\xe9\n" + good)
-    with pytest.raises(DataError, match="bad byte 0xe9 on line 3001, column 4"):
+    with pytest.raises(DataError, match="bad byte 0xe9 on line 3001, byte 4 of the line"):
         load_corpus(root)
     (root / "train.txt").write_bytes("\ufeffThe cat\nthe dog\n".encode("utf-8"))
     assert "\ufeffThe" not in load_corpus(root, min_count=1).vocab.words and "The" in load_corpus(root, min_count=1).vocab.words

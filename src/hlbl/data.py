@@ -99,7 +99,7 @@ def _first_bad_byte(path: Path) -> str:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                return f"bad byte 0x{raw[e.start]:02x} on line {lineno}, column {e.start + 1}"
+                return f"bad byte 0x{raw[e.start]:02x} on line {lineno}, byte {e.start + 1} of the line"
     return "a bad byte"
 
 
