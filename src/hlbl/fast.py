@@ -268,6 +268,9 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     K, D = tables[3].shape[1], tables[0].shape[1]
     T = min(T, steps) or 1
     works = [_workspace(B, n, d, K, D, V, N) for _ in range(T)]
+    # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
+    # cache before the progress bar and the clock start, so neither counts compilation.
+    _train_steps(np.empty(0, np.int64), order, B, stream, pad, params, tables, state, works[0])
     bar = tqdm(total=min(len(order), steps * B), unit="w", unit_scale=True, desc=f"epoch {epoch}",
                disable=None if show else True,  # None: no bar when stderr is not a terminal
                leave=False, file=sys.stderr, mininterval=1.0)
