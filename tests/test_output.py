@@ -189,8 +189,16 @@ def test_empty_batch_gives_an_empty_distribution(name, tree):
 
 def test_init_unigram_needs_one_count_per_word():
     tree = multi_code_tree()
-    for kind in ("tree", "flat"):
+    for kind in ("tree", "flat", "adaptive"):
         layer = make_output_layer(kind, 3, tree.num_words, tree)
         for counts in ([1.0] * (tree.num_words + 1), [1.0] * (tree.num_words - 1), [1.0, -1.0] + [1.0] * (tree.num_words - 2)):
             with pytest.raises(ValueError, match="init_unigram"):
                 layer.init_unigram(counts)
+
+
+def test_adaptive_init_unigram_changes_nothing():
+    """PyTorch's adaptive softmax has no biases: init_unigram keeps its initialisation (documented)."""
+    layer = make_output_layer("adaptive", 8, 40)
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    layer.init_unigram(np.arange(1.0, 41.0))
+    assert all(torch.equal(before[k], v) for k, v in layer.state_dict().items())

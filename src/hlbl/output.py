@@ -8,7 +8,8 @@ the training loop never ask which one they hold:
   ``torch.nn.AdaptiveLogSoftmaxWithLoss``;
 * ``log_prob(input (B, d)) -> (B, V)``: the full distribution;
 * ``init_unigram(counts)``: set biases so that with zero weights the layer predicts the training
-  unigram distribution (the paper's appendix).
+  unigram distribution (the paper's appendix; the tree and flat layers; PyTorch's adaptive
+  softmax has no biases and keeps its own initialisation).
 
 :func:`make_output_layer` is the one place that chooses a layer.
 
@@ -246,7 +247,10 @@ class AdaptiveSoftmax(nn.Module):
         self.asm = nn.AdaptiveLogSoftmaxWithLoss(in_features, vocab_size, list(cutoffs), div_value=4.0)
 
     def init_unigram(self, counts: Sequence[float]) -> None:
-        pass  # the head has a bias only through its linear layer; PyTorch's default init is kept
+        """Checks ``counts`` and changes nothing: PyTorch's layer has no biases (``head_bias=False``,
+        bias-free tail projections), so it keeps PyTorch's initialisation. Adding a head bias would
+        only reach the shortlist and the cluster priors, and would change the baseline's shapes."""
+        _unigram(counts, self.vocab_size)
 
     def log_prob(self, input: torch.Tensor) -> torch.Tensor:
         return self.asm.log_prob(input)
