@@ -78,12 +78,29 @@ def test_rerun_skips_finished_steps(done, monkeypatch):
     assert (out / "work" / "results" / "T3.json").read_bytes() == before
 
 
-def test_interrupted_training_resumes(done, monkeypatch):
-    _, out, argv = done
+def test_interrupted_training_resumes(done, monkeypatch, tmp_path):
+    """A run killed after its first epoch, rerun, ends exactly where an uninterrupted one did."""
+    import dataclasses
+    import shutil
+
+    data, out, argv = done
     before = json.loads((out / "work" / "results" / "T3.json").read_text())
-    (out / "work" / "results" / "T3.json").unlink()  # as if killed after its last checkpoint
-    calls = []
+    assert before["epochs"] == 2, "the test needs T3 to have trained two epochs"
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy)
+    (copy / "work" / "results" / "T3.json").unlink()
+    shutil.rmtree(copy / "work" / "runs" / "T3")
+    argv = [str(copy) if a == str(out) else str(copy / "work") if a == str(out / "work") else a for a in argv]
     real_fit = rp.fit
+
+    def killed_after_one_epoch(model, corpus, cfg, run_dir, resume=False, **kw):
+        real_fit(model, corpus, dataclasses.replace(cfg, max_epochs=1), run_dir, resume=resume, **kw)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rp, "fit", killed_after_one_epoch)
+    assert main(argv) == 130
+    assert json.loads((copy / "work" / "runs" / "T3" / "state.json").read_text())["epoch"] == 1
+    calls = []
 
     def counting_fit(model, corpus, cfg, run_dir, resume=False, **kw):
         calls.append((run_dir.name, resume))
@@ -92,10 +109,11 @@ def test_interrupted_training_resumes(done, monkeypatch):
     monkeypatch.setattr(rp, "fit", counting_fit)
     assert main(argv) == 0
     assert calls == [("T3", True)]
-    after = json.loads((out / "work" / "results" / "T3.json").read_text())
+    after = json.loads((copy / "work" / "results" / "T3.json").read_text())
     assert after["tree"] == "ADAPTIVE"
     for key in ("test_perplexity", "valid_perplexity", "epochs", "stopped_early"):
         assert after[key] == before[key], key
+
 
 
 def test_work_directory_defaults_to_runs_not_out(tmp_path, monkeypatch):
