@@ -177,19 +177,29 @@ def test_engine_factory_picks_one_implementation():
 
 def test_fit_with_either_engine_gives_the_same_model(tmp_path):
     """Whole training runs (early stopping, lr drop, checkpoints) agree across engines."""
+    import json
+
     from conftest import tiny_corpus
     from hlbl.data import load_corpus
     from hlbl.train import fit
 
     corpus = load_corpus(tiny_corpus(tmp_path / "corpus", n_train=200))
     V = len(corpus.vocab)
-    models = {}
+    models, metrics = {}, {}
     for engine in ("torch", "fast"):
         model = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0), torch.Generator().manual_seed(0))
         model.init_unigram(corpus.vocab.counts)
-        cfg = TrainConfig(lr=0.01, batch_size=64, max_epochs=3, seed=0, progress=False, engine=engine)
-        fit(model, corpus, cfg, tmp_path / engine, log=lambda *a: None)
+        cfg = TrainConfig(lr=0.01, lr_final=0.001, batch_size=64, max_epochs=12, seed=0, progress=False, engine=engine)
+        state = fit(model, corpus, cfg, tmp_path / engine, log=lambda *a: None)
+        assert state["done"], "the test needs early stopping to end the run"
         models[engine] = model
+        lines = (tmp_path / engine / "metrics.jsonl").read_text().splitlines()
+        metrics[engine] = [(m["epoch"], m["lr"], m["improved"], m["valid_ppl"]) for m in map(json.loads, lines)]
+    lrs = [m[1] for m in metrics["torch"]]
+    assert 0.01 in lrs and 0.001 in lrs, "the test needs the learning-rate drop (best weights restored)"
+    assert [m[:3] for m in metrics["torch"]] == [m[:3] for m in metrics["fast"]]
+    for a, b in zip(metrics["torch"], metrics["fast"]):
+        assert a[3] == pytest.approx(b[3], rel=1e-4)
     for (name, a), (_, b) in zip(models["torch"].named_parameters(), models["fast"].named_parameters()):
         assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), name
 
