@@ -56,12 +56,15 @@ def test_train_refuses_to_overwrite_a_run(trained, capsys):
     assert "not empty" in capsys.readouterr().err
 
 
-def test_help_on_every_command(capsys):
-    for argv in (["--help"], ["train", "--help"], ["eval", "--help"], ["tree", "stats", "--help"]):
-        with pytest.raises(SystemExit) as e:
-            main(argv)
-        assert e.value.code == 0
-    assert "--data" in capsys.readouterr().out
+@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["tree"], ["tree", "stats"], ["tree", "make"],
+                                     ["tree", "build"], ["reproduce"], ["ngram"], ["ngram", "train"],
+                                     ["ngram", "eval"], ["predict"], ["generate"], ["score"]])
+def test_help_on_every_command(capsys, command):
+    with pytest.raises(SystemExit) as e:
+        main(command + ["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: hlbl") and " ".join(["hlbl", *command]) in out.splitlines()[0]
 
 
 def test_optimiser_flags_reach_the_recipe(tmp_path, capsys):

@@ -455,7 +455,7 @@ def _write_corpus(root: Path, rng) -> Path:
 
 
 def test_cli_train_and_eval(tmp_path, monkeypatch, capsys):
-    cli = pytest.importorskip("hlbl.cli")
+    import hlbl.cli as cli
     monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
     data = _write_corpus(tmp_path / "toy", np.random.default_rng(4))
     out = tmp_path / "kn3.arpa"
@@ -480,7 +480,7 @@ def test_cli_train_and_eval(tmp_path, monkeypatch, capsys):
 
 
 def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
-    cli = pytest.importorskip("hlbl.cli")
+    import hlbl.cli as cli
     from hlbl.checkpoint import load_model
     from hlbl.evaluate import token_log_probs as neural_log_probs
 
@@ -531,4 +531,4 @@ def test_ptb_matches_kenlm_reference():
         for split, ref in refs.items():
             lp = token_log_probs(model, corpus[split], corpus.vocab)
             assert len(lp) == len(corpus[split])
-            assert math.exp(-lp.mean()) == pytest.approx(ref, abs=0.5), (order, split)
+            assert math.exp(-lp.mean()) == pytest.approx(ref, abs=0.01), (order, split)

@@ -20,10 +20,7 @@ from hlbl.model import LBL, LBLConfig
 from hlbl.output import TreeSoftmax
 from hlbl.tree import TreeError, WordTree, balanced_tree, huffman_tree, random_tree
 
-try:  # the learned-tree builder (paper Section 5) lives in its own module
-    from hlbl.treebuild import build_tree_from_features
-except ImportError:  # pragma: no cover
-    build_tree_from_features = None
+from hlbl.treebuild import build_tree_from_features
 
 
 # ---- trees and references ---------------------------------------------------------------------
@@ -72,11 +69,10 @@ def search_trees() -> dict:
         "unbalanced_small": unbalanced_tree(),
         "multi_code_small": multi_code_tree(),
     }
-    if build_tree_from_features is not None:
-        X = np.random.default_rng(5).normal(size=(V, 8))
-        trees["learned_adaptive"] = build_tree_from_features(X, "adaptive", seed=0)
-        trees["learned_adaptive0.4_x2"] = build_tree_from_features(X, "adaptive:0.4", seed=0, copies=2,
-                                                                   max_leaves=450)
+    X = np.random.default_rng(5).normal(size=(V, 8))
+    trees["learned_adaptive"] = build_tree_from_features(X, "adaptive", seed=0)
+    trees["learned_adaptive0.4_x2"] = build_tree_from_features(X, "adaptive:0.4", seed=0, copies=2,
+                                                               max_leaves=450)
     return trees
 
 
@@ -310,7 +306,7 @@ def test_generate_is_reproducible(output):
     model = LBL(LBLConfig(40, dim=8, context=3, output=output), tree, torch.Generator().manual_seed(0))
     runs = [model.generate([1, 2], 30, 0, torch.Generator().manual_seed(s), temperature=t)
             for s, t in ((3, 1.0), (3, 1.0), (4, 1.0), (3, 0.7))]
-    assert runs[0] == runs[1] and runs[0] != runs[2]
+    assert runs[0] == runs[1] and runs[0] != runs[2] and runs[0] != runs[3]
     assert all(len(r) == 30 and all(0 <= w < 40 for w in r) for r in runs)
 
 
