@@ -78,15 +78,16 @@ def test_every_json_file_names_its_format_and_version(run):
 
 
 def test_foreign_or_damaged_vocab_and_state_are_refused(run):
-    from hlbl.data import DataError
-
     model, corpus, run_dir = run
     vocab = json.loads((run_dir / "vocab.json").read_text())
     (run_dir / "vocab.json").write_text(json.dumps({**vocab, "format": "something-else"}))
-    with pytest.raises(DataError, match="not an hlbl vocabulary"):
+    with pytest.raises(ckpt.CheckpointError, match="vocab.json: not an hlbl vocabulary"):
         ckpt.load_model(run_dir)
     (run_dir / "vocab.json").write_text(json.dumps({**vocab, "version": 99}))
-    with pytest.raises(DataError, match="version 99"):
+    with pytest.raises(ckpt.CheckpointError, match="version 99"):
+        ckpt.load_model(run_dir)
+    (run_dir / "vocab.json").write_text(json.dumps({**vocab, "words": 5}))
+    with pytest.raises(ckpt.CheckpointError, match="vocab.json: malformed vocabulary"):
         ckpt.load_model(run_dir)
     # A file from before the format name existed is still read.
     (run_dir / "vocab.json").write_text(json.dumps({"words": vocab["words"], "counts": vocab["counts"]}))
@@ -185,3 +186,14 @@ def test_a_model_saved_from_memory_loads_with_identical_log_probs(tmp_path, vari
     loaded, _, _ = ckpt.load_model(run_dir)
     ctx = torch.randint(0, V, (30, 2), generator=torch.Generator().manual_seed(1))
     assert torch.equal(loaded.log_prob(ctx), model.log_prob(ctx))
+
+
+@pytest.mark.parametrize("field,value", [("dim", 8.0), ("context", "3"), ("vocab_size", True), ("full_context", 1)])
+def test_model_config_with_wrong_types_is_refused(run, field, value):
+    """A hand-edited run.json ("dim": 8.0) is a clear error, not a traceback from torch.empty."""
+    _, _, run_dir = run
+    info = json.loads((run_dir / "run.json").read_text())
+    info["model"][field] = value
+    (run_dir / "run.json").write_text(json.dumps(info))
+    with pytest.raises(ckpt.CheckpointError, match=f"bad model config .*{field}"):
+        ckpt.load_model(run_dir)

@@ -6,6 +6,7 @@ import torch
 
 from conftest import all_trees, multi_code_tree
 from hlbl.output import FlatSoftmax, TreeSoftmax, make_output_layer
+from hlbl.tree import random_tree
 
 
 def random_layer(tree, d=6, seed=0):
@@ -202,3 +203,25 @@ def test_adaptive_init_unigram_changes_nothing():
     before = {k: v.clone() for k, v in layer.state_dict().items()}
     layer.init_unigram(np.arange(1.0, 41.0))
     assert all(torch.equal(before[k], v) for k, v in layer.state_dict().items())
+
+
+@pytest.mark.parametrize("counts", [[1e308] * 9, [1e300] + [1e-300] * 8])
+@pytest.mark.parametrize("kind", ["tree", "flat"])
+def test_init_unigram_with_extreme_counts_keeps_biases_finite(kind, counts):
+    tree = random_tree(9, 0)
+    layer = make_output_layer(kind, 3, 9, tree)
+    layer.init_unigram(counts)
+    assert torch.isfinite(layer.bias).all()
+    assert torch.allclose(layer.log_prob(torch.zeros(1, 3)).exp().sum(), torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("kind", ["tree", "flat"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bool, torch.float32])
+def test_targets_of_a_non_integer_dtype_are_refused(kind, dtype):
+    """A uint8/bool tensor would index as a mask (B == V gives plausible wrong numbers)."""
+    tree = random_tree(10, 0)
+    layer = make_output_layer(kind, 3, 10, tree)
+    with pytest.raises(TypeError, match="int64 or int32"):
+        layer(torch.randn(10, 3), torch.arange(10).to(dtype))
+    assert torch.equal(layer(torch.zeros(2, 3), torch.tensor([1, 2], dtype=torch.int32)).output,
+                       layer(torch.zeros(2, 3), torch.tensor([1, 2])).output)

@@ -149,3 +149,28 @@ def test_huffman_puts_the_more_frequent_side_left():
             side = [mass[c] if c >= 0 else counts[-1 - c] for c in t.children[j]]  # leaf(w) = -1 - w
             mass[j] = sum(side)
             assert side[0] >= side[1]
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: balanced_tree([0]), "at least 2 words"),
+    (lambda: balanced_tree([]), "at least 2 words"),
+    (lambda: balanced_tree([0, -1, 2]), "permutation"),
+    (lambda: balanced_tree([0.0, 1.0]), "integer word ids"),
+    (lambda: WordTree.from_nested((-1, (0, 1)), 2), "word id -1 is out of range"),
+    (lambda: huffman_tree([1, -5, 3]), "non-negative"),
+    (lambda: huffman_tree([1, float("nan"), 3]), "finite"),
+    (lambda: WordTree(np.array([[-1.7, -2.2]]), 2), "integer ids"),
+    (lambda: WordTree(np.array([[-1, -2]]), 2.0), "num_words must be an integer"),
+    (lambda: WordTree(np.array([[-1, -2]]), 10**12), "word 2 has no leaf"),
+    (lambda: random_tree(2.5), "num_words must be an integer"),
+])
+def test_builders_refuse_bad_input_clearly(make, message):
+    with pytest.raises(TreeError, match=message):
+        make()
+
+
+def test_npz_suffix_is_case_insensitive(tmp_path):
+    tree = random_tree(7, 1)
+    tree.save(tmp_path / "t.NPZ")
+    assert (tmp_path / "t.NPZ").read_bytes()[:2] == b"PK"  # a zip archive, not JSON
+    assert np.array_equal(WordTree.load(tmp_path / "t.NPZ").children, tree.children)

@@ -34,7 +34,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from . import atomic
-from .data import Vocab
+from .data import DataError, Vocab
 from .model import LBL, LBLConfig
 from .tree import TreeError, WordTree
 
@@ -192,7 +192,10 @@ def load_model(run_dir: str | os.PathLike, which: str = "best", device: str | to
         config = LBLConfig.from_json(info["model"])
     except (TypeError, KeyError, ValueError) as e:
         raise CheckpointError(f"{run_dir / 'run.json'}: bad model config ({e})") from None
-    vocab = Vocab.from_json(read_json(run_dir / "vocab.json", "vocabulary"))
+    try:
+        vocab = Vocab.from_json(read_json(run_dir / "vocab.json", "vocabulary"))
+    except DataError as e:
+        raise CheckpointError(f"{run_dir / 'vocab.json'}: {e}") from None
     if len(vocab) != config.vocab_size:
         raise CheckpointError(f"{run_dir / 'vocab.json'}: {len(vocab)} words, the model {config.vocab_size}")
     tree = None

@@ -302,9 +302,9 @@ def load_corpus(
         vdir = cache / "corpora" / hashlib.sha1(key_src.encode()).hexdigest()[:16]
         vdir.mkdir(parents=True, exist_ok=True)
         vpath = vdir / "vocab.json"
-        if vpath.exists():
-            vocab = Vocab.from_json(json.loads(vpath.read_text()))
-        else:
+        try:  # a cache: a damaged file is rebuilt, not an error
+            vocab = Vocab.from_json(json.loads(vpath.read_text(encoding="utf-8")))
+        except (OSError, ValueError, DataError):
             vocab = Vocab.from_counts(count_file(files["train"]), max_vocab, min_count)
             atomic.write_text(vpath, json.dumps(vocab.to_json()))
     vhash = hashlib.sha1("\n".join(vocab.words).encode()).hexdigest()[:16]

@@ -361,6 +361,9 @@ def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: t
               threads: int | None = None, arrays: TreeArrays | None = None) -> TopK:
     """Exact top-k words under the tree softmax for each row of ``input`` (B, d).
 
+    ``k`` larger than the vocabulary gives all V words, best first (shape (B, V)), as fastText's
+    ``predict`` does; ``torch.topk`` would raise instead.
+
     Scores are computed in float64 on the CPU by a numba kernel; the contexts are split into
     ``threads`` contiguous slices searched in parallel (default ``numba.get_num_threads()``,
     i.e. ``NUMBA_NUM_THREADS``; results do not depend on it). Returns values in ``input``'s dtype

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -34,6 +35,12 @@ class LBLConfig:
     init_std: float = 0.1  # std of the Gaussian initialisation of non-bias weights
 
     def __post_init__(self):
+        for name in ("vocab_size", "dim", "context"):  # 8.0 from a hand-edited run.json is not a size
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{name} must be an integer, not {v!r}")
+        if not isinstance(self.full_context, bool):
+            raise TypeError(f"full_context must be true or false, not {self.full_context!r}")
         if self.vocab_size < 2:
             raise ValueError(f"vocab_size must be at least 2, got {self.vocab_size}")
         if self.dim < 1 or self.context < 1:
@@ -110,7 +117,7 @@ class LBL(nn.Module):
     @torch.no_grad()
     def topk(self, context: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k most probable next words: (log-probs (B, k), word ids (B, k)), best first;
-        ties rank the lower word id first."""
+        ties rank the lower word id first; k > V gives all V words."""
         from .inference import topk
 
         return topk(self.out, self.context_vector(context), k)

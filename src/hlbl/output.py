@@ -52,15 +52,20 @@ def _unigram(counts: Sequence[float], vocab_size: int) -> np.ndarray:
     if not np.isfinite(c).all() or (c < 0).any():
         raise ValueError("init_unigram needs finite, non-negative counts")
     c = np.where(c > 0, c, 0.5)
-    return c / c.sum()
+    c = c / c.max()  # the sum of huge counts (1e308 each) would overflow
+    # Counts 300 orders of magnitude apart would underflow to p = 0 (a -inf bias).
+    return np.maximum(c / c.sum(), np.finfo(np.float64).tiny)
 
 
 def _check_targets(target: torch.Tensor, vocab_size: int) -> None:
-    """Word ids must be in 0..V-1: a negative id would silently index from the end (no padding id)."""
-    if target.device.type == "cpu":
+    """Word ids must be int32/int64 in 0..V-1: a negative id would silently index from the end (no
+    padding id), and a uint8 or bool tensor would index as a mask."""
+    if target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"target word ids must be an int64 or int32 tensor, not {target.dtype}")
+    if target.device.type == "cpu" and not torch.compiler.is_compiling():
         if target.numel() and (int(target.min()) < 0 or int(target.max()) >= vocab_size):
             raise ValueError(f"target word ids must be in 0..{vocab_size - 1}; got {int(target.min())}..{int(target.max())}")
-    else:  # no host synchronisation in a GPU training step: the check fails asynchronously
+    else:  # no host synchronisation (a GPU step, a compiled graph): the check fails asynchronously
         torch._assert_async(((target >= 0) & (target < vocab_size)).all(), "target word ids out of range")
 
 
@@ -167,7 +172,8 @@ class TreeSoftmax(nn.Module):
 
     @torch.no_grad()
     def topk(self, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exact top-k words by best-first search down the tree (see :mod:`hlbl.inference`)."""
+        """Exact top-k words by best-first search down the tree (see :mod:`hlbl.inference`);
+        k > V gives all V words, best first."""
         from .inference import layer_tree_arrays, tree_topk
 
         res = tree_topk(self.tree, self.weight, self.bias, input, k, arrays=layer_tree_arrays(self))
@@ -206,7 +212,7 @@ class FlatSoftmax(nn.Module):
     def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         _check_targets(target, self.vocab_size)  # cross_entropy would skip -100 (its ignore_index)
         logits = F.linear(input, self.weight, self.bias)
-        return -F.cross_entropy(logits, target, reduction="none")
+        return -F.cross_entropy(logits, target.long(), reduction="none")  # cross_entropy takes int64 only
 
     @torch.no_grad()
     def topk(self, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

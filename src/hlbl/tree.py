@@ -60,7 +60,13 @@ class WordTree:
     _checked: bool = field(default=False, repr=False)
 
     def __post_init__(self):
-        ch = np.ascontiguousarray(np.asarray(self.children, dtype=np.int64))
+        raw = np.asarray(self.children)
+        if raw.size and raw.dtype.kind not in "iu":  # a float or string id would be silently truncated
+            raise TreeError(f"children must be integer ids, not {raw.dtype}")
+        if isinstance(self.num_words, bool) or not isinstance(self.num_words, (int, np.integer)):
+            raise TreeError(f"num_words must be an integer, not {self.num_words!r}")
+        object.__setattr__(self, "num_words", int(self.num_words))
+        ch = np.ascontiguousarray(raw, dtype=np.int64)
         object.__setattr__(self, "children", ch)
         if not self._checked:
             self.validate()
@@ -91,6 +97,8 @@ class WordTree:
 
         def visit(x) -> int:
             if isinstance(x, (int, np.integer)):
+                if not 0 <= x < num_words:
+                    raise TreeError(f"word id {x} is out of range 0..{num_words - 1}")
                 return leaf(x)
             if len(x) != 2:
                 raise TreeError(f"an internal node needs exactly two children, got {len(x)}")
@@ -115,6 +123,11 @@ class WordTree:
             raise TreeError(f"a word tree needs at least 2 words, got {V}")
         if N == 0:
             raise TreeError("a tree needs at least one internal node")
+        if V > N + 1:  # N internal nodes hold N + 1 leaves: some word has none (found without O(V) memory)
+            present = np.unique(-1 - ch[(ch < 0) & (ch >= -V)])
+            gaps = np.flatnonzero(present != np.arange(len(present)))
+            first = int(gaps[0]) if len(gaps) else len(present)
+            raise TreeError(f"word {first} has no leaf ({V - len(present)} words have none)")
         too_big = np.argwhere(ch >= N)
         if len(too_big):
             j, s = too_big[0]
@@ -312,7 +325,7 @@ class WordTree:
         """Write JSON (``.json``) or numpy (``.npz``, no pickle), atomically."""
         path = Path(path)
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            if path.suffix == ".npz":
+            if path.suffix.lower() == ".npz":
                 np.savez(f, children=self.children, num_words=np.int64(self.num_words),
                          format=np.array(TREE_FORMAT), version=np.int64(TREE_VERSION))
             else:
@@ -324,7 +337,7 @@ class WordTree:
         if not path.is_file():
             raise TreeError(f"{path}: no such tree file")
         try:
-            if path.suffix == ".npz":
+            if path.suffix.lower() == ".npz":
                 with np.load(path, allow_pickle=False) as z:
                     obj = {"format": str(z["format"]), "version": int(z["version"]),
                            "num_words": z["num_words"].item(), "children": z["children"]}
@@ -391,6 +404,8 @@ def _halving(words: np.ndarray) -> np.ndarray:
 
 def random_tree(num_words: int, seed: int = 0) -> WordTree:
     """The paper's RANDOM tree: a random permutation of the words, halved recursively."""
+    if isinstance(num_words, bool) or not isinstance(num_words, (int, np.integer)):
+        raise TreeError(f"num_words must be an integer, not {num_words!r}")
     if num_words < 2:
         raise TreeError(f"a word tree needs at least 2 words, got {num_words}")
     perm = np.random.default_rng(seed).permutation(num_words)
@@ -398,9 +413,15 @@ def random_tree(num_words: int, seed: int = 0) -> WordTree:
 
 
 def balanced_tree(order: Sequence[int]) -> WordTree:
-    """Recursive halving of the words in the given order (``order`` is a permutation)."""
-    order = np.asarray(order, dtype=np.int64)
-    return WordTree(_halving(order), len(order))
+    """Recursive halving of the words in the given order (``order`` is a permutation of 0..V-1)."""
+    order = np.asarray(order)
+    if order.ndim != 1 or (order.size and order.dtype.kind not in "iu"):
+        raise TreeError(f"order must be a 1-D sequence of integer word ids, got {order.dtype} of shape {order.shape}")
+    if len(order) < 2:
+        raise TreeError(f"a word tree needs at least 2 words, got {len(order)}")
+    if not np.array_equal(np.sort(order), np.arange(len(order))):
+        raise TreeError(f"order must be a permutation of the word ids 0..{len(order) - 1}")
+    return WordTree(_halving(order.astype(np.int64)), len(order))
 
 
 def huffman_tree(counts: Sequence[float]) -> WordTree:
@@ -409,6 +430,8 @@ def huffman_tree(counts: Sequence[float]) -> WordTree:
     V = len(counts)
     if V < 2:
         raise TreeError(f"a word tree needs at least 2 words, got {V}")
+    if not np.isfinite(counts).all() or (counts < 0).any():
+        raise TreeError("a Huffman tree needs finite, non-negative word counts")
     # Heap items: (count, tiebreak, child value). Tiebreak keeps the build deterministic.
     heap = [(float(c), i, leaf(i)) for i, c in enumerate(counts)]
     heapq.heapify(heap)
