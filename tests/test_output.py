@@ -225,3 +225,10 @@ def test_targets_of_a_non_integer_dtype_are_refused(kind, dtype):
         layer(torch.randn(10, 3), torch.arange(10).to(dtype))
     assert torch.equal(layer(torch.zeros(2, 3), torch.tensor([1, 2], dtype=torch.int32)).output,
                        layer(torch.zeros(2, 3), torch.tensor([1, 2])).output)
+
+
+def test_the_layer_tree_is_fixed_and_shown():
+    layer = TreeSoftmax(8, random_tree(10, 0))
+    with pytest.raises(AttributeError):
+        layer.tree = random_tree(10, 1)  # its buffers would keep the old tree's paths
+    assert "vocab_size=10, nodes=9" in repr(layer)

@@ -324,7 +324,7 @@ def tree_arrays(tree: WordTree) -> TreeArrays:
 
 def layer_tree_arrays(layer) -> TreeArrays:
     """:func:`tree_arrays` of a :class:`~hlbl.output.TreeSoftmax`'s tree, cached on the layer
-    (safe: a WordTree is immutable, and the cache is rebuilt if the layer's tree is replaced)."""
+    (safe: a WordTree is immutable and a layer's tree is fixed at construction)."""
     cached = layer.__dict__.get("_inference_tree_arrays")
     if cached is None or cached[0] is not layer.tree:
         cached = (layer.tree, tree_arrays(layer.tree))

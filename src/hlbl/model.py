@@ -134,6 +134,8 @@ class LBL(nn.Module):
         """
         from .inference import sample
 
+        if isinstance(num_tokens, bool) or int(num_tokens) != num_tokens or num_tokens < 0:
+            raise ValueError(f"num_tokens must be a whole number >= 0, got {num_tokens!r}")
         n = self.config.context
         device = self.R.weight.device
         ids = [pad] * n + list(prompt)

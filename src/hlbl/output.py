@@ -86,7 +86,7 @@ class TreeSoftmax(nn.Module):
     def __init__(self, in_features: int, tree: WordTree, init_std: float = 0.0):
         super().__init__()
         self.in_features = in_features
-        self.tree = tree
+        self._tree = tree
         self.vocab_size = tree.num_words
         self.weight = nn.Parameter(torch.empty(tree.num_nodes, in_features).normal_(0.0, init_std))  # in place: no V x d temporary
         self.bias = nn.Parameter(torch.zeros(tree.num_nodes))
@@ -106,6 +106,17 @@ class TreeSoftmax(nn.Module):
             self._level_ranges.append((int(nodes[0]), int(nodes[-1]) + 1))
             self.register_buffer(f"_internal{t}", torch.from_numpy(np.flatnonzero(kids >= 0)), persistent=False)
             self.register_buffer(f"_leaves{t}", torch.from_numpy(np.flatnonzero(kids < 0)), persistent=False)
+
+    @property
+    def tree(self) -> WordTree:
+        """The layer's tree, fixed at construction: its buffers and weight rows follow it (build a
+        new layer for another tree)."""
+        return self._tree
+
+    def extra_repr(self) -> str:
+        t = self._tree
+        return (f"in_features={self.in_features}, vocab_size={self.vocab_size}, nodes={t.num_nodes}, "
+                f"max_depth={t.path_nodes.shape[1]}, max_codes={t.word_leaves.shape[1]}")
 
     def init_unigram(self, counts: Sequence[float]) -> None:
         """Biases so that zero weights give the unigram distribution.
