@@ -348,7 +348,8 @@ def test_score_sentences_follows_the_protocol(tiny_run, capsys):
 
 
 def _run(argv, monkeypatch, capsys, stdin=""):
-    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    stdin = stdin.encode() if isinstance(stdin, str) else stdin
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
     capsys.readouterr()
     rc = main(argv)
     out = capsys.readouterr()
@@ -405,3 +406,28 @@ def test_cli_predict(tiny_run, monkeypatch, capsys):
     assert rc == 0 and out.split()[::2] == rows[0]["words"][:2]
     rc, _, err = _run(["predict", str(run), "--k", "0"], monkeypatch, capsys, "the\n")
     assert rc == 2 and err.count("\n") == 1
+
+
+def test_cli_stdin_is_read_like_a_corpus_file(tiny_run, monkeypatch, capsys):
+    """Strict UTF-8 whatever the locale (one error line), and the files' line ends (a lone \\r too)."""
+    run, _, _ = tiny_run
+    rc, _, err = _run(["score", str(run)], monkeypatch, capsys, b"the big\ncaf\xe9 cat\n")
+    assert rc == 2 and err.count("\n") == 1 and "not UTF-8" in err and "0xe9" in err
+    _, crlf, _ = _run(["score", str(run), "--json"], monkeypatch, capsys, b"\xef\xbb\xbfthe big\r\nthe cat\rthe fish\n")
+    _, lf, _ = _run(["score", str(run), "--json"], monkeypatch, capsys, b"the big\nthe cat\nthe fish\n")
+    assert crlf == lf and len(lf.strip().split("\n")) == 4  # 3 sentences and the summary
+
+
+def test_cli_predict_notes_unknown_context_words(tiny_run, monkeypatch, capsys):
+    run, _, _ = tiny_run
+    rc, _, err = _run(["predict", str(run)], monkeypatch, capsys, "the zebra\nqqq the\n")
+    assert rc == 0 and "2 context word(s) not in the vocabulary" in err
+
+
+def test_cli_output_into_a_closed_pipe_ends_quietly(tiny_run, tmp_path):
+    import subprocess
+
+    run, _, _ = tiny_run
+    cmd = f"{sys.executable} -m hlbl generate {run} --tokens 30000 --device cpu | head -c 10"
+    res = subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 141 and res.stderr == "" and len(res.stdout) == 10

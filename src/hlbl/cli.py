@@ -7,8 +7,10 @@ User errors (bad data, trees, checkpoints, arguments) print one line and exit wi
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -398,13 +400,24 @@ def _load_for_inference(args):
 
 
 def _stdin_chunks(size: int = 1024):
-    """Lines of stdin (trailing newline removed) in lists of ``size``, read lazily."""
-    chunk = []
-    for line in sys.stdin:
-        chunk.append(line.rstrip("\r\n"))
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
+    """Lines of stdin (line end removed) in lists of ``size``, read lazily.
+
+    Read as corpus files are, whatever the locale: UTF-8 (a leading byte-order mark dropped),
+    strictly, and with the same line ends (\\n, \\r\\n or a lone \\r)."""
+    stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", errors="strict", newline=None)
+    chunk, lines = [], 0
+    try:
+        for line in stream:
+            lines += 1
+            chunk.append(line.rstrip("\n"))
+            if len(chunk) == size:
+                yield chunk
+                chunk = []
+    except UnicodeDecodeError as e:
+        # The decoder reads ahead in blocks: the bad byte is at or after the next line.
+        raise DataError(f"standard input is not UTF-8 text (byte 0x{e.object[e.start]:02x} after line {lines})") from None
+    finally:
+        stream.detach()  # leave sys.stdin usable
     if chunk:
         yield chunk
 
@@ -464,8 +477,10 @@ def cmd_predict(args) -> int:
         raise DataError(f"--k must be at least 1, got {args.k}")
     model, vocab, device = _load_for_inference(args)
     n = model.config.context
+    unknown = 0
     for chunk in _stdin_chunks():
         encoded = [encode_context(vocab, line.split(), n) for line in chunk]
+        unknown += sum(oov for _, oov in encoded)
         ctx = torch.tensor([c for c, _ in encoded], dtype=torch.int64, device=device).view(len(chunk), n)
         values, idx = model.topk(ctx, args.k)
         probs = values.double().exp().cpu().tolist()
@@ -475,6 +490,8 @@ def cmd_predict(args) -> int:
                 print(json.dumps({"context": line, "oov": oov, "words": words, "probs": p}))
             else:
                 print(" ".join(f"{word} {prob:.6g}" for word, prob in zip(words, p)))
+    if unknown:
+        print(f"hlbl: {unknown} context word(s) not in the vocabulary, read as {vocab.words[vocab.unk]}", file=sys.stderr)
     return 0
 
 
@@ -524,6 +541,9 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"hlbl: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (hlbl ... | head): stop quietly, as a killed pipe writer
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
     except OSError as e:  # unreadable input, unwritable output: the system's message names the path
         print(f"hlbl: error: {e.strerror or e}" + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
         return 2

@@ -21,14 +21,16 @@ one line at a time.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
 import sys
+import types
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -169,19 +171,21 @@ class Vocab:
     def __len__(self) -> int:
         return len(self.words)
 
-    @property
-    def index(self) -> dict[str, int]:
-        return {w: i for i, w in enumerate(self.words)}
+    # Built once per vocabulary (words are immutable): callers look words up line by line.
+    @functools.cached_property
+    def index(self) -> Mapping[str, int]:
+        """Word -> id, read-only."""
+        return types.MappingProxyType({w: i for i, w in enumerate(self.words)})
 
-    @property
+    @functools.cached_property
     def eos(self) -> int:
-        return self.words.index(EOS)
+        return self.index[EOS]
 
-    @property
+    @functools.cached_property
     def unk(self) -> int:
-        return self.words.index(UNK)
+        return self.index[UNK]
 
-    def encode(self, tokens: Sequence[str], index: dict[str, int] | None = None) -> list[int]:
+    def encode(self, tokens: Sequence[str], index: Mapping[str, int] | None = None) -> list[int]:
         index = index if index is not None else self.index
         unk = index[UNK]
         return [index.get(t, unk) for t in tokens]
