@@ -14,8 +14,15 @@ Default recipe, after Mnih & Hinton (2008, appendix; 2007 for what 2008 leaves o
   the untrained model predicts the unigram distribution.
 
 ``--optimizer sgd|adam|adagrad`` are options (the same per-example learning rate).
-The loop is rank-aware (only rank 0 logs and writes) and keeps no module-level state, so data
-parallelism with ``torch.distributed`` can wrap it.
+Data parallelism (``torchrun --nproc_per_node N -m hlbl train ... --engine torch``; see
+:mod:`hlbl.distributed`): under a process group of W > 1 ranks every rank walks the same seeded
+order in the same global minibatches, computes the summed loss of its contiguous 1/W shard of each,
+and the gradients are summed over the ranks before every step, so the W processes take the
+single-process steps (up to float rounding in the order of the sums). Training loss and words/s are
+global; rank 0 evaluates the validation split and broadcasts the perplexity, so the early-stopping
+and learning-rate decisions are the same on every rank; best weights are restored on every rank
+(rank 0 reads its own file and broadcasts them); only rank 0 logs and writes files. The numba
+engine stays single-process. No module-level state.
 """
 
 from __future__ import annotations
@@ -29,11 +36,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
-from .data import Corpus, DataError, batches, epoch_order
+from . import distributed as ddp
+from .data import Corpus, DataError, contexts, epoch_order
 from .evaluate import evaluate
 from .model import LBL
 
@@ -94,34 +101,48 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         g["lr"] = lr
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
 def train_epoch(model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int,
                 cfg: TrainConfig, epoch: int, show: bool) -> tuple[float, float]:
-    """One pass over ``stream`` in a seeded random order; returns (mean NLL, words/s)."""
-    order = epoch_order(cfg.seed, epoch, len(stream))
+    """One pass over ``stream`` in a seeded random order; returns (mean NLL, words/s).
+
+    Under a process group of W > 1 ranks (every rank calls this with the same arguments and the
+    same parameters), each global minibatch of ``cfg.batch_size`` positions is split into W
+    contiguous shards, rank r computes the summed loss of shard r and the gradients are summed
+    over the ranks: every rank takes the single-process step. The returned loss and words/s are
+    global (all ranks' tokens).
+    """
+    order = epoch_order(cfg.seed, epoch, len(stream))  # (N,) the same on every rank
     device = torch.device(cfg.device)
-    total, seen = 0.0, 0
+    rank, world = ddp.rank(), ddp.world_size()
+    params = [p for p in model.parameters() if p.requires_grad]
+    total, seen = 0.0, 0  # this rank's summed NLL and token count
     start = time.perf_counter()
     bar = tqdm(total=len(order), unit="w", unit_scale=True, desc=f"epoch {epoch}",
                disable=None if show else True,  # None: no bar when stderr is not a terminal (logs stay clean)
                leave=False, file=sys.stderr, mininterval=1.0)
     model.train()
-    for ctx, tgt in batches(stream, model.config.context, cfg.batch_size, pad, order):
-        ctx_t, tgt_t = torch.from_numpy(ctx).to(device), torch.from_numpy(tgt).to(device)
-        out = model(ctx_t, tgt_t)
-        loss = out.loss * len(tgt)  # summed over the minibatch: the learning rate is per example
+    for first in range(0, len(order), cfg.batch_size):
+        batch = order[first : first + cfg.batch_size]  # (B,) positions of the global minibatch
+        lo, hi = ddp.shard_bounds(len(batch), rank, world)
+        pos = batch[lo:hi]  # (b,) this rank's shard; b = B in one process, and can be 0
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if len(pos):  # an empty shard (a short last minibatch) contributes no gradient, but still syncs
+            ctx = torch.from_numpy(contexts(stream, pos, model.config.context, pad)).to(device)  # (b, n)
+            tgt = torch.from_numpy(np.asarray(stream[pos], dtype=np.int64)).to(device)  # (b,)
+            loss = model(ctx, tgt).loss * len(pos)  # summed over the shard: the learning rate is per example
+            loss.backward()
+            total += float(loss.detach())
+            seen += len(pos)
+        ddp.all_reduce_gradients(params)  # sum over the ranks = the whole minibatch's gradient (no-op in one process)
         optimizer.step()
-        total += float(loss.detach())
-        seen += len(tgt)
-        bar.update(len(tgt))
-        bar.set_postfix(loss=f"{total / seen:.3f}", wps=f"{seen / (time.perf_counter() - start):.0f}", refresh=False)
+        bar.update(len(batch))
+        bar.set_postfix(loss=f"{total / max(seen, 1):.3f}", wps=f"{seen * world / (time.perf_counter() - start):.0f}",
+                        refresh=False)  # (this rank's loss; words/s estimated as W times its own)
     bar.close()
-    return total / max(seen, 1), seen / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    total, seen = ddp.all_sum([total, float(seen)], device)  # global, in float64
+    (elapsed,) = ddp.all_max([elapsed], device)  # the slowest rank's time is the epoch's
+    return total / max(seen, 1), seen / elapsed
 
 
 def epoch_runner(model: LBL, cfg: TrainConfig):
@@ -133,11 +154,14 @@ def epoch_runner(model: LBL, cfg: TrainConfig):
     """
     if cfg.engine == "torch":
         return train_epoch
+    if ddp.is_distributed():  # checked first: fast.unsupported's reasons would not be the point
+        if cfg.engine == "fast":
+            raise DataError(f"--engine fast runs in a single process; with {ddp.world_size()} processes (torchrun) "
+                            "use --engine torch (or auto)")
+        return train_epoch
     from . import fast  # lazily: numba compiles its kernels on first use
 
     why = fast.unsupported(model, cfg=cfg)
-    if why is None and dist.is_available() and dist.is_initialized():
-        why = "distributed training uses the PyTorch path"
     if why is None:
         return fast.train_epoch  # threads: cfg.hogwild
     if cfg.engine == "fast":
@@ -145,11 +169,26 @@ def epoch_runner(model: LBL, cfg: TrainConfig):
     return train_epoch
 
 
+def _restore_best(model: LBL, run_dir: Path) -> None:
+    """Load best.safetensors into ``model`` on every rank. Only rank 0 reads the file, which it wrote
+    itself (no race with the writer, no filesystem shared between nodes needed), and broadcasts."""
+    if ddp.rank() == 0:
+        ckpt.load_weights(run_dir / "best.safetensors", model)
+    ddp.broadcast_parameters(model)
+
+
 def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool = False,
         corpus_spec: str = "", log=print) -> dict:
-    """Train with early stopping; checkpoint each epoch into ``run_dir``. Returns the final state."""
+    """Train with early stopping; checkpoint each epoch into ``run_dir``. Returns the final state.
+
+    Distributed (a process group of W > 1 ranks, see the module docstring): call it on every rank
+    with the same model, corpus and config; only rank 0 logs and writes ``run_dir``, and every rank
+    returns holding the best weights.
+    """
     run_dir = Path(run_dir)
-    rank = _rank()
+    rank = ddp.rank()
+    if rank != 0:
+        log = lambda *a, **k: None  # noqa: E731 (one voice: rank 0's)
     device = torch.device(cfg.device)
     model.to(device)
     pad = corpus.vocab.eos
@@ -157,9 +196,26 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
     if cfg.max_train_tokens:
         train = train[: cfg.max_train_tokens]
     valid = corpus["valid"]
+    # Ranks that built different runs would deadlock or silently train W models; parameters are
+    # broadcast below, but the tree is structure (a builder that is not deterministic across
+    # processes would differ), and the split lengths and recipe set the number of steps.
+    ddp.check_same(json.dumps([model.config.to_json(), model.tree.fingerprint() if model.tree is not None else None,
+                               [(k, list(p.shape)) for k, p in model.named_parameters()], len(train), len(valid),
+                               {k: v for k, v in asdict(cfg).items() if k not in ("device", "progress", "hogwild")}],
+                              sort_keys=True),
+                   device, "the model, its word tree, the corpus or the training recipe")
+    run_epoch = epoch_runner(model, cfg)  # before any file is written: a refused engine leaves no run behind
     state = {"epoch": 0, "phase": 0, "lr": cfg.lr, "best_valid_ppl": math.inf, "done": False, "elapsed": 0.0}
     optimizer = make_optimizer(model, cfg, cfg.lr)
-    if resume and (run_dir / "state.json").exists():
+    resuming = resume and (run_dir / "state.json").exists()
+    # Every rank must make the same choice (resuming needs run_dir on a filesystem all ranks see);
+    # this collective is also the barrier that keeps rank 0 from writing into run_dir before every
+    # rank has looked at it (here, and in the caller's checks of the directory).
+    low, high = ddp.all_max([-float(resuming), float(resuming)], device)
+    if -low != high:
+        raise DataError(f"{run_dir}: only some processes see state.json; resuming a distributed run needs "
+                        "the run directory on a filesystem that every process sees")
+    if resuming:  # every rank reads the same files
         state = ckpt.read_state(run_dir / "state.json")
         ckpt.load_weights(run_dir / "last.safetensors", model)
         tensors = ckpt.load_tensors(run_dir / "optimizer.safetensors", kind="hlbl-optimizer")
@@ -169,15 +225,17 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
     elif rank == 0:
         ckpt.save_run_files(run_dir, model, corpus.vocab, asdict(cfg), corpus_spec)
         (run_dir / "metrics.jsonl").write_text("")
-    run_epoch = epoch_runner(model, cfg)
+    ddp.broadcast_parameters(model)  # every rank starts from rank 0's parameters
     while not state["done"] and state["epoch"] < cfg.max_epochs:
         epoch = state["epoch"] + 1
         t0 = time.perf_counter()
-        loss, wps = run_epoch(model, optimizer, train, pad, cfg, epoch, cfg.progress and rank == 0)
+        loss, wps = run_epoch(model, optimizer, train, pad, cfg, epoch, cfg.progress and rank == 0)  # global
         train_time = time.perf_counter() - t0
-        val = evaluate(model, valid, pad, device=device, engine=cfg.engine)
+        # Rank 0 scores the validation split and broadcasts the perplexity, so that the decisions
+        # below (improved, learning-rate drop, stop) are the same on every rank.
+        ppl = evaluate(model, valid, pad, device=device, engine=cfg.engine)["perplexity"] if rank == 0 else 0.0
+        (ppl,) = ddp.broadcast_floats([ppl], device)
         state["elapsed"] += time.perf_counter() - t0
-        ppl = val["perplexity"]
         if not math.isfinite(loss) or not math.isfinite(ppl):
             raise FloatingPointError(f"training diverged in epoch {epoch} (loss {loss}); lower --lr")
         improved = ppl < state["best_valid_ppl"]
@@ -187,16 +245,16 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
         if rank == 0:
             with open(run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(line) + "\n")
-            log(f"epoch {epoch}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state['lr']:g}")
             if improved:
                 ckpt.save_weights(run_dir / "best.safetensors", model)
+        log(f"epoch {epoch}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state['lr']:g}")
         state["epoch"] = epoch
         if improved:
             state["best_valid_ppl"] = ppl
         elif state["phase"] == 0 and cfg.lr_final > 0:
             # Validation perplexity rose: go back to the best weights, continue at the low rate.
             state["phase"], state["lr"] = 1, cfg.lr_final
-            ckpt.load_weights(run_dir / "best.safetensors", model)
+            _restore_best(model, run_dir)
             optimizer = make_optimizer(model, cfg, state["lr"])
             log(f"valid perplexity rose: best weights restored, learning rate now {cfg.lr_final:g}")
         else:
@@ -207,6 +265,5 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
             ckpt.save_tensors(run_dir / "optimizer.safetensors", tensors, kind="hlbl-optimizer")
             ckpt.save_weights(run_dir / "last.safetensors", model)
             ckpt.write_state(run_dir / "state.json", state)
-    if rank == 0:
-        ckpt.load_weights(run_dir / "best.safetensors", model)
+    _restore_best(model, run_dir)
     return state

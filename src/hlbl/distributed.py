@@ -1,0 +1,166 @@
+"""Synchronous data-parallel training with ``torch.distributed``: setup and the few collectives
+the training loop needs.
+
+Launch with ``torchrun --nproc_per_node N -m hlbl train ... --engine torch``; the CLI calls
+:func:`init_from_env`, which joins the process group that torchrun describes in the environment
+(gloo on the CPU, nccl on CUDA, one GPU per process). Without torchrun (or with one process)
+nothing is initialised and every helper here is a no-op, so single-process training is unchanged.
+
+How a step is split (see ``hlbl.train.train_epoch``): every rank walks the same seeded epoch order
+in global minibatches of B positions, takes its contiguous shard of each (:func:`shard_bounds`),
+computes the *summed* loss of that shard and backpropagates; :func:`all_reduce_gradients` sums the
+gradients over the ranks, so every rank takes the single-process step on the whole minibatch (up
+to float rounding in the order of the sum).
+
+Why an explicit all-reduce rather than ``DistributedDataParallel``: DDP averages gradients (the
+loss would need scaling by W, which is inexact in float for W not a power of two); every rank must
+run a forward/backward on every step, even with an empty shard (the last minibatch split W ways can
+leave a rank nothing, and the output layers' mean loss is NaN on an empty batch); it needs
+``find_unused_parameters`` for PyTorch's adaptive softmax, whose tail clusters get no gradient in
+a minibatch without their words; and it wraps the module, whereas both training engines take the
+plain :class:`~hlbl.model.LBL` with the same signature. The explicit version is one coalesced
+all-reduce per step that also carries a "has a gradient" flag per parameter, so a parameter no rank
+touched keeps ``grad None`` and the optimiser skips it, exactly as in one process. What it gives
+up is DDP's overlap of communication with the backward pass, small for this model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .data import DataError  # a user error: the CLI prints its one-line message
+
+
+def is_distributed() -> bool:
+    """True inside an initialised process group of more than one process."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def init_from_env(device: str) -> str:
+    """Join the process group torchrun describes (env ``WORLD_SIZE`` > 1); returns the device to train on.
+
+    ``device`` is the one the user picked ("cpu", "cuda" or "cuda:N"). On the CPU the group uses
+    gloo; on CUDA it uses nccl and each process takes GPU ``LOCAL_RANK`` of its node (an explicit
+    ":N" is overridden: one process per GPU is the only layout that makes sense here). Without
+    torchrun (no ``WORLD_SIZE``, or 1) this returns ``device`` unchanged and initialises nothing.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return device
+    kind = torch.device(device).type
+    if kind not in ("cpu", "cuda"):
+        raise DataError(f"distributed training runs on the CPU (gloo) or CUDA (nccl), not {device!r}")
+    if kind == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= torch.cuda.device_count():
+            raise DataError(f"LOCAL_RANK {local} but this node has {torch.cuda.device_count()} CUDA device(s): "
+                            "start at most one process per GPU (--nproc_per_node)")
+        device = f"cuda:{local}"
+        torch.cuda.set_device(local)  # nccl collectives and barriers run on the current device
+    if not dist.is_initialized():
+        # env:// reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE, all set by torchrun.
+        dist.init_process_group("nccl" if kind == "cuda" else "gloo", init_method="env://")
+    return device
+
+
+def cleanup() -> None:
+    """Leave the process group (if one was joined); safe to call in any case."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def shard_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
+    """[lo, hi) of rank's contiguous shard of n items split W ways, sizes differing by at most 1
+    (the first n % W shards get the extra item, as ``np.array_split``). A shard can be empty."""
+    base, extra = divmod(n, world)
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (rank < extra)
+
+
+def all_reduce_gradients(params: list[nn.Parameter]) -> None:
+    """Sum every parameter's ``.grad`` over the ranks, in place, in one collective.
+
+    A rank where a parameter got no gradient (``grad None``: an empty shard, an unused adaptive
+    softmax cluster) contributes zeros; a parameter that got none on *any* rank stays ``None``, so
+    the optimiser skips it (no weight decay, no momentum step) exactly as a single process would.
+    All parameters must share one device and dtype (an LBL's do).
+    """
+    if not is_distributed():
+        return
+    dtype, device = params[0].dtype, params[0].device
+    if any(p.dtype != dtype for p in params):
+        raise TypeError("all_reduce_gradients needs parameters of one dtype")
+    grads = [p.grad for p in params]
+    # flat: (sum of numels + len(params),): every gradient flattened (zeros where a rank has none),
+    # then one 0/1 "has a gradient" flag per parameter; summing it over the ranks counts users.
+    flat = torch.cat([g.reshape(-1) if g is not None else torch.zeros(p.numel(), dtype=dtype, device=device)
+                      for p, g in zip(params, grads)]
+                     + [torch.tensor([float(g is not None) for g in grads], dtype=dtype, device=device)])
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+    used = (flat[-len(params):] > 0).tolist()  # one device sync for all the flags
+    offset = 0
+    for p, has_grad in zip(params, used):
+        n = p.numel()
+        if has_grad:
+            p.grad = flat[offset : offset + n].view_as(p)
+        offset += n
+
+
+def all_sum(values: list[float], device: torch.device | str) -> list[float]:
+    """Element-wise sum over the ranks of a few numbers (in float64); identity in one process."""
+    if not is_distributed():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
+def all_max(values: list[float], device: torch.device | str) -> list[float]:
+    """Element-wise maximum over the ranks (float64); identity in one process."""
+    if not is_distributed():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def broadcast_floats(values: list[float], device: torch.device | str, src: int = 0) -> list[float]:
+    """Rank ``src``'s numbers on every rank (float64); the other ranks' ``values`` only give the length."""
+    if not is_distributed():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.broadcast(t, src)
+    return t.tolist()
+
+
+@torch.no_grad()
+def broadcast_parameters(module: nn.Module, src: int = 0) -> None:
+    """Copy rank ``src``'s parameters into every rank's ``module``, in place (the optimiser keeps them)."""
+    if not is_distributed():
+        return
+    for p in module.parameters():
+        dist.broadcast(p.detach(), src)
+
+
+def check_same(description: str, device: torch.device | str, what: str) -> None:
+    """Raise on every rank unless every rank passed the same ``description`` (any string; a
+    48-bit hash of it is compared). ``what`` names it in the error."""
+    if not is_distributed():
+        return
+    key = float(int(hashlib.sha256(description.encode()).hexdigest()[:12], 16))  # 48 bits: exact in float64
+    low, high = all_max([-key, key], device)  # -min and max over the ranks
+    if -low != high:
+        raise DataError(f"the processes disagree on {what}; every process must build the same run")

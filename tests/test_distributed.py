@@ -1,0 +1,205 @@
+"""Data-parallel training (hlbl.distributed + hlbl.train under a gloo process group).
+
+One spawn of two processes (a FileStore in tmp_path: no port, no network) runs every distributed
+scenario; the tests compare what the ranks saved with single-process runs of the same recipe.
+The recipe goes through an odd batch size (shards of 32 and 31), a last minibatch of one position
+(rank 1's shard is empty), the learning-rate drop with the best weights restored, early stopping,
+and a resume.
+"""
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from conftest import tiny_corpus
+from hlbl import checkpoint as ckpt
+from hlbl import distributed as ddp
+from hlbl.data import DataError, load_corpus
+from hlbl.model import LBL, LBLConfig
+from hlbl.train import TrainConfig, epoch_runner, fit, train_epoch
+from hlbl.tree import random_tree
+
+WORLD = 2
+BATCH = 63  # odd: every full minibatch splits 32 + 31
+TOKENS = 20 * BATCH + 1  # the last minibatch is one position: rank 1's shard of it is empty
+# lr 0.01 on this corpus overshoots within a few epochs: the run drops to lr_final, then stops early.
+DROP = dict(lr=0.01, lr_final=0.001, batch_size=BATCH, max_epochs=12, seed=0, progress=False,
+            engine="torch", max_train_tokens=TOKENS)
+RESUME = dict(batch_size=BATCH, seed=0, progress=False, engine="torch", max_train_tokens=TOKENS)
+
+
+def make_model(corpus) -> LBL:
+    V = len(corpus.vocab)
+    model = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0), torch.Generator().manual_seed(0))
+    model.init_unigram(corpus.vocab.counts)
+    return model
+
+
+def params(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _worker(rank: int, root: str) -> None:
+    """One rank: join the group, run every scenario, save what the parent checks (per rank)."""
+    root = Path(root)
+    torch.set_num_threads(1)  # two processes on a small machine
+    dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=rank, world_size=WORLD,
+                            timeout=timedelta(seconds=60))  # a mismatched collective fails instead of hanging
+    try:
+        out = {"world": ddp.world_size(), "logs": []}
+        log = out["logs"].append
+        corpus = load_corpus(root / "corpus")
+
+        # The fast engine is single-process: asked for explicitly it is an error; auto falls back.
+        model = make_model(corpus)
+        try:
+            epoch_runner(model, TrainConfig(engine="fast"))
+        except DataError as e:
+            out["fast_error"] = str(e)
+        out["auto_is_torch"] = epoch_runner(model, TrainConfig(engine="auto")) is train_epoch
+
+        # Gradient sum: a parameter with a gradient on one rank only gets that rank's gradient on
+        # both; one with no gradient on any rank stays None (the optimiser must skip it).
+        a, b, c = (torch.nn.Parameter(torch.zeros(n)) for n in (3, 2, 2))
+        a.grad = torch.full((3,), 1.0) if rank == 0 else None
+        c.grad = torch.full((2,), float(rank + 1))
+        ddp.all_reduce_gradients([a, b, c])
+        out["grad_one_rank"], out["grad_no_rank"], out["grad_sum"] = a.grad.tolist(), b.grad, c.grad.tolist()
+
+        # Ranks that built different runs are stopped on every rank, before any step.
+        ddp.check_same("the same", "cpu", "a test string")
+        try:
+            ddp.check_same(f"rank {rank}", "cpu", "a test string")
+        except DataError as e:
+            out["mismatch_error"] = str(e)
+
+        model = make_model(corpus)
+        out["drop_start"] = params(model)
+        out["drop_state"] = fit(model, corpus, TrainConfig(**DROP), root / "drop", log=log)
+        out["drop"] = params(model)
+
+        model = make_model(corpus)
+        fit(model, corpus, TrainConfig(**RESUME, max_epochs=2), root / "resume", log=log)
+        model = make_model(corpus)  # a fresh process would build it again, then load last.safetensors
+        fit(model, corpus, TrainConfig(**RESUME, max_epochs=3), root / "resume", resume=True, log=log)
+        out["resume"] = params(model)
+        torch.save(out, root / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Per rank, what the 2-process run saved; and the single-process runs of the same recipes."""
+    root = tmp_path_factory.mktemp("dist")
+    with pytest.MonkeyPatch.context() as env:  # (module scope: conftest's per-test cache is not set up yet)
+        env.setenv("HLBL_CACHE", str(root / "cache"))  # the spawned ranks inherit it
+        corpus = load_corpus(tiny_corpus(root / "corpus", n_train=200))  # encoded here: the ranks only read the cache
+        assert len(corpus["train"]) > TOKENS
+        mp.spawn(_worker, args=(str(root),), nprocs=WORLD, join=True)
+    ranks = [torch.load(root / f"rank{r}.pt") for r in range(WORLD)]
+
+    single = {}
+    model = make_model(corpus)
+    fit(model, corpus, TrainConfig(**DROP), root / "single_drop", log=lambda *a: None)
+    single["drop"] = params(model)
+    model = make_model(corpus)
+    fit(model, corpus, TrainConfig(**RESUME, max_epochs=3), root / "single_resume", log=lambda *a: None)
+    single["resume"] = params(model)
+    return root, ranks, single
+
+
+def assert_close(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-5, atol=1e-5), \
+            f"{name}: max diff {(got[name] - want[name]).abs().max():.3g}"
+
+
+def test_shard_bounds_split_contiguously_and_can_be_empty():
+    for n in (0, 1, 2, 5, 63, 64):
+        for world in (1, 2, 3):
+            bounds = [ddp.shard_bounds(n, r, world) for r in range(world)]
+            assert bounds[0][0] == 0 and bounds[-1][1] == n
+            assert all(hi == lo for (_, hi), (lo, _) in zip(bounds, bounds[1:]))
+            assert max(hi - lo for lo, hi in bounds) - min(hi - lo for lo, hi in bounds) <= 1
+    assert ddp.shard_bounds(1, 1, 2) == (1, 1)  # the empty shard of a one-position minibatch
+    assert ddp.shard_bounds(BATCH, 0, 2) == (0, 32) and ddp.shard_bounds(BATCH, 1, 2) == (32, 63)
+
+
+def test_without_a_process_group_everything_is_single_process(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert ddp.init_from_env("cpu") == "cpu" and not dist.is_initialized()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert ddp.init_from_env("cpu") == "cpu" and not dist.is_initialized()
+    assert ddp.rank() == 0 and ddp.world_size() == 1
+    ddp.cleanup()  # nothing to leave: no error
+
+
+def test_two_processes_take_the_single_process_steps(runs):
+    root, ranks, single = runs
+    assert [r["world"] for r in ranks] == [WORLD, WORLD]
+    moved = [n for n in single["drop"] if not torch.equal(ranks[0]["drop"][n], ranks[0]["drop_start"][n])]
+    assert moved == list(single["drop"]), "training must move every parameter"
+    for r in ranks:
+        assert_close(r["drop"], single["drop"])
+        assert_close(r["resume"], single["resume"])
+    # Same epochs, learning rates and decisions; valid perplexity and the global training loss agree.
+    got, want = metrics(root / "drop"), metrics(root / "single_drop")
+    assert [(m["epoch"], m["lr"], m["improved"]) for m in got] == [(m["epoch"], m["lr"], m["improved"]) for m in want]
+    for g, w in zip(got, want):
+        assert g["valid_ppl"] == pytest.approx(w["valid_ppl"], rel=1e-5)
+        assert g["train_loss"] == pytest.approx(w["train_loss"], rel=1e-5)
+    assert [m["epoch"] for m in metrics(root / "resume")] == [1, 2, 3]  # two epochs, then one resumed
+
+
+def test_lr_drop_and_best_weights_are_the_same_on_every_rank(runs):
+    root, ranks, _ = runs
+    lrs = [m["lr"] for m in metrics(root / "drop")]
+    assert 0.01 in lrs and 0.001 in lrs, "the test needs the learning-rate drop (best weights restored)"
+    assert all(r["drop_state"]["done"] for r in ranks), "the test needs early stopping to end the run"
+    assert ranks[0]["drop_state"]["lr"] == ranks[1]["drop_state"]["lr"] == 0.001
+    # Both ranks end holding the best weights, bit for bit: the ones rank 0 saved.
+    best = ckpt.load_tensors(root / "drop" / "best.safetensors")
+    for r in ranks:
+        for name, p in r["drop"].items():
+            assert torch.equal(p, best[name]), name
+    # (A rank that missed the restore at the drop would have summed gradients of other weights
+    # into every later step: the metrics after the drop would differ from the single process.)
+
+
+def test_only_rank_0_logs(runs):
+    _, ranks, _ = runs
+    assert any("valid perplexity rose" in line for line in ranks[0]["logs"])
+    assert any("resuming after epoch 2" in line for line in ranks[0]["logs"])
+    assert ranks[1]["logs"] == []
+
+
+def test_gradients_are_summed_and_unused_ones_stay_none(runs):
+    _, ranks, _ = runs
+    for r in ranks:
+        assert r["grad_one_rank"] == [1.0, 1.0, 1.0]  # rank 0's gradient; rank 1 had none
+        assert r["grad_no_rank"] is None
+        assert r["grad_sum"] == [3.0, 3.0]  # 1 + 2
+
+
+def test_ranks_that_built_different_runs_are_stopped(runs):
+    _, ranks, _ = runs
+    for r in ranks:
+        assert "disagree on a test string" in r["mismatch_error"]
+
+
+def test_fast_engine_is_refused_under_a_process_group(runs):
+    _, ranks, _ = runs
+    for r in ranks:
+        assert "single process" in r["fast_error"] and "--engine torch" in r["fast_error"]
+        assert r["auto_is_torch"]
