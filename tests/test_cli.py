@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -122,7 +123,7 @@ def test_resume_checks_the_corpus_and_the_checkpoint(trained, tmp_path, capsys):
     root, _ = trained
     other = tiny_corpus(tmp_path / "other", seed=1, n_train=50)
     assert main(["train", "--data", str(other), "--out", str(root / "run"), "--resume", "--quiet"]) == 2
-    assert "was trained on" in capsys.readouterr().err
+    assert "is not the one" in capsys.readouterr().err
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "run.json").write_text((root / "run" / "run.json").read_text())
     assert main(["train", "--data", str(other), "--out", str(tmp_path / "half"), "--resume", "--quiet"]) == 2
@@ -143,3 +144,42 @@ def test_resume_uses_the_runs_own_vocabulary_and_reads_old_configs(tmp_path, cap
                  "--resume"]) == 0
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
     assert "the run's own" in capsys.readouterr().err
+
+
+def test_runs_record_where_their_corpus_is_and_resume_checks_the_text(tmp_path, monkeypatch, capsys):
+    """A relative --data is recorded as an absolute path (eval works from anywhere); a moved copy of
+    the same text resumes, other text with the same path does not."""
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    tiny_corpus(tmp_path / "c")
+    assert main(["train", "--data", "c", "--out", "run", "--epochs", "1", "--dim", "8", "--quiet", "--device", "cpu"]) == 0
+    info = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert info["corpus"] == str((tmp_path / "c").resolve())
+    monkeypatch.chdir("/")
+    assert main(["eval", str(tmp_path / "run"), "--device", "cpu"]) == 0
+    shutil.move(tmp_path / "c", tmp_path / "moved")
+    assert main(["train", "--data", str(tmp_path / "moved"), "--out", str(tmp_path / "run"), "--epochs", "2",
+                 "--quiet", "--device", "cpu", "--resume"]) == 0
+    tiny_corpus(tmp_path / "c", seed=3)
+    capsys.readouterr()
+    assert main(["train", "--data", str(tmp_path / "c"), "--out", str(tmp_path / "run"), "--epochs", "3",
+                 "--quiet", "--device", "cpu", "--resume"]) == 2
+    assert "is not the one" in capsys.readouterr().err
+
+
+def test_a_corpus_name_prefers_hlbl_data_to_the_current_directory(tmp_path, monkeypatch):
+    from hlbl.data import corpus_record, resolve_corpus
+
+    shared, here = tmp_path / "shared", tmp_path / "here"
+    tiny_corpus(shared / "mini")
+    tiny_corpus(here / "mini", seed=2)
+    tiny_corpus(here / "local", seed=2)
+    monkeypatch.chdir(here)
+    monkeypatch.setenv("HLBL_DATA", str(shared))
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    assert resolve_corpus("mini") == shared / "mini" and corpus_record("mini") == "mini"
+    assert resolve_corpus("./mini") == Path("./mini")
+    assert corpus_record("./mini") == str((here / "mini").resolve())
+    assert resolve_corpus("local") == Path("local")  # found nowhere else: the current directory
+    assert corpus_record("local") == str((here / "local").resolve())

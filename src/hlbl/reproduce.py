@@ -36,7 +36,7 @@ import torch
 
 from . import atomic
 from . import checkpoint as ckpt
-from .data import Corpus, DataError, load_corpus, resolve_corpus
+from .data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .train import TrainConfig, epoch_runner, fit
@@ -191,7 +191,7 @@ class Reproduction:
             tcfg = TrainConfig(**{**{k: v for k, v in info["train"].items() if k in known},
                                   "max_epochs": epochs, "progress": False})
             self.log(f"[{name}] resuming {run}")
-            fit(model, self.corpus, tcfg, run, resume=True, corpus_spec=str(self.cfg.data), log=self.log)
+            fit(model, self.corpus, tcfg, run, resume=True, corpus_spec=corpus_record(self.cfg.data), log=self.log)
         else:
             if run.exists():  # a start that died before its first files: begin again
                 shutil.rmtree(run)
@@ -201,7 +201,7 @@ class Reproduction:
             model = LBL(mcfg, tree, torch.Generator().manual_seed(self.cfg.seed))
             model.init_unigram(self.counts)
             self.log(f"[{name}] training {label} ({output} output, {model.num_parameters():,} parameters)")
-            fit(model, self.corpus, self.train_config(epochs), run, corpus_spec=str(self.cfg.data), log=self.log)
+            fit(model, self.corpus, self.train_config(epochs), run, corpus_spec=corpus_record(self.cfg.data), log=self.log)
         state = ckpt.read_state(run / "state.json")
         metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
         pad = self.corpus.vocab.eos
