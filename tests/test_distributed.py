@@ -8,6 +8,7 @@ and a resume.
 """
 
 import json
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -203,3 +204,28 @@ def test_fast_engine_is_refused_under_a_process_group(runs):
     for r in ranks:
         assert "single process" in r["fast_error"] and "--engine torch" in r["fast_error"]
         assert r["auto_is_torch"]
+
+
+def test_torchrun_cli_matches_one_process(tmp_path):
+    """The README's launch line, end to end: 2 processes under torchrun print one result, equal to
+    a one-process --engine torch run up to float rounding."""
+    import shutil
+    import subprocess
+    import sys
+
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is None:
+        pytest.fail("torchrun is not installed beside this Python (it comes with torch)")
+    data = tiny_corpus(tmp_path / "c", n_train=400)
+    args = ["-m", "hlbl", "train", "--data", str(data), "--engine", "torch", "--device", "cpu", "--epochs", "2",
+            "--dim", "8", "--threads", "1", "--batch-size", "63", "--quiet"]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    two = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=240, env=env)
+    one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], capture_output=True, text=True,
+                         timeout=240)
+    assert two.returncode == 0 and one.returncode == 0, two.stderr[-2000:] + one.stderr[-2000:]
+    results = [json.loads(r.stdout.splitlines()[0]) for r in (two, one)]
+    assert sum(line.startswith("{") for line in two.stdout.splitlines()) == 1  # only process 0 prints
+    for key in ("valid_perplexity", "test_perplexity"):
+        assert results[0][key] == pytest.approx(results[1][key], rel=1e-5)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import distributed
 from .checkpoint import CheckpointError, load_model
 from .data import DataError, corpus_record, load_corpus, min_count_arg
 from .evaluate import evaluate
@@ -71,13 +72,22 @@ def _same_training_text(corpus, vocab) -> bool:
 
 
 def cmd_train(args) -> int:
+    """Train (under torchrun: one data-parallel process of several; see hlbl.distributed)."""
     _set_threads(args.threads)
     # 0 is a value, not "unset": --epochs 0 must not mean the default.
     for flag, value in (("--epochs", args.epochs), ("--max-train-tokens", args.max_train_tokens),
                         ("--hogwild", args.hogwild)):
         if value is not None and value < 1:
             raise DataError(f"{flag} must be at least 1, got {value}")
-    device = pick_device(args.device)
+    device = distributed.init_from_env(pick_device(args.device))  # torchrun: join the group, one GPU each
+    try:
+        return _train(args, device)
+    finally:
+        distributed.cleanup()
+
+
+def _train(args, device: str) -> int:
+    first = distributed.rank() == 0  # under torchrun only process 0 prints
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file, not a run directory")
@@ -99,8 +109,9 @@ def cmd_train(args) -> int:
             cfg = TrainConfig(**train)
         except (TypeError, ValueError) as e:
             raise DataError(f"{out / 'run.json'}: bad training config ({e})") from None
-        print(f"resuming {out}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
-              "--hogwild, --device and --threads apply)", file=sys.stderr)
+        if first:
+            print(f"resuming {out}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
+                  "--hogwild, --device and --threads apply)", file=sys.stderr)
     else:
         corpus = load_corpus(args.data, args.max_vocab, args.min_count)
         V = len(corpus.vocab)
@@ -123,9 +134,13 @@ def cmd_train(args) -> int:
     cfg.engine = args.engine  # like the device, a choice of how to run, not of what is learned
     cfg.hogwild = args.hogwild
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
-    print(f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
-          f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, device {device}", file=sys.stderr)
+    if first:
+        print(f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
+              f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, "
+              f"device {device}", file=sys.stderr)
     state = fit(model, corpus, cfg, out, resume=args.resume, corpus_spec=corpus_record(args.data), log=log)
+    if not first:
+        return 0
     test = evaluate(model, corpus["test"], corpus.vocab.eos, device=device)  # fit left the best weights in
     test = with_oov(test, corpus["test"], corpus.vocab, "test")
     print(json.dumps({"valid_perplexity": state["best_valid_ppl"], "test_perplexity": test["perplexity"],
