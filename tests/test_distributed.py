@@ -53,6 +53,8 @@ def _worker(rank: int, root: str) -> None:
     """One rank: join the group, run every scenario, save what the parent checks (per rank)."""
     root = Path(root)
     torch.set_num_threads(1)  # two processes on a small machine
+    # gloo picks its network interface from the hostname, which a CI container may not resolve.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=60))  # a mismatched collective fails instead of hanging
     try:
@@ -219,7 +221,7 @@ def test_torchrun_cli_matches_one_process(tmp_path):
     data = tiny_corpus(tmp_path / "c", n_train=400)
     args = ["-m", "hlbl", "train", "--data", str(data), "--engine", "torch", "--device", "cpu", "--epochs", "2",
             "--dim", "8", "--threads", "1", "--batch-size", "63", "--quiet"]
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}  # as in _worker
     two = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
                          capture_output=True, text=True, timeout=240, env=env)
     one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], capture_output=True, text=True,
