@@ -467,7 +467,8 @@ def test_cli_train_and_eval(tmp_path, monkeypatch, capsys):
     assert len(lines) == 1
     rep = json.loads(lines[0])
     corpus = load_corpus(data)
-    assert set(rep) == {"perplexity", "tokens", "nll"} and rep["tokens"] == len(corpus["valid"])
+    assert set(rep) == {"perplexity", "tokens", "nll", "oov"} and rep["tokens"] == len(corpus["valid"])
+    assert rep["oov"] == int((corpus["valid"] == corpus.vocab.unk).sum())
     assert rep["perplexity"] == pytest.approx(math.exp(rep["nll"]))
     lp = token_log_probs(read_arpa(out), corpus["valid"], corpus.vocab)
     assert rep["nll"] == pytest.approx(-lp.mean(), rel=1e-12)
@@ -508,6 +509,52 @@ def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
     assert 0 < tune_weight(a["valid"], b["valid"]) < 1
     assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--weight", "2"]) == 2
     assert "--weight" in capsys.readouterr().err
+
+
+def test_cli_eval_scores_with_the_arpa_vocabulary(tmp_path, monkeypatch, capsys):
+    """An ARPA with every training word (--min-count 1) scores its words as themselves, not as the
+    <unk> that the corpus's default vocabulary (--min-count auto: 2 here) would make them."""
+    import hlbl.cli as cli
+
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    data = _write_corpus(tmp_path / "toy", np.random.default_rng(6))
+    with open(data / "train.txt", "a") as f:
+        f.write("solo1 w1 solo2\n")
+    with open(data / "valid.txt", "a") as f:
+        f.write("w1 solo1 solo2 solo3\n")
+    out = tmp_path / "all.arpa"
+    assert cli.main(["ngram", "train", "--data", str(data), "--order", "3", "--min-count", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli.main(["ngram", "eval", str(out), "--data", str(data), "--split", "valid"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    full = load_corpus(data, min_count=1)
+    assert len(full.vocab) > len(load_corpus(data).vocab), "the test needs words seen once"
+    lp = token_log_probs(read_arpa(out), full["valid"], full.vocab)
+    assert rep["nll"] == pytest.approx(-lp.mean(), rel=1e-12)
+    assert rep["oov"] == int((full["valid"] == full.vocab.unk).sum())
+
+
+def test_cli_interpolation_refuses_a_foreign_ngram_vocabulary(tmp_path, monkeypatch, capsys):
+    """Words of the run that the n-gram model lacks would share its <unk> mass: no distribution."""
+    import hlbl.cli as cli
+
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    data = _write_corpus(tmp_path / "toy", np.random.default_rng(7))
+    other = _write_corpus(tmp_path / "other", np.random.default_rng(8))
+    (other / "train.txt").write_text("zz yy xx\n" * 20)
+    run, arpa = tmp_path / "run", tmp_path / "other.arpa"
+    assert cli.main(["train", "--data", str(data), "--out", str(run), "--epochs", "1", "--dim", "8",
+                     "--context", "2", "--output", "flat", "--quiet", "--device", "cpu"]) == 0
+    assert cli.main(["ngram", "train", "--data", str(other), "--order", "2", "--out", str(arpa)]) == 0
+    capsys.readouterr()
+    assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--weight", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "would not be a distribution" in err
+    # A fixed weight needs no valid split.
+    (data / "valid.txt").unlink()
+    own = tmp_path / "own.arpa"
+    assert cli.main(["ngram", "train", "--data", str(data), "--order", "2", "--out", str(own)]) == 0
+    assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(own), "--weight", "0.5"]) == 0
 
 
 # ------------------------------------------------------------------------------------- PTB

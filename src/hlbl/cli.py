@@ -182,7 +182,8 @@ def with_oov(report: dict, stream, vocab, split: str) -> dict:
 def cmd_eval(args) -> int:
     device = pick_device(args.device)
     model, vocab, info = load_model(args.run, which=args.which, device=device)
-    needed = {args.split} | ({"valid"} if args.interpolate else set())  # valid: to tune the weight
+    tune = args.interpolate and str(args.weight).strip().lower() == "auto"
+    needed = {args.split} | ({"valid"} if tune else set())  # valid: to tune the mixture weight
     corpus = load_corpus(args.data or info["corpus"], vocab=vocab, splits=tuple(needed))
     if args.interpolate:  # mixture with an n-gram model (hlbl.ngram)
         from .ngram.commands import interpolated_report

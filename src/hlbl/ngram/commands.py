@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 
-from ..data import DataError, load_corpus, min_count_arg
+import numpy as np
+
+from ..data import EOS, UNK, DataError, Vocab, load_corpus, min_count_arg
 from .arpa import read_arpa, write_arpa
+from .model import BOS_WORD, EOS_WORD
 from .kneser_ney import train_kneser_ney
 from . import token_log_probs
 from .mixture import interpolate, tune_weight
@@ -23,7 +25,7 @@ def cmd_ngram_train(args) -> int:
     if args.order < 1:
         raise DataError(f"--order must be at least 1, got {args.order}")
     t0 = time.perf_counter()
-    corpus = load_corpus(args.data, args.max_vocab, args.min_count)
+    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",))
     model = train_kneser_ney(corpus["train"], corpus.vocab, args.order)
     t1 = time.perf_counter()
     try:
@@ -42,13 +44,24 @@ def cmd_ngram_train(args) -> int:
     return 0
 
 
+def arpa_vocab(model) -> Vocab:
+    """The ARPA model's own vocabulary as one of ours (``</s>`` is our ``<eos>``; ``<s>`` is no
+    word of a stream), so that every word the model knows is scored as itself, as KenLM's
+    ``query`` does, whatever vocabulary flags built it. Counts are unknown: zero."""
+    words = [EOS, UNK] + [w for w in model.words if w not in (BOS_WORD, EOS_WORD, UNK)]
+    return Vocab(tuple(words), (0,) * len(words))
+
+
 def cmd_ngram_eval(args) -> int:
     from ..evaluate import perplexity_report  # the same JSON line as ``hlbl eval``
 
     model = read_arpa(args.arpa)
-    corpus = load_corpus(args.data)
-    lp = token_log_probs(model, corpus[args.split], corpus.vocab)
-    print(json.dumps(perplexity_report(lp)))
+    vocab = arpa_vocab(model)
+    corpus = load_corpus(args.data, vocab=vocab, splits=(args.split,))
+    stream = corpus[args.split]
+    report = perplexity_report(token_log_probs(model, stream, vocab))
+    report["oov"] = int(np.count_nonzero(stream == vocab.unk))  # tokens the model scores as <unk>
+    print(json.dumps(report))
     return 0
 
 
@@ -80,11 +93,17 @@ def interpolated_report(model, corpus, split: str, arpa, weight: str | float = "
     auto = w is None
     ngram = read_arpa(arpa)
     vocab = corpus.vocab
-    known = set(ngram.words)
-    missing = sum(w not in known for w in vocab.words)
-    if missing > 0.01 * len(vocab):
-        print(f"warning: {missing:,} of the model's {len(vocab):,} words are not in {arpa} (different training "
-              "data or vocabulary?); the n-gram model scores them as <unk>", file=sys.stderr)
+    # A word of ours the n-gram model lacks would get its <unk> probability: several such words
+    # would share <unk>'s mass, the n-gram side would sum to more than 1 over our vocabulary, and
+    # the mixture's perplexity would mean nothing (it can even beat both models).
+    as_unk = ngram.vocab_map(vocab.words) == ngram.unk
+    as_unk[vocab.unk] = False
+    missing = int(as_unk.sum())
+    if missing:
+        example = vocab.words[int(np.flatnonzero(as_unk)[0])]
+        raise DataError(f"{missing:,} of the model's {len(vocab):,} words (e.g. {example!r}) are not in {arpa}, so the "
+                        "mixture would not be a distribution; build the n-gram model on the same training data "
+                        "and vocabulary (hlbl ngram train --data ... with the run's --min-count / --max-vocab)")
     scored = {}
     for s in {split, "valid"} if auto else {split}:
         scored[s] = (neural_log_probs(model, corpus[s], vocab.eos, device=device),
@@ -98,7 +117,6 @@ def interpolated_report(model, corpus, split: str, arpa, weight: str | float = "
         "weight_tuned_on": "valid" if auto else None,
         "model_perplexity": math.exp(-float(a.mean())),
         "ngram_perplexity": math.exp(-float(b.mean())),
-        "words_missing_from_ngram": missing,
     })
     return report
 
