@@ -92,9 +92,13 @@ def test_bad_numbers_are_one_line_errors_not_defaults(tmp_path, capsys, flags):
 
 def test_unwritable_output_is_a_one_line_error(trained, tmp_path, capsys):
     _, data = trained
-    assert main(["tree", "make", "--data", str(data), "--out", str(tmp_path / "no" / "dir" / "t.json")]) == 2
+    (tmp_path / "afile").write_text("")
+    assert main(["tree", "make", "--data", str(data), "--out", str(tmp_path / "afile" / "t.json")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hlbl: error: cannot write") and "t.json" in err and ".tmp" not in err
+    # Missing directories are created, as train --out does.
+    assert main(["tree", "make", "--data", str(data), "--out", str(tmp_path / "new" / "dir" / "t.json")]) == 0
+    assert (tmp_path / "new" / "dir" / "t.json").is_file()
 
 
 def test_a_test_split_shorter_than_the_context(tmp_path, capsys):
@@ -183,3 +187,40 @@ def test_a_corpus_name_prefers_hlbl_data_to_the_current_directory(tmp_path, monk
     assert corpus_record("./mini") == str((here / "mini").resolve())
     assert resolve_corpus("local") == Path("local")  # found nowhere else: the current directory
     assert corpus_record("local") == str((here / "local").resolve())
+
+
+def test_a_corpus_without_a_test_split_trains(tmp_path, capsys):
+    data = tiny_corpus(tmp_path / "c")
+    (data / "test.txt").unlink()
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--epochs", "1", "--dim", "8",
+                 "--quiet", "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    report = json.loads(captured.out.splitlines()[0])
+    assert "valid_perplexity" in report and "test_perplexity" not in report and "no test.txt" in captured.err
+
+
+def test_options_that_would_be_ignored_are_refused_or_explained(tmp_path, capsys, monkeypatch):
+    import io
+    import sys
+
+    data = tiny_corpus(tmp_path / "c")
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "f"), "--output", "flat", "--tree", "huffman",
+                 "--quiet", "--device", "cpu"]) == 2
+    assert "--tree applies to the tree output" in capsys.readouterr().err
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "f"), "--output", "flat", "--epochs", "1",
+                 "--dim", "8", "--quiet", "--device", "cpu"]) == 0
+    assert main(["generate", str(tmp_path / "f"), "--per-node-temperature", "--temperature", "0.5"]) == 2
+    assert "needs a tree model" in capsys.readouterr().err
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "f"), "--epochs", "1", "--resume",
+                 "--quiet", "--device", "cpu"]) == 0
+    assert "nothing to train" in capsys.readouterr().err
+    # tree stats on a run directory: its tree, weighted by its training counts.
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "t"), "--epochs", "1", "--dim", "8",
+                 "--quiet", "--device", "cpu", "--tree", "huffman"]) == 0
+    capsys.readouterr()
+    assert main(["tree", "stats", str(tmp_path / "t")]) == 0
+    by_run = json.loads(capsys.readouterr().out)
+    assert main(["tree", "stats", str(tmp_path / "t" / "tree.json"), "--data", str(data)]) == 0
+    assert json.loads(capsys.readouterr().out) == by_run and by_run["weighting"] == "unigram"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the big\n"), encoding="utf-8"))
+    assert main(["predict", str(tmp_path / "t"), "--threads", "1", "--k", "3"]) == 0

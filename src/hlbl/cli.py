@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from . import distributed
-from .checkpoint import CheckpointError, load_model
-from .data import DataError, corpus_record, load_corpus, min_count_arg
+from .checkpoint import CheckpointError, load_model, read_state
+from .data import DataError, corpus_record, load_corpus, min_count_arg, resolve_corpus
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .output import OUTPUT_KINDS
@@ -58,10 +58,14 @@ def _corpus_args(p: argparse.ArgumentParser) -> None:
 
 
 def _set_threads(threads: int | None) -> None:
+    """--threads: PyTorch's and numba's CPU threads (the fast kernels, top-k and scoring)."""
     if threads is not None:
         if threads < 1:
             raise DataError(f"--threads must be at least 1, got {threads}")
         torch.set_num_threads(threads)
+        import numba
+
+        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
 def _same_training_text(corpus, vocab) -> bool:
@@ -81,13 +85,18 @@ def cmd_train(args) -> int:
             raise DataError(f"{flag} must be at least 1, got {value}")
     device = distributed.init_from_env(pick_device(args.device))  # torchrun: join the group, one GPU each
     try:
-        return _train(args, device)
-    finally:
-        distributed.cleanup()
+        rc = _train(args, device)
+    except BaseException:
+        distributed.cleanup(finished=False)
+        raise
+    distributed.cleanup()
+    return rc
 
 
 def _train(args, device: str) -> int:
     first = distributed.rank() == 0  # under torchrun only process 0 prints
+    # A corpus without a test split can still be trained on (the final report skips test).
+    splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise DataError(f"--out {out} is a file, not a run directory")
@@ -98,7 +107,7 @@ def _train(args, device: str) -> int:
                         "delete it or choose a new --out")
     if args.resume and (out / "run.json").exists():
         model, vocab, info = load_model(out, which="last")
-        corpus = load_corpus(args.data, vocab=vocab)  # the run's own vocabulary, whatever the flags say now
+        corpus = load_corpus(args.data, vocab=vocab, splits=splits)  # the run's own vocabulary, whatever the flags say now
         if not _same_training_text(corpus, vocab):
             raise DataError(f"the training text of --data {args.data} is not the one {out} was trained on "
                             f"({info['corpus']}); resume with the same corpus")
@@ -109,11 +118,20 @@ def _train(args, device: str) -> int:
             cfg = TrainConfig(**train)
         except (TypeError, ValueError) as e:
             raise DataError(f"{out / 'run.json'}: bad training config ({e})") from None
+        done = read_state(out / "state.json")
+        if first and done["done"]:
+            print(f"note: {out} had already stopped early (after epoch {done['epoch']}): nothing to train; "
+                  "reporting its best weights", file=sys.stderr)
+        elif first and done["epoch"] >= cfg.max_epochs:
+            print(f"note: {out} has {done['epoch']} epochs and --epochs is {cfg.max_epochs}: nothing to train; "
+                  "pass a larger --epochs to continue", file=sys.stderr)
         if first:
             print(f"resuming {out}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
                   "--hogwild, --device and --threads apply)", file=sys.stderr)
     else:
-        corpus = load_corpus(args.data, args.max_vocab, args.min_count)
+        if args.tree is not None and args.output != "tree":
+            raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
+        corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits)
         V = len(corpus.vocab)
         torch.manual_seed(args.seed)
         try:
@@ -127,7 +145,7 @@ def _train(args, device: str) -> int:
                               progress=not args.quiet)
         except ValueError as e:
             raise DataError(str(e)) from None
-        tree = build_tree(args.tree, V, corpus.vocab.counts, args.seed) if args.output == "tree" else None
+        tree = build_tree(args.tree or "random", V, corpus.vocab.counts, args.seed) if args.output == "tree" else None
         model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
         model.init_unigram(corpus.vocab.counts)
     cfg.device = device
@@ -141,18 +159,22 @@ def _train(args, device: str) -> int:
     state = fit(model, corpus, cfg, out, resume=args.resume, corpus_spec=corpus_record(args.data), log=log)
     if not first:
         return 0
-    test = evaluate(model, corpus["test"], corpus.vocab.eos, device=device)  # fit left the best weights in
-    test = with_oov(test, corpus["test"], corpus.vocab, "test")
-    print(json.dumps({"valid_perplexity": state["best_valid_ppl"], "test_perplexity": test["perplexity"],
-                      "test_tokens": test["tokens"], "test_oov": test["oov"], "run": str(out)}))
+    report = {"valid_perplexity": state["best_valid_ppl"]}
+    if "test" in corpus.splits:
+        test = evaluate(model, corpus["test"], corpus.vocab.eos, device=device)  # fit left the best weights in
+        test = with_oov(test, corpus["test"], corpus.vocab, "test")
+        report.update(test_perplexity=test["perplexity"], test_tokens=test["tokens"], test_oov=test["oov"])
+    else:
+        print("note: the corpus has no test.txt: no test perplexity", file=sys.stderr)
+    print(json.dumps({**report, "run": str(out)}))
     show_sample(model, corpus, device, args.seed)
     return 0
 
 
 def show_sample(model: LBL, corpus, device: str, seed: int) -> None:
-    """Print the top next words for a test context and a short sample continuing it."""
+    """Print the top next words for a test (else valid) context and a short sample continuing it."""
     vocab, n = corpus.vocab, model.config.context
-    test = corpus["test"]
+    test = corpus["test" if "test" in corpus.splits else "valid"]
     prompt = [vocab.eos] * max(0, n - len(test)) + [int(i) for i in test[:n]]  # a test split may be shorter
     lp, idx = model.topk(torch.tensor([prompt], device=device), 5)
     nxt = ", ".join(f"{vocab.words[i]} {p:.3f}" for p, i in zip(lp[0].exp().tolist(), idx[0].tolist()))
@@ -180,6 +202,7 @@ def with_oov(report: dict, stream, vocab, split: str) -> dict:
 
 
 def cmd_eval(args) -> int:
+    _set_threads(args.threads)
     device = pick_device(args.device)
     model, vocab, info = load_model(args.run, which=args.which, device=device)
     tune = args.interpolate and str(args.weight).strip().lower() == "auto"
@@ -198,21 +221,39 @@ def cmd_eval(args) -> int:
 # ---- tree -----------------------------------------------------------------------------------
 
 
+def _make_parent(out: str | Path) -> None:
+    """Create the directories an output file goes in (as ``train --out`` creates its run directory)."""
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot write {out}: {e.strerror or e}") from None
+
+
 def cmd_tree_stats(args) -> int:
-    tree = WordTree.load(args.tree)
+    path = Path(args.tree)
+    if path.is_dir():  # a run directory: its own tree (and, without --data, its own counts)
+        if not (path / "tree.json").is_file():
+            raise TreeError(f"{path} is a directory without a tree.json; give a tree file or a run directory")
+        path = path / "tree.json"
+    tree = WordTree.load(path)
     counts = None
     if args.data:
-        corpus = load_corpus(args.data, args.max_vocab, args.min_count)
+        corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",))
         if len(corpus.vocab) != tree.num_words:
-            raise TreeError(f"{args.tree}: tree has {tree.num_words} words, the corpus vocabulary {len(corpus.vocab)}")
+            raise TreeError(f"{args.tree}: tree has {tree.num_words} words, the corpus vocabulary {len(corpus.vocab)} "
+                            "(build the vocabulary as for the tree: --min-count / --max-vocab)")
         counts = corpus.vocab.counts
+    elif (path.parent / "vocab.json").is_file() and path.name == "tree.json":
+        _, vocab, _ = load_model(path.parent)  # checks the run's files belong together
+        counts = vocab.counts
     print(json.dumps(tree.stats(counts)))
     return 0
 
 
 def cmd_tree_make(args) -> int:
-    corpus = load_corpus(args.data, args.max_vocab, args.min_count)
+    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",))
     tree = build_tree(args.kind, len(corpus.vocab), corpus.vocab.counts, args.seed)
+    _make_parent(args.out)
     tree.save(args.out)
     print(json.dumps({"out": args.out, **tree.stats(corpus.vocab.counts)}))
     return 0
@@ -233,11 +274,15 @@ def cmd_tree_build(args) -> int:
     t0 = time.perf_counter()
     X, n = features_from_run(args.run, corpus)
     t1 = time.perf_counter()
+    if (n == 0).mean() > 0.5:
+        print(f"hlbl: warning: {int((n == 0).sum()):,} of {len(n):,} words never occur as a target in the training "
+              "text, so they share one feature vector (the overall mean): is --data the run's corpus?", file=sys.stderr)
     rep = BuildReport()
     tree = build_tree_from_features(X, args.policy, args.seed, args.copies, args.em_iters,
                                     weights=corpus.vocab.counts if args.weighted else None,
                                     max_leaves=None if args.max_leaves_per_word is None
                                     else int(args.max_leaves_per_word * len(X)), report=rep)
+    _make_parent(args.out)
     tree.save(args.out)
     print(json.dumps({"out": args.out, "feature_seconds": round(t1 - t0, 2),
                       "build_seconds": round(time.perf_counter() - t1, 2), "unseen_words": int((n == 0).sum()),
@@ -310,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     _corpus_args(t)
     t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
     t.add_argument("--output", choices=OUTPUT_KINDS, default="tree", help="output layer: tree = HLBL, flat = LBL")
-    t.add_argument("--tree", default="random", help="random, huffman, or a tree file (JSON/npz)")
+    t.add_argument("--tree", default=None, help="random (the default), huffman, or a tree file (JSON/npz); tree output only")
     t.add_argument("--dim", type=int, default=m["dim"], help="feature vector size")
     t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
     t.add_argument("--full-context", action="store_true", help="full d x d context matrices C_i")
@@ -348,12 +393,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--interpolate", metavar="ARPA", default=None,
                    help="also mix with this n-gram model: W p_model + (1-W) p_ngram, per token")
     e.add_argument("--weight", default="auto", help="with --interpolate: W in [0, 1], or auto (tuned on valid)")
+    e.add_argument("--threads", type=int, default=None, help="CPU threads")
     e.set_defaults(func=cmd_eval)
 
     tr = sub.add_parser("tree", help="word trees: statistics, builders")
     tsub = tr.add_subparsers(dest="tree_command", required=True)
     ts = tsub.add_parser("stats", help="Table 1 statistics of a tree (one JSON line)")
-    ts.add_argument("tree", help="tree file (JSON or npz)")
+    ts.add_argument("tree", help="tree file (JSON or npz), or a run directory (its tree and training counts)")
     ts.add_argument("--data", default=None, help="corpus whose training counts weight the averages")
     ts.add_argument("--max-vocab", type=int, default=None, help="as for hlbl train")
     ts.add_argument("--min-count", type=min_count_arg, default="auto", help="as for hlbl train")
@@ -407,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load_for_inference(args):
+    _set_threads(args.threads)
     device = pick_device(args.device)
     model, vocab, _ = load_model(args.run, which=args.which, device=device)
     model.eval()
@@ -445,6 +492,8 @@ def cmd_generate(args) -> int:
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
         raise DataError(f"--temperature must be a positive number, got {args.temperature}")
     model, vocab, _ = _load_for_inference(args)
+    if args.per_node_temperature and model.config.output != "tree":
+        raise DataError(f"--per-node-temperature needs a tree model; this one has {model.config.output} output")
     prompt = args.prompt.split() if args.prompt else []
     ids, oov = encode_context(vocab, prompt, len(prompt))
     if oov:
@@ -515,6 +564,7 @@ def _add_inference_commands(sub) -> None:
         c.add_argument("--which", choices=("best", "last"), default="best",
                        help="weights with the best valid perplexity, or after the last epoch")
         c.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+        c.add_argument("--threads", type=int, default=None, help="CPU threads")
 
     g = sub.add_parser("generate", help="sample text from a trained model (reproducible under --seed)")
     common(g)

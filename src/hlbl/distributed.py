@@ -76,9 +76,17 @@ def init_from_env(device: str) -> str:
     return device
 
 
-def cleanup() -> None:
-    """Leave the process group (if one was joined); safe to call in any case."""
+def cleanup(finished: bool = True) -> None:
+    """Leave the process group (if one was joined); safe to call in any case.
+
+    ``finished``: every process got here normally, so they first wait for each other. Without
+    that, a process that is done early (not rank 0, which still scores the test split) tears
+    its gloo connections down while its peer still holds them, and gloo may abort the process
+    ("terminate called without an active exception"). After an error there is no waiting: the
+    others may never arrive."""
     if dist.is_available() and dist.is_initialized():
+        if finished:
+            dist.barrier()
         dist.destroy_process_group()
 
 

@@ -284,6 +284,7 @@ class WordTree:
             "mean_code_length": float(p @ total_len / p.sum()),
             "codes_per_word": float(p @ self.codes_per_word / p.sum()),
             "max_depth": int(self.leaf_depth.max()),
+            "weighting": "uniform" if counts is None else "unigram",  # of the two means above
         }
 
     # ---- files ------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +30,7 @@ def cmd_ngram_train(args) -> int:
     model = train_kneser_ney(corpus["train"], corpus.vocab, args.order)
     t1 = time.perf_counter()
     try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         write_arpa(model, args.out)
     except OSError as e:
         raise DataError(f"cannot write {args.out}: {e.strerror or e}") from None
