@@ -167,14 +167,14 @@ def test_a_flipped_data_byte_is_detected(run):
         ckpt.load_model(run_dir)
 
 
-@pytest.mark.parametrize("variant", ["tree", "multi_code_full_context", "flat"])
+@pytest.mark.parametrize("variant", ["tree", "multi_code_full_context", "flat", "adaptive"])
 def test_a_model_saved_from_memory_loads_with_identical_log_probs(tmp_path, variant):
     from hlbl.data import Vocab
 
-    tree = multi_code_tree() if variant != "flat" else None
+    tree = multi_code_tree() if variant not in ("flat", "adaptive") else None
     V = 6
     vocab = Vocab(("<eos>", "<unk>", "a", "b", "c", "d"), (3, 0, 2, 2, 1, 1))
-    config = LBLConfig(V, dim=5, context=2, output="flat" if tree is None else "tree",
+    config = LBLConfig(V, dim=5, context=2, output=variant if tree is None else "tree",
                        full_context=variant == "multi_code_full_context")
     model = LBL(config, tree, torch.Generator().manual_seed(3))
     with torch.no_grad():

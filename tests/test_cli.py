@@ -2,6 +2,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import tiny_corpus
 from hlbl.cli import main
@@ -224,3 +225,41 @@ def test_options_that_would_be_ignored_are_refused_or_explained(tmp_path, capsys
     assert json.loads(capsys.readouterr().out) == by_run and by_run["weighting"] == "unigram"
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the big\n"), encoding="utf-8"))
     assert main(["predict", str(tmp_path / "t"), "--threads", "1", "--k", "3"]) == 0
+
+
+def _metrics(run: Path) -> list[dict]:
+    """metrics.jsonl without its clock readings."""
+    clock = {"words_per_sec", "epoch_minutes", "elapsed_s"}
+    return [{k: v for k, v in json.loads(x).items() if k not in clock} for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_seed_fixes_the_run_and_eval_reproduces_its_report(tmp_path, capsys):
+    data = tiny_corpus(tmp_path / "c")
+    reports = []
+    for name in ("a", "b"):
+        assert main(["train", "--data", str(data), "--out", str(tmp_path / name), "--epochs", "2", "--dim", "8",
+                     "--quiet", "--device", "cpu", "--seed", "5"]) == 0
+        reports.append(capsys.readouterr().out)
+    assert reports[0].replace(str(tmp_path / "a"), "") == reports[1].replace(str(tmp_path / "b"), "")
+    assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
+    from safetensors.torch import load_file  # (the files' metadata order varies: compare the tensors)
+
+    a, b = (load_file(tmp_path / name / "best.safetensors") for name in ("a", "b"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert main(["eval", str(tmp_path / "a"), "--device", "cpu"]) == 0
+    printed = json.loads(reports[0].splitlines()[0])
+    assert json.loads(capsys.readouterr().out)["perplexity"] == printed["test_perplexity"]
+
+
+@pytest.mark.parametrize("flags", [["--engine", "torch"], ["--hogwild", "2"], ["--full-context"],
+                                   ["--output", "adaptive", "--dim", "16"], ["--optimizer", "adagrad"]])
+def test_training_variants_run_end_to_end(tmp_path, capsys, flags):
+    data = tiny_corpus(tmp_path / "c")
+    args = ["train", "--data", str(data), "--out", str(tmp_path / "r"), "--epochs", "2", "--quiet", "--device", "cpu"]
+    args += [] if "--dim" in flags else ["--dim", "8"]
+    assert main(args + flags) == 0
+    report = json.loads(capsys.readouterr().out.splitlines()[0])
+    unigram = 14  # about the vocabulary size: a model that learned nothing scores near it
+    assert 1 < report["test_perplexity"] < unigram and len(_metrics(tmp_path / "r")) == 2
+    assert main(["eval", str(tmp_path / "r"), "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["perplexity"] == pytest.approx(report["test_perplexity"], rel=1e-6)
