@@ -127,22 +127,22 @@ def all_reduce_gradients(params: list[nn.Parameter]) -> None:
         offset += n
 
 
-def all_sum(values: list[float], device: torch.device | str) -> list[float]:
-    """Element-wise sum over the ranks of a few numbers (in float64); identity in one process."""
+def _all_reduce(values: list[float], device: torch.device | str, op) -> list[float]:
     if not is_distributed():
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    dist.all_reduce(t, op=op)
     return t.tolist()
+
+
+def all_sum(values: list[float], device: torch.device | str) -> list[float]:
+    """Element-wise sum over the ranks of a few numbers (in float64); identity in one process."""
+    return _all_reduce(values, device, dist.ReduceOp.SUM)
 
 
 def all_max(values: list[float], device: torch.device | str) -> list[float]:
     """Element-wise maximum over the ranks (float64); identity in one process."""
-    if not is_distributed():
-        return list(values)
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.tolist()
+    return _all_reduce(values, device, dist.ReduceOp.MAX)
 
 
 def broadcast_floats(values: list[float], device: torch.device | str, src: int = 0) -> list[float]:
