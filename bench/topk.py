@@ -257,7 +257,7 @@ def main(argv=None) -> int:
     p.add_argument("--trees", default=None,
                    help="models to train/reuse when no --run: comma list of huffman, random, learned or tree files "
                         "(learned = ADAPTIVE tree from the Huffman model's features; learned:adaptive:0.4 etc. "
-                        "for other policies; default learned,huffman when hlbl.treebuild exists, else huffman)")
+                        "for other policies; default learned,huffman)")
     p.add_argument("--data", default="ptb")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
@@ -270,11 +270,7 @@ def main(argv=None) -> int:
         runs = [(Path(r).name, Path(r)) for r in args.run]
     else:
         if args.trees is None:
-            try:
-                import hlbl.treebuild  # noqa: F401
-                args.trees = "learned,huffman"
-            except ImportError:
-                args.trees = "huffman"
+            args.trees = "learned,huffman"
         runs = default_runs(args.trees.split(","), args.data, args.epochs, args.seed)
     per_tree = {}
     for name, run in runs:

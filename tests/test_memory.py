@@ -2,7 +2,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from hlbl.memory import HUGE_PAGE, prefer_huge_pages
 

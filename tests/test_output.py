@@ -175,7 +175,7 @@ def test_factory_rejects_bad_requests():
 def test_targets_out_of_range_are_refused_not_wrapped(kind):
     """A -1 "padding" target must not silently score word V-1 (nor be skipped as -100 would be)."""
     tree = multi_code_tree()
-    layer = make_output_layer(kind, 3, tree.num_words, tree)
+    layer = make_output_layer(kind, 3, tree.num_words, tree if kind == "tree" else None)
     h = torch.randn(2, 3)
     for bad in (-1, -100, tree.num_words):
         with pytest.raises(ValueError, match="target word ids"):
@@ -191,7 +191,7 @@ def test_empty_batch_gives_an_empty_distribution(name, tree):
 def test_init_unigram_needs_one_count_per_word():
     tree = multi_code_tree()
     for kind in ("tree", "flat", "adaptive"):
-        layer = make_output_layer(kind, 3, tree.num_words, tree)
+        layer = make_output_layer(kind, 3, tree.num_words, tree if kind == "tree" else None)
         for counts in ([1.0] * (tree.num_words + 1), [1.0] * (tree.num_words - 1), [1.0, -1.0] + [1.0] * (tree.num_words - 2)):
             with pytest.raises(ValueError, match="init_unigram"):
                 layer.init_unigram(counts)
@@ -209,7 +209,7 @@ def test_adaptive_init_unigram_changes_nothing():
 @pytest.mark.parametrize("kind", ["tree", "flat"])
 def test_init_unigram_with_extreme_counts_keeps_biases_finite(kind, counts):
     tree = random_tree(9, 0)
-    layer = make_output_layer(kind, 3, 9, tree)
+    layer = make_output_layer(kind, 3, 9, tree if kind == "tree" else None)
     layer.init_unigram(counts)
     assert torch.isfinite(layer.bias).all()
     assert torch.allclose(layer.log_prob(torch.zeros(1, 3)).exp().sum(), torch.tensor(1.0))
@@ -220,7 +220,7 @@ def test_init_unigram_with_extreme_counts_keeps_biases_finite(kind, counts):
 def test_targets_of_a_non_integer_dtype_are_refused(kind, dtype):
     """A uint8/bool tensor would index as a mask (B == V gives plausible wrong numbers)."""
     tree = random_tree(10, 0)
-    layer = make_output_layer(kind, 3, 10, tree)
+    layer = make_output_layer(kind, 3, 10, tree if kind == "tree" else None)
     with pytest.raises(TypeError, match="int64 or int32"):
         layer(torch.randn(10, 3), torch.arange(10).to(dtype))
     assert torch.equal(layer(torch.zeros(2, 3), torch.tensor([1, 2], dtype=torch.int32)).output,
@@ -232,3 +232,10 @@ def test_the_layer_tree_is_fixed_and_shown():
     with pytest.raises(AttributeError):
         layer.tree = random_tree(10, 1)  # its buffers would keep the old tree's paths
     assert "vocab_size=10, nodes=9" in repr(layer)
+
+
+def test_factory_refuses_a_tree_for_other_layers():
+    """A tree given with flat output would be saved (tree.json, fingerprint) beside a model that ignores it."""
+    for kind in ("flat", "adaptive"):
+        with pytest.raises(ValueError, match="takes no tree"):
+            make_output_layer(kind, 4, 6, multi_code_tree())

@@ -12,7 +12,6 @@ from scipy.stats import chisquare
 
 from conftest import multi_code_tree, tiny_corpus, unbalanced_tree
 from hlbl.cli import main
-from hlbl.data import load_corpus
 from hlbl.evaluate import perplexity_report, token_log_probs
 from hlbl.inference import (ancestral_sample, full_topk, sample_from_log_prob, score_report, score_sentences,
                             topk_matches, tree_topk)

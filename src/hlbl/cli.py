@@ -133,7 +133,6 @@ def _train(args, device: str) -> int:
             raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
         corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits)
         V = len(corpus.vocab)
-        torch.manual_seed(args.seed)
         try:
             mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
                              output=args.output, init_std=args.init_std)
@@ -305,7 +304,7 @@ def _reproduce_command(args) -> str:
 
 
 def cmd_reproduce(args) -> int:
-    from .reproduce import ReproConfig, reproduce
+    from .reproduce import reproduce
 
     try:
         cfg = ReproConfig(data=args.data, out=args.out, work=args.work, epochs=args.epochs,

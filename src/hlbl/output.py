@@ -289,6 +289,8 @@ def make_output_layer(kind: str, in_features: int, vocab_size: int, tree: WordTr
         if tree.num_words != vocab_size:
             raise ValueError(f"tree has {tree.num_words} words, vocabulary {vocab_size}")
         return TreeSoftmax(in_features, tree, init_std)
+    if tree is not None and kind in OUTPUT_KINDS:  # it would be saved beside a model that ignores it
+        raise ValueError(f"the {kind} output layer takes no tree")
     if kind == "flat":
         return FlatSoftmax(in_features, vocab_size, init_std)
     if kind == "adaptive":

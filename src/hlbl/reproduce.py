@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shutil
 import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -128,8 +126,7 @@ class Reproduction:
         for d in (self.out, self.work / "runs", self.work / "results", self.work / "trees"):
             d.mkdir(parents=True, exist_ok=True)
         self.V = len(self.corpus.vocab)
-        self.counts = self.corpus.vocab.counts_array() if hasattr(self.corpus.vocab, "counts_array") \
-            else np.asarray(self.corpus.vocab.counts)
+        self.counts = self.corpus.vocab.counts_array()
         self.train_stream = self.corpus["train"][: cfg.max_train_tokens] if cfg.max_train_tokens else self.corpus["train"]
 
     def _claim_work_dir(self) -> None:
@@ -197,7 +194,6 @@ class Reproduction:
                 shutil.rmtree(run)
             output = "flat" if tree is None else "tree"
             mcfg = LBLConfig(self.V, dim=self.cfg.dim, context=self.cfg.context, output=output)
-            torch.manual_seed(self.cfg.seed)
             model = LBL(mcfg, tree, torch.Generator().manual_seed(self.cfg.seed))
             model.init_unigram(self.counts)
             self.log(f"[{name}] training {label} ({output} output, {model.num_parameters():,} parameters)")

@@ -96,11 +96,6 @@ def make_optimizer(model: LBL, cfg: TrainConfig, lr: float) -> torch.optim.Optim
     return torch.optim.Adagrad(groups, lr=lr)
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for g in optimizer.param_groups:
-        g["lr"] = lr
-
-
 def train_epoch(model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int,
                 cfg: TrainConfig, epoch: int, show: bool) -> tuple[float, float]:
     """One pass over ``stream`` in a seeded random order; returns (mean NLL, words/s).

@@ -76,7 +76,6 @@ space (context words are represented by ``R``, predicted words by the node vecto
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -85,7 +84,7 @@ import numpy as np
 import torch
 
 from .data import batches
-from .tree import TreeError, WordTree, leaf
+from .tree import TreeError, WordTree
 
 DEFAULT_EM_ITERS = 10
 DEFAULT_MAX_LEAVES_PER_WORD = 4
