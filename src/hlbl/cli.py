@@ -269,7 +269,7 @@ def cmd_tree_build(args) -> int:
         raise DataError(f"--max-leaves-per-word must be at least 1 (every word has a leaf), got {args.max_leaves_per_word}")
     parse_policy(args.policy)  # fail on a bad policy before the feature pass
     _, vocab, info = load_model(args.run, which="best")
-    corpus = load_corpus(args.data or info["corpus"], vocab=vocab)
+    corpus = load_corpus(args.data or info["corpus"], vocab=vocab, splits=("train",))
     t0 = time.perf_counter()
     X, n = features_from_run(args.run, corpus)
     t1 = time.perf_counter()

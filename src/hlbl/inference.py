@@ -333,14 +333,17 @@ def layer_tree_arrays(layer) -> TreeArrays:
 
 
 def node_weights(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """(W (N, d), b (N,) float64) for the kernels. W is a zero-copy view of a contiguous float32 or
-    float64 CPU tensor (other dtypes and devices are copied to float32), so no per-call O(N d)
-    conversion and no cache that could go stale; scores are accumulated in float64 either way."""
-    w = weight.detach()
-    if w.dtype not in (torch.float32, torch.float64):
-        w = w.float()
-    W = np.ascontiguousarray(w.cpu().numpy())
-    b = np.ascontiguousarray(bias.detach().to("cpu", torch.float64).numpy())
+    """(W (N, d), b (N,)) for the kernels: zero-copy views of contiguous float32 or float64 CPU
+    tensors (other dtypes and devices are copied to float32), so no per-call O(N d) or O(N)
+    conversion (generation calls this once a token) and no cache that could go stale; scores are
+    accumulated in float64 either way."""
+    def view(t: torch.Tensor) -> np.ndarray:
+        t = t.detach()
+        if t.dtype not in (torch.float32, torch.float64):
+            t = t.float()
+        return np.ascontiguousarray(t.cpu().numpy())
+
+    W, b = view(weight), view(bias)
     if W.ndim != 2 or W.shape[0] != tree.num_nodes or b.shape != (tree.num_nodes,):
         raise ValueError(f"weights {W.shape} / biases {b.shape} do not fit a tree of {tree.num_nodes} internal nodes")
     return W, b
@@ -474,7 +477,7 @@ def ancestral_sample(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, i
     if input.dim() != 2 or input.shape[1] != W.shape[1]:
         raise ValueError(f"input must have shape (B, {W.shape[1]}), got {tuple(input.shape)}")
     B = input.shape[0]
-    depth = int(a.leaf_depth.max())
+    depth = a.path_nodes.shape[1]  # the deepest leaf (path tables are padded to it): O(1), not O(V)
     U = torch.rand(B, depth, generator=generator, dtype=torch.float64,
                    device=generator.device if generator is not None else "cpu").cpu().numpy()
     H = np.ascontiguousarray(input.detach().to("cpu", torch.float64).numpy())
@@ -489,10 +492,15 @@ def sample_from_log_prob(log_prob: torch.Tensor, generator: torch.Generator | No
     _check_temperature(temperature)
     lp = log_prob.double()
     # Shift first: with a tiny T, lp / T alone is -inf for every word and softmax gives NaN.
-    p = torch.softmax((lp - lp.max(dim=1, keepdim=True).values) / temperature, dim=1)
+    p = torch.softmax((lp - lp.max(dim=1, keepdim=True).values) / temperature, dim=1)  # (B, V)
     if generator is not None and generator.device != p.device:
         p = p.to(generator.device)
-    return torch.multinomial(p, 1, generator=generator).squeeze(1).to(log_prob.device)
+    # Inverse CDF: one uniform per row; O(V) like torch.multinomial, but ~20x cheaper for one
+    # draw from a large V. u is scaled by the total so rounding in the cumsum cannot step past it.
+    cdf = p.cumsum(dim=1)  # (B, V)
+    u = torch.rand(p.shape[0], 1, generator=generator, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
+    word = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=p.shape[1] - 1)
+    return word.to(log_prob.device)
 
 
 def sample(layer, input: torch.Tensor, generator: torch.Generator | None = None, temperature: float = 1.0,
@@ -525,36 +533,33 @@ def score_sentences(model, vocab, sentences: Iterable[str | Sequence[str]], batc
     ``sentences`` are strings (split on whitespace) or token lists. Blank sentences are scored
     too (just ``<eos>``); the CLI skips blank lines, as corpus loading does.
     """
-    from .data import contexts
+    from .evaluate import token_log_probs
 
     index = vocab.index
     eos, unk = vocab.eos, vocab.unk
     n = model.config.context
     device = device if device is not None else next(model.parameters()).device
-    ctxs, tgts, owner, result_oov = [], [], [], []
-    for s_id, sent in enumerate(sentences):
+    # One stream for all sentences, each behind n <eos> that are not scored: the stream scorer
+    # (the numba one on the CPU, as for `hlbl eval`) then sees every sentence from an all-<eos>
+    # context, as if it stood alone.  [eos]*n w1 .. wk eos  [eos]*n w1 ..
+    pieces, lengths, result_oov = [], [], []
+    for sent in sentences:
         toks = sent.split() if isinstance(sent, str) else list(sent)
         ids = [index.get(t, -1) for t in toks]
         result_oov.append(sum(i < 0 for i in ids))
-        stream = np.asarray([unk if i < 0 else i for i in ids] + [eos], dtype=np.int64)
-        ctxs.append(contexts(stream, np.arange(len(stream)), n, eos))
-        tgts.append(stream)
-        owner.append(np.full(len(stream), s_id, dtype=np.int64))
-    if not tgts:
+        pieces.append([eos] * n + [unk if i < 0 else i for i in ids] + [eos])
+        lengths.append(len(ids) + 1)
+    if not pieces:
         return []
-    ctx, tgt, own = np.concatenate(ctxs), np.concatenate(tgts), np.concatenate(owner)
-    lp = np.empty(len(tgt), dtype=np.float64)
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for start in range(0, len(tgt), batch_size):
-            sl = slice(start, start + batch_size)
-            out = model(torch.from_numpy(ctx[sl]).to(device), torch.from_numpy(tgt[sl]).to(device)).output
-            lp[sl] = out.double().cpu().numpy()
-    model.train(was_training)
-    per_sent = np.bincount(own, weights=lp, minlength=len(tgts)) / math.log(10.0)
-    lengths = np.bincount(own, minlength=len(tgts))
-    return [SentenceScore(float(per_sent[i]), int(lengths[i]), int(result_oov[i])) for i in range(len(tgts))]
+    stream = np.fromiter((w for p in pieces for w in p), dtype=np.int32)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    scored = np.ones(len(stream), dtype=bool)  # False on the n padding tokens before each sentence
+    starts = np.concatenate([[0], np.cumsum(lengths + n)[:-1]])
+    scored[(starts[:, None] + np.arange(n)).reshape(-1)] = False
+    lp = token_log_probs(model, stream, eos, batch_size, device)[scored]
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    per_sent = np.bincount(owner, weights=lp, minlength=len(lengths)) / math.log(10.0)
+    return [SentenceScore(float(per_sent[i]), int(lengths[i]), int(result_oov[i])) for i in range(len(lengths))]
 
 
 def score_report(scores: Sequence[SentenceScore]) -> dict:

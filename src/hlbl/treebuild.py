@@ -227,7 +227,12 @@ def _e_step(X: np.ndarray, xx: np.ndarray, seg: np.ndarray, logpi: np.ndarray, m
     mm = (mu * mu).sum(2)
     c = (logpi[:, 0] - logpi[:, 1] - 0.5 * d * (np.log(var[:, 0]) - np.log(var[:, 1]))
          - 0.5 * (mm[:, 0] * inv[:, 0] - mm[:, 1] * inv[:, 1]))
-    z = c[seg] + np.einsum("ij,ij->i", X, a[seg]) - 0.5 * xx * b[seg]
+    # X . a[seg] in chunks: a[seg] whole would be another (I, d) float64 temporary.
+    dots = np.empty(len(X))
+    for lo in range(0, len(X), 1 << 16):
+        hi = lo + (1 << 16)
+        dots[lo:hi] = np.einsum("ij,ij->i", X[lo:hi], a[seg[lo:hi]])
+    z = c[seg] + dots - 0.5 * xx * b[seg]
     # r = sigmoid(z), computed without overflow
     return 1.0 / (1.0 + np.exp(-np.clip(z, -700.0, 700.0)))
 
@@ -256,7 +261,7 @@ def em_responsibilities(X: np.ndarray, seg: np.ndarray, starts: np.ndarray, rng:
     sizes = np.diff(np.append(starts, I))
     w = np.ones(I) if weights is None else np.asarray(weights, dtype=np.float64)
     xx = np.einsum("ij,ij->i", X, X)
-    XW, xxw = X * w[:, None], xx * w
+    XW, xxw = (X, xx) if weights is None else (X * w[:, None], xx * w)  # no (I, d) copy unweighted
     P = csr_matrix((np.ones(I), np.arange(I), np.append(starts, I)), shape=(M, I))
     SX = np.asarray(P @ XW)
     SXX, SW = np.bincount(seg, xxw, M), np.bincount(seg, w, M)
