@@ -158,3 +158,23 @@ def test_large_files_show_progress_on_a_terminal_only(tmp_path, monkeypatch):
         monkeypatch.setattr(sys, "stderr", stream)
         assert data.count_file(root / "train.txt")["a"] == 200_000
         assert ("counting train.txt" in stream.getvalue()) == shown
+
+
+def test_a_very_long_line_is_read_in_pieces_with_one_eos(tmp_path, monkeypatch):
+    """text8-style corpora are one huge line: read in pieces (bounded memory), same stream."""
+    import hlbl.data as data
+
+    words = [f"w{i % 37}" for i in range(5000)]
+    root = tmp_path / "c"
+    root.mkdir()
+    (root / "train.txt").write_text(" ".join(words) + "\nshort line\n\n" + "  ".join(words[:300]) + "  \n")
+    (root / "valid.txt").write_text("w1 w2\n")
+    (root / "test.txt").write_text("w3\n")
+    whole = data.load_corpus(root, cache_dir=tmp_path / "cache1")
+    monkeypatch.setattr(data, "LONG_LINE", 50)  # pieces of ~50 characters, cut at spaces
+    pieces = list(data.iter_sentences(root / "train.txt"))
+    assert len(pieces) > 100 and sum(end for _, end in pieces) == 3
+    assert [t for p, _ in pieces for t in p] == words + ["short", "line"] + words[:300]
+    cut = data.load_corpus(root, cache_dir=tmp_path / "cache2")
+    assert cut.vocab == whole.vocab and np.array_equal(cut["train"], whole["train"])
+    assert int((whole["train"] == whole.vocab.eos).sum()) == 3

@@ -64,9 +64,27 @@ class DataError(ValueError):
 PROGRESS_BYTES = 32 << 20  # files at least this large show a progress bar while read (if stderr is a terminal)
 
 
-def iter_sentences(path: Path, desc: str | None = None) -> Iterator[list[str]]:
-    """Yield the token lists of the non-blank lines of ``path``, with clear errors.
+LONG_LINE = 1 << 20  # characters: longer lines are split into pieces of about this size
 
+
+def _pieces(line: str) -> Iterator[list[str]]:
+    """The tokens of ``line`` in lists of at most about LONG_LINE characters each, cut at whitespace
+    (a text8-style corpus is one 100 MB line: 17M token strings at once would take gigabytes)."""
+    start = 0
+    while len(line) - start > LONG_LINE:
+        cut = start + LONG_LINE
+        while cut < len(line) and not line[cut].isspace():  # never inside a token
+            cut += 1
+        yield line[start:cut].split()
+        start = cut
+    yield line[start:].split()
+
+
+def iter_sentences(path: Path, desc: str | None = None) -> Iterator[tuple[list[str], bool]]:
+    """Yield ``(tokens, ends_line)`` for the non-blank lines of ``path``, with clear errors.
+
+    A line comes as one list, or as several pieces when it is longer than LONG_LINE characters;
+    ``ends_line`` marks its last piece (where the stream gets its ``<eos>``).
     ``desc``: label of the progress bar shown for large files (characters read of the file's size).
     """
     path = Path(path)
@@ -85,9 +103,19 @@ def iter_sentences(path: Path, desc: str | None = None) -> Iterator[list[str]]:
                 if not i & 0xFFFF:  # every 65,536 lines: no per-line call
                     bar.update(chars)
                     chars = 0
-                tokens = line.split()
-                if tokens:
-                    yield tokens
+                if len(line) <= LONG_LINE:
+                    tokens = line.split()
+                    if tokens:
+                        yield tokens, True
+                    continue
+                held = None  # each piece waits for the next, to know whether it ends the line
+                for tokens in _pieces(line):
+                    if tokens:
+                        if held is not None:
+                            yield held, False
+                        held = tokens
+                if held is not None:
+                    yield held, True
     except UnicodeDecodeError:
         raise DataError(f"{path}: not UTF-8 text ({_first_bad_byte(path)})") from None
     finally:
@@ -108,9 +136,9 @@ def _first_bad_byte(path: Path) -> str:
 def count_file(path: Path) -> Counter:
     counts: Counter = Counter()
     lines = 0
-    for tokens in iter_sentences(path, desc=f"counting {Path(path).name}"):
+    for tokens, ends_line in iter_sentences(path, desc=f"counting {Path(path).name}"):
         counts.update(tokens)
-        lines += 1
+        lines += ends_line
     if lines == 0:
         raise DataError(f"{path}: no sentences (the file is empty or blank)")
     counts[EOS] += lines
@@ -238,9 +266,10 @@ def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20) -> in
     buf: list[int] = []
     n = 0
     with atomic.atomic_path(out) as tmp, open(tmp, "wb") as f:  # a bad byte half-way leaves nothing behind
-        for tokens in iter_sentences(path, desc=f"encoding {Path(path).name}"):
+        for tokens, ends_line in iter_sentences(path, desc=f"encoding {Path(path).name}"):
             buf.extend(index.get(t, unk) for t in tokens)
-            buf.append(eos)
+            if ends_line:
+                buf.append(eos)
             if len(buf) >= chunk:
                 f.write(np.asarray(buf, dtype="<i4").tobytes())
                 n += len(buf)
