@@ -76,12 +76,14 @@ space (context words are represented by ``R``, predicted words by the node vecto
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from .data import batches
 from .tree import TreeError, WordTree
@@ -109,11 +111,15 @@ def word_features(model, stream: np.ndarray, pad: int, batch_size: int = 8192,
     model.eval()
     sums = torch.zeros(V, d, dtype=torch.float64)
     n = torch.zeros(V, dtype=torch.int64)
+    bar = tqdm(total=len(stream), unit="w", unit_scale=True, desc="word features", leave=False, file=sys.stderr,
+               mininterval=1.0, disable=None)  # None: only when stderr is a terminal
     for ctx, tgt in batches(stream, model.config.context, batch_size, pad):
         rhat = model.context_vector(torch.from_numpy(ctx).to(device)).double().cpu()  # (B, d)
         t = torch.from_numpy(tgt).long()
         sums.index_add_(0, t, rhat)
         n.index_add_(0, t, torch.ones_like(t))
+        bar.update(len(tgt))
+    bar.close()
     model.train(was_training)
     sums, n = sums.numpy(), n.numpy()
     X = np.empty_like(sums)
@@ -336,7 +342,10 @@ def build_learned_tree(X: np.ndarray, policy: str | Policy = "adaptive", seed: i
     word = np.arange(V, dtype=np.int64)
     n_nodes, first_id = 1, 0  # nodes of this level have ids first_id .. first_id + n_nodes - 1
     made_leaves = 0
+    bar = tqdm(unit="level", desc="splitting", leave=False, file=sys.stderr, mininterval=1.0, disable=None)
     while n_nodes:
+        bar.update(1)
+        bar.set_postfix(nodes=n_nodes, refresh=False)
         rep.levels += 1
         starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
         sizes = np.diff(np.append(starts, len(seg)))
@@ -400,6 +409,7 @@ def build_learned_tree(X: np.ndarray, policy: str | Policy = "adaptive", seed: i
         seg, word = nseg[order], nword[order]
         first_id += n_nodes
         n_nodes = int(internal.sum())
+    bar.close()
     return WordTree(np.concatenate(children).astype(np.int64), V)
 
 
