@@ -239,3 +239,26 @@ def test_factory_refuses_a_tree_for_other_layers():
     for kind in ("flat", "adaptive"):
         with pytest.raises(ValueError, match="takes no tree"):
             make_output_layer(kind, 4, 6, multi_code_tree())
+
+
+@pytest.mark.parametrize("kind", ["tree", "flat", "adaptive"])
+def test_every_layer_has_the_whole_interface(kind):
+    """topk / sample / forward exist on every layer and agree with log_prob (no per-layer dispatch)."""
+    from hlbl.output import OutputLayer
+
+    V = 40
+    layer = make_output_layer(kind, 16, V, random_tree(V, 0) if kind == "tree" else None).double()
+    assert isinstance(layer, OutputLayer)
+    h = torch.randn(5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    lp = layer.log_prob(h)
+    values, ids = layer.topk(h, 3)
+    assert torch.equal(ids, torch.sort(lp, dim=1, descending=True, stable=True).indices[:, :3])
+    assert torch.allclose(values, lp.gather(1, ids), atol=1e-9)
+    t = torch.arange(5)
+    out = layer(h, t)
+    assert torch.allclose(out.output, lp[torch.arange(5), t], atol=1e-9) and torch.isclose(out.loss, -out.output.mean())
+    words = layer.sample(h, torch.Generator().manual_seed(1), temperature=0.7)
+    assert words.shape == (5,) and ((0 <= words) & (words < V)).all()
+    if kind != "tree":
+        with pytest.raises(ValueError, match="per-node temperature needs a tree"):
+            layer.sample(h, None, 0.7, per_node=True)

@@ -420,11 +420,8 @@ def full_topk(log_prob: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def topk(layer, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k next words from any output layer: its own ``topk`` if it has one, else by sorting."""
-    own = getattr(layer, "topk", None)
-    if own is not None:
-        return own(input, k)
-    return full_topk(layer.log_prob(input), k)
+    """Top-k next words from any output layer (:class:`hlbl.output.OutputLayer`)."""
+    return layer.topk(input, k)
 
 
 def topk_matches(values: torch.Tensor, indices: torch.Tensor, full_log_prob: torch.Tensor,
@@ -505,11 +502,8 @@ def sample_from_log_prob(log_prob: torch.Tensor, generator: torch.Generator | No
 
 def sample(layer, input: torch.Tensor, generator: torch.Generator | None = None, temperature: float = 1.0,
            per_node: bool = False) -> torch.Tensor:
-    """Next words from any output layer: its own ``sample`` if it has one, else the full distribution."""
-    own = getattr(layer, "sample", None)
-    if own is not None:
-        return own(input, generator, temperature, per_node)
-    return sample_from_log_prob(layer.log_prob(input), generator, temperature)
+    """Next words from any output layer (:class:`hlbl.output.OutputLayer`)."""
+    return layer.sample(input, generator, temperature, per_node)
 
 
 def _check_temperature(t: float) -> None:

@@ -1,7 +1,7 @@
 """Output layers: from an input vector ``h`` (B, d) to log-probabilities over V words.
 
-Every layer has the same narrow interface (as fastText's ``Loss`` classes do), so the model and
-the training loop never ask which one they hold:
+Every layer subclasses :class:`OutputLayer`, one narrow interface (as fastText's ``Loss`` classes
+do), so the model, the training loop and inference never ask which one they hold:
 
 * ``forward(input (B, d), target (B,)) -> LayerOutput(output (B,), loss ())``: per-example
   log-probabilities of the targets and the mean negative log-likelihood, in the spirit of
@@ -9,7 +9,9 @@ the training loop never ask which one they hold:
 * ``log_prob(input (B, d)) -> (B, V)``: the full distribution;
 * ``init_unigram(counts)``: set biases so that with zero weights the layer predicts the training
   unigram distribution (the paper's appendix; the tree and flat layers; PyTorch's adaptive
-  softmax has no biases and keeps its own initialisation).
+  softmax has no biases and keeps its own initialisation);
+* ``topk(input, k)`` and ``sample(input, generator, temperature)``: by default from ``log_prob``;
+  the tree layer overrides both with exact O(depth)-style searches (:mod:`hlbl.inference`).
 
 :func:`make_output_layer` is the one place that chooses a layer.
 
@@ -69,7 +71,48 @@ def _check_targets(target: torch.Tensor, vocab_size: int) -> None:
         torch._assert_async(((target >= 0) & (target < vocab_size)).all(), "target word ids out of range")
 
 
-class TreeSoftmax(nn.Module):
+class OutputLayer(nn.Module):
+    """The narrow interface of every output layer (as fastText's ``Loss``): a layer gives
+    ``log_prob``, ``target_log_prob`` and ``init_unigram``; ``forward``, ``topk`` and ``sample``
+    follow from them here, and a layer overrides them where it knows a faster exact way (the
+    tree's best-first top-k and ancestral sampling)."""
+
+    vocab_size: int
+
+    def log_prob(self, input: torch.Tensor) -> torch.Tensor:
+        """(B, d) -> (B, V) log-probabilities of every word."""
+        raise NotImplementedError
+
+    def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """(B, d), (B,) -> (B,) log P(target | input)."""
+        raise NotImplementedError
+
+    def init_unigram(self, counts: Sequence[float]) -> None:
+        raise NotImplementedError
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
+        lp = self.target_log_prob(input, target)
+        return LayerOutput(lp, -lp.mean())
+
+    @torch.no_grad()
+    def topk(self, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k by sorting the full distribution (ties: lower word id first; k > V gives all V)."""
+        from .inference import full_topk
+
+        return full_topk(self.log_prob(input), k)
+
+    @torch.no_grad()
+    def sample(self, input: torch.Tensor, generator: torch.Generator | None = None,
+               temperature: float = 1.0, per_node: bool = False) -> torch.Tensor:
+        """(B,) words from ``softmax(log_prob / T)``; ``per_node`` needs a tree."""
+        from .inference import sample_from_log_prob
+
+        if per_node:
+            raise ValueError(f"per-node temperature needs a tree output layer, not {type(self).__name__}")
+        return sample_from_log_prob(self.log_prob(input), generator, temperature)
+
+
+class TreeSoftmax(OutputLayer):
     """Hierarchical softmax over a :class:`~hlbl.tree.WordTree`, exact for multi-code trees.
 
     Internal node j has a vector ``q_j`` (row j of ``weight``) and a bias ``b_j``;
@@ -156,10 +199,6 @@ class TreeSoftmax(nn.Module):
         paths = self.path_log_probs(input, target)
         return torch.logsumexp(paths, dim=1) if self.multi_code else paths[:, 0]
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
-        lp = self.target_log_prob(input, target)
-        return LayerOutput(lp, -lp.mean())
-
     def leaf_log_prob(self, input: torch.Tensor) -> torch.Tensor:
         """(B, L) log-probability of every leaf, in leaf id order."""
         scores = input @ self.weight.t() + self.bias  # (B, N)
@@ -203,7 +242,7 @@ class TreeSoftmax(nn.Module):
         return sample_from_log_prob(self.log_prob(input), generator, temperature)
 
 
-class FlatSoftmax(nn.Module):
+class FlatSoftmax(OutputLayer):
     """The non-hierarchical LBL output: ``P(w | h) = exp(h . q_w + b_w) / Z``."""
 
     def __init__(self, in_features: int, vocab_size: int, init_std: float = 0.0):
@@ -225,27 +264,9 @@ class FlatSoftmax(nn.Module):
         logits = F.linear(input, self.weight, self.bias)
         return -F.cross_entropy(logits, target.long(), reduction="none")  # cross_entropy takes int64 only
 
-    @torch.no_grad()
-    def topk(self, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k by sorting the full distribution (ties: lower word id first)."""
-        from .inference import full_topk
-
-        return full_topk(self.log_prob(input), k)
-
-    @torch.no_grad()
-    def sample(self, input: torch.Tensor, generator: torch.Generator | None = None,
-               temperature: float = 1.0, per_node: bool = False) -> torch.Tensor:
-        """(B,) words from ``softmax(logits / T)`` (``per_node`` has no meaning here)."""
-        from .inference import sample_from_log_prob
-
-        return sample_from_log_prob(self.log_prob(input), generator, temperature)
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
-        lp = self.target_log_prob(input, target)
-        return LayerOutput(lp, -lp.mean())
 
 
-class AdaptiveSoftmax(nn.Module):
+class AdaptiveSoftmax(OutputLayer):
     """PyTorch's ``nn.AdaptiveLogSoftmaxWithLoss`` behind this module's interface (a baseline).
 
     Word ids must be sorted by decreasing frequency (our vocabularies are). Cutoffs default to
@@ -275,13 +296,10 @@ class AdaptiveSoftmax(nn.Module):
     def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return self.asm(input, target).output
 
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
-        out = self.asm(input, target)
-        return LayerOutput(out.output, out.loss)
 
 
 def make_output_layer(kind: str, in_features: int, vocab_size: int, tree: WordTree | None = None,
-                      init_std: float = 0.0) -> nn.Module:
+                      init_std: float = 0.0) -> OutputLayer:
     """The one place that maps an output kind to a layer."""
     if kind == "tree":
         if tree is None:
