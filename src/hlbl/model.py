@@ -60,7 +60,6 @@ class LBL(nn.Module):
     def __init__(self, config: LBLConfig, tree: WordTree | None = None, generator: torch.Generator | None = None):
         super().__init__()
         self.config = config
-        self.tree = tree
         V, d, n = config.vocab_size, config.dim, config.context
         self.R = nn.Embedding(V, d)
         # C_i start at the identity so that r_hat begins as the plain sum of context vectors;
@@ -75,6 +74,11 @@ class LBL(nn.Module):
                 self.C += torch.eye(d)
             else:
                 self.C += 1.0
+
+    @property
+    def tree(self) -> WordTree | None:
+        """The output layer's word tree (None for flat and adaptive output): one copy, the layer's."""
+        return getattr(self.out, "tree", None)
 
     def init_unigram(self, counts: Sequence[float]) -> None:
         self.out.init_unigram(counts)
