@@ -62,7 +62,9 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
         raise DataError("the training stream has ids outside the vocabulary")
     bos, base = V, V + 1
     eos = vocab.eos
-    stream = stream.astype(np.int64)
+    # Positions, rows and ids fit int32 below 2^31 padded tokens: half the memory of int64.
+    idx = np.int32 if 2 * len(stream) < np.iinfo(np.int32).max else np.int64
+    stream = stream.astype(idx)
 
     # seq: (T,) every sentence as <s> w_1 .. w_n </s>; pos: (T,) offset from that sentence's <s>.
     is_start = np.zeros(len(stream), dtype=bool)
@@ -71,9 +73,10 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
     starts = np.flatnonzero(is_start)
     seq = np.insert(stream, starts, bos)
     bos_at = starts + np.arange(len(starts))
-    last_bos = np.zeros(len(seq), dtype=np.int64)
+    last_bos = np.zeros(len(seq), dtype=idx)
     last_bos[bos_at] = bos_at
-    pos = np.arange(len(seq)) - np.maximum.accumulate(last_bos)
+    pos = np.arange(len(seq), dtype=idx) - np.maximum.accumulate(last_bos)
+    del last_bos
 
     # Per order k (list index k-1): context row, last word, raw count, row of the suffix
     # (k-1)-gram, and whether the n-gram starts with <s>. Order 1 is dense over word ids.
@@ -87,16 +90,19 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
         at = np.flatnonzero(pos >= k - 1)  # windows of length k that stay inside a sentence
         if len(at) == 0:
             raise DataError(f"no sentence is long enough for {k}-grams; lower --order")
-        key = row_prev[at - 1] * base + seq[at]
+        key = row_prev[at - 1].astype(np.int64) * base + seq[at]  # int64: rows x V' can pass 2^31
         uniq, first, inv, cnt = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
-        ctx_of.append(uniq // base)
-        word_of.append(uniq % base)
+        del key
+        ctx_of.append((uniq // base).astype(idx))
+        word_of.append((uniq % base).astype(idx))
+        del uniq
         raw.append(cnt.astype(np.int64))
-        suffix_of.append(row_prev[at[first]])
+        suffix_of.append(row_prev[at[first]].astype(idx))
         starts_bos.append(seq[at[first] - (k - 1)] == bos)
-        row = np.full(len(seq), -1, dtype=np.int64)
+        row = np.full(len(seq), -1, dtype=idx)
         row[at] = inv.reshape(-1)
         row_prev = row
+        del at, first, inv, cnt
 
     # Adjusted counts: raw at the top order and for n-grams starting with <s> (nothing can
     # precede <s>); otherwise the continuation count N1+(. w_1..w_k) = number of distinct
@@ -109,6 +115,7 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
             a = np.bincount(suffix_of[k], minlength=len(raw[k - 1])).astype(np.int64)
             a[starts_bos[k - 1]] = raw[k - 1][starts_bos[k - 1]]
         adjusted.append(a)
+    del raw, starts_bos  # only the adjusted counts are needed from here
 
     discounts = [modified_kn_discounts(a)[0] for a in adjusted]
 
@@ -140,11 +147,13 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
         backoffs.append(np.where(is_ctx, np.log10(gamma), 0.0))
     backoffs.append(np.zeros(len(probs[-1])))
 
-    log10_prob = [np.log10(p) for p in probs]
+    del adjusted, suffix_of
+    log10_prob = [np.log10(p, out=p) for p in probs]  # in place: no second float64 copy per order
     log10_prob[0][bos] = -99.0  # <s> is only ever a context (the ARPA convention)
-    keys = [np.arange(base, dtype=np.int64)] + [
-        ctx_of[k] * base + word_of[k] for k in range(1, order)
-    ]
+    keys = [np.arange(base, dtype=np.int64)]
+    for k in range(1, order):
+        keys.append(ctx_of[k].astype(np.int64) * base + word_of[k])
+        ctx_of[k] = word_of[k] = None  # freed as each order's keys are made
     words = tuple(arpa_word(w) for w in vocab.words) + (BOS_WORD,)
     return NgramModel(words, keys, log10_prob, backoffs, discounts=[tuple(d) for d in discounts])
 
