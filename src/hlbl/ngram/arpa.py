@@ -52,7 +52,7 @@ class ArpaError(DataError):
 _FMT = "{:.8g}"
 
 
-def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True) -> None:
+def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True, chunk: int = 1 << 18) -> None:
     """Write ``model`` as an ARPA file (atomically: a temporary file, then a rename).
 
     With ``cache``, the binary copy that :func:`read_arpa` would make is stored too, holding
@@ -78,17 +78,22 @@ def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True) -
                     prev = text
                     text = [prev[c] + " " + words[x] for c, x in zip(ctx.tolist(), w.tolist())]
                 f.write(f"\n\\{k}-grams:\n")
-                lp = list(map(fmt, model.log10_prob[k - 1].tolist()))
                 bo = model.log10_backoff[k - 1]
                 # A back-off is written where it is not 0 (weight 1): never at the top order,
                 # nor for n-grams that are no context (ending in </s>, say).
                 has_bo = bo != 0.0 if k < model.order else np.zeros(len(bo), dtype=bool)
-                bo_txt = [fmt(b) if h else "" for b, h in zip(bo.tolist(), has_bo.tolist())]
-                f.writelines([
-                    f"{p}\t{t}\t{b}\n" if b else f"{p}\t{t}\n" for p, t, b in zip(lp, text, bo_txt)
-                ])
-                written_lp.append(np.asarray(lp, dtype=np.float64))
-                written_bo.append(np.asarray([b or "0" for b in bo_txt], dtype=np.float64))
+                lp_out, bo_out = np.empty(len(bo)), np.empty(len(bo))
+                for lo in range(0, len(bo), chunk):  # formatted strings for a chunk at a time
+                    hi = min(lo + chunk, len(bo))
+                    lp = list(map(fmt, model.log10_prob[k - 1][lo:hi].tolist()))
+                    bo_txt = [fmt(b) if h else "" for b, h in zip(bo[lo:hi].tolist(), has_bo[lo:hi].tolist())]
+                    f.writelines([
+                        f"{p}\t{t}\t{b}\n" if b else f"{p}\t{t}\n" for p, t, b in zip(lp, text[lo:hi], bo_txt)
+                    ])
+                    lp_out[lo:hi] = np.asarray(lp, dtype=np.float64)  # the values as written
+                    bo_out[lo:hi] = np.asarray([b or "0" for b in bo_txt], dtype=np.float64)
+                written_lp.append(lp_out)
+                written_bo.append(bo_out)
             f.write("\n\\end\\\n")
         os.replace(tmp, path)
     except BaseException:
