@@ -263,3 +263,21 @@ def test_training_variants_run_end_to_end(tmp_path, capsys, flags):
     assert 1 < report["test_perplexity"] < unigram and len(_metrics(tmp_path / "r")) == 2
     assert main(["eval", str(tmp_path / "r"), "--device", "cpu"]) == 0
     assert json.loads(capsys.readouterr().out)["perplexity"] == pytest.approx(report["test_perplexity"], rel=1e-6)
+
+
+def test_resume_refuses_reordered_training_text_and_a_changed_valid_split(tmp_path, capsys):
+    """The same words in another order are other training text; a new valid split would compare
+    early stopping against the old best perplexity."""
+    data = tiny_corpus(tmp_path / "c")
+    args = ["--out", str(tmp_path / "run"), "--dim", "8", "--quiet", "--device", "cpu"]
+    assert main(["train", "--data", str(data), "--epochs", "1", *args]) == 0
+    assert "data_sha256" in json.loads((tmp_path / "run" / "run.json").read_text())
+    lines = (data / "train.txt").read_text().splitlines()
+    (data / "train.txt").write_text("\n".join(reversed(lines)) + "\n")
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--epochs", "2", "--resume", *args]) == 2
+    assert "the train split" in capsys.readouterr().err
+    (data / "train.txt").write_text("\n".join(lines) + "\n")
+    (data / "valid.txt").write_text((data / "valid.txt").read_text() + "the cat\n")
+    assert main(["train", "--data", str(data), "--epochs", "2", "--resume", *args]) == 2
+    assert "the valid split" in capsys.readouterr().err

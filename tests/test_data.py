@@ -178,3 +178,23 @@ def test_a_very_long_line_is_read_in_pieces_with_one_eos(tmp_path, monkeypatch):
     cut = data.load_corpus(root, cache_dir=tmp_path / "cache2")
     assert cut.vocab == whole.vocab and np.array_equal(cut["train"], whole["train"])
     assert int((whole["train"] == whole.vocab.eos).sum()) == 3
+
+
+def test_a_vocabulary_pickles_after_its_index_is_built():
+    import copy
+    import pickle
+
+    v = Vocab(("<eos>", "<unk>", "a"), (3, 0, 2))
+    assert v.index["a"] == 2
+    assert pickle.loads(pickle.dumps(v)) == v and copy.deepcopy(v).index == v.index
+
+
+def test_a_path_object_is_a_path_not_a_name(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    write_corpus(tmp_path / "shared" / "mini", {"train": ["a b"], "valid": ["a"], "test": ["b"]})
+    write_corpus(tmp_path / "here" / "mini", {"train": ["c d"], "valid": ["c"], "test": ["d"]})
+    monkeypatch.setenv("HLBL_DATA", str(tmp_path / "shared"))
+    monkeypatch.chdir(tmp_path / "here")
+    assert resolve_corpus(Path("./mini")) == Path("mini")  # the local one, though str() reads "mini"
+    assert resolve_corpus("mini") == tmp_path / "shared" / "mini"

@@ -579,3 +579,14 @@ def test_ptb_matches_kenlm_reference():
             lp = token_log_probs(model, corpus[split], corpus.vocab)
             assert len(lp) == len(corpus[split])
             assert math.exp(-lp.mean()) == pytest.approx(ref, abs=0.01), (order, split)
+
+
+def test_arpa_vocabulary_with_a_literal_eos_word():
+    """An ARPA from a corpus with explicit <eos> markers lists <eos> as a word: it is our <eos>."""
+    from hlbl.ngram.commands import arpa_vocab
+
+    class Fake:
+        words = ("<unk>", "<s>", "</s>", "the", "<eos>")
+
+    v = arpa_vocab(Fake())
+    assert v.words.count("<eos>") == 1 and set(v.words) == {"<eos>", "<unk>", "the"}

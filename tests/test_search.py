@@ -430,3 +430,16 @@ def test_cli_output_into_a_closed_pipe_ends_quietly(tiny_run, tmp_path):
     cmd = f"{sys.executable} -m hlbl generate {run} --tokens 30000 --device cpu | head -c 10"
     res = subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], capture_output=True, text=True, timeout=120)
     assert res.returncode == 141 and res.stderr == "" and len(res.stdout) == 10
+
+
+def test_sampling_refuses_a_distribution_without_mass():
+    for bad in (torch.full((1, 4), float("nan")), torch.full((1, 4), -float("inf"))):
+        with pytest.raises(ValueError, match="cannot sample"):
+            sample_from_log_prob(bad, torch.Generator().manual_seed(0), 0.7)
+
+
+def test_generate_needs_a_whole_token_count():
+    model = LBL(LBLConfig(10, dim=4, context=2), random_tree(10, 0), torch.Generator().manual_seed(0))
+    for bad in (3.0, -1, True):
+        with pytest.raises(ValueError, match="num_tokens"):
+            model.generate([1], bad, 0)

@@ -129,12 +129,16 @@ def read_state(path: Path) -> dict:
     return {k: v for k, v in obj.items() if k not in ("format", "version")}
 
 
-def save_run_files(run_dir: Path, model: LBL, vocab: Vocab, train_config: dict, corpus: str) -> None:
-    """The files that do not change during training: run.json, vocab.json, tree.json."""
+def save_run_files(run_dir: Path, model: LBL, vocab: Vocab, train_config: dict, corpus: str,
+                   data_sha256: dict[str, str] | None = None) -> None:
+    """The files that do not change during training: run.json, vocab.json, tree.json.
+
+    ``data_sha256``: :func:`hlbl.data.stream_fingerprint` of the splits trained and validated on,
+    so that a resume can check it continues on the same text (a run made without it still loads)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "run.json", {
         "format": RUN_FORMAT, "version": FORMAT_VERSION, "model": model.config.to_json(),
-        "train": train_config, "corpus": corpus,
+        "train": train_config, "corpus": corpus, **({"data_sha256": data_sha256} if data_sha256 else {}),
     })
     write_json(run_dir / "vocab.json", vocab.to_json())
     if model.tree is not None:
@@ -183,6 +187,15 @@ def read_run(run_dir: str | os.PathLike) -> dict:
     return info
 
 
+def read_vocab(run_dir: str | os.PathLike) -> Vocab:
+    """A run's vocabulary (``vocab.json``), with errors that name the file."""
+    path = Path(run_dir) / "vocab.json"
+    try:
+        return Vocab.from_json(read_json(path, "vocabulary"))
+    except DataError as e:
+        raise CheckpointError(f"{path}: {e}") from None
+
+
 def load_model(run_dir: str | os.PathLike, which: str = "best", device: str | torch.device = "cpu"
                ) -> tuple[LBL, Vocab, dict]:
     """The model of a run (``best`` or ``last`` weights), its vocabulary and run description."""
@@ -192,10 +205,7 @@ def load_model(run_dir: str | os.PathLike, which: str = "best", device: str | to
         config = LBLConfig.from_json(info["model"])
     except (TypeError, KeyError, ValueError) as e:
         raise CheckpointError(f"{run_dir / 'run.json'}: bad model config ({e})") from None
-    try:
-        vocab = Vocab.from_json(read_json(run_dir / "vocab.json", "vocabulary"))
-    except DataError as e:
-        raise CheckpointError(f"{run_dir / 'vocab.json'}: {e}") from None
+    vocab = read_vocab(run_dir)
     if len(vocab) != config.vocab_size:
         raise CheckpointError(f"{run_dir / 'vocab.json'}: {len(vocab)} words, the model {config.vocab_size}")
     tree = None

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from . import distributed
-from .checkpoint import CheckpointError, load_model, read_state
-from .data import DataError, corpus_record, load_corpus, min_count_arg, resolve_corpus
+from .checkpoint import CheckpointError, load_model, read_state, read_vocab
+from .data import DataError, corpus_record, load_corpus, min_count_arg, resolve_corpus, stream_fingerprint
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .output import OUTPUT_KINDS
@@ -68,11 +68,17 @@ def _set_threads(threads: int | None) -> None:
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
-def _same_training_text(corpus, vocab) -> bool:
-    """Whether ``corpus``'s training split is the text ``vocab`` was counted from: the vocabulary
-    holds every kept word's exact training count (cut words summed into ``<unk>``), so the
-    encoded split reproduces them exactly. Paths may move; the text is what must match."""
-    return np.array_equal(np.bincount(corpus["train"], minlength=len(vocab)), np.asarray(vocab.counts))
+def _differing_split(corpus, vocab, info: dict) -> str | None:
+    """Which split of ``corpus`` is not the text the run was trained on (None: both match).
+
+    Paths may move; the text is what must match. Runs record fingerprints of their encoded train
+    and valid splits; for older runs the vocabulary's exact training counts (cut words summed
+    into ``<unk>``) are compared with the encoded train split instead."""
+    recorded = info.get("data_sha256")
+    if recorded:
+        return next((s for s in ("train", "valid") if stream_fingerprint(corpus[s]) != recorded.get(s)), None)
+    same = np.array_equal(np.bincount(corpus["train"], minlength=len(vocab)), np.asarray(vocab.counts))
+    return None if same else "train"
 
 
 def cmd_train(args) -> int:
@@ -108,8 +114,9 @@ def _train(args, device: str) -> int:
     if args.resume and (out / "run.json").exists():
         model, vocab, info = load_model(out, which="last")
         corpus = load_corpus(args.data, vocab=vocab, splits=splits)  # the run's own vocabulary, whatever the flags say now
-        if not _same_training_text(corpus, vocab):
-            raise DataError(f"the training text of --data {args.data} is not the one {out} was trained on "
+        differs = _differing_split(corpus, vocab, info)
+        if differs:
+            raise DataError(f"the {differs} split of --data {args.data} is not the one {out} was trained on "
                             f"({info['corpus']}); resume with the same corpus")
         train = {**info["train"], "max_epochs": args.epochs or info["train"]["max_epochs"]}
         if not train.get("max_train_tokens"):
@@ -242,9 +249,10 @@ def cmd_tree_stats(args) -> int:
             raise TreeError(f"{args.tree}: tree has {tree.num_words} words, the corpus vocabulary {len(corpus.vocab)} "
                             "(build the vocabulary as for the tree: --min-count / --max-vocab)")
         counts = corpus.vocab.counts
-    elif (path.parent / "vocab.json").is_file() and path.name == "tree.json":
-        _, vocab, _ = load_model(path.parent)  # checks the run's files belong together
-        counts = vocab.counts
+    elif path != Path(args.tree):  # a run directory: its vocabulary's training counts
+        counts = read_vocab(path.parent).counts
+        if len(counts) != tree.num_words:
+            raise TreeError(f"{path}: tree has {tree.num_words} words, the run's vocabulary {len(counts)}")
     print(json.dumps(tree.stats(counts)))
     return 0
 

@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import sys
-import types
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,9 +200,9 @@ class Vocab:
 
     # Built once per vocabulary (words are immutable): callers look words up line by line.
     @functools.cached_property
-    def index(self) -> Mapping[str, int]:
-        """Word -> id, read-only."""
-        return types.MappingProxyType({w: i for i, w in enumerate(self.words)})
+    def index(self) -> dict[str, int]:
+        """Word -> id (shared by every caller: do not modify it)."""
+        return {w: i for i, w in enumerate(self.words)}
 
     @functools.cached_property
     def eos(self) -> int:
@@ -279,6 +278,12 @@ def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20) -> in
         if n == 0:
             raise DataError(f"{path}: no sentences (the file is empty or blank)")
     return n
+
+
+def stream_fingerprint(stream: np.ndarray) -> str:
+    """SHA-256 of an encoded split (its int32 ids): the same text under the same vocabulary, and
+    nothing else, has the same fingerprint (a run records its train and valid splits')."""
+    return hashlib.sha256(np.ascontiguousarray(stream, dtype="<i4").data).hexdigest()
 
 
 def default_cache_dir() -> Path:
@@ -364,7 +369,9 @@ def load_corpus(
 
 
 def _is_name(spec: str | os.PathLike) -> bool:
-    """``ptb`` is a corpus name; ``./ptb``, ``data/ptb`` and ``/abs/ptb`` are paths."""
+    """``ptb`` is a corpus name; ``./ptb``, ``data/ptb``, ``/abs/ptb`` and any ``Path`` are paths."""
+    if isinstance(spec, os.PathLike):  # str(Path("./ptb")) is "ptb": the caller meant a path
+        return False
     s = str(spec)
     return bool(s) and not (os.sep in s or "/" in s or s in (".", "..") or Path(s).is_absolute())
 

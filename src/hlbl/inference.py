@@ -494,6 +494,8 @@ def sample_from_log_prob(log_prob: torch.Tensor, generator: torch.Generator | No
         p = p.to(generator.device)
     # Inverse CDF: one uniform per row; O(V) like torch.multinomial, but ~20x cheaper for one
     # draw from a large V. u is scaled by the total so rounding in the cumsum cannot step past it.
+    if not torch.isfinite(p).all():  # NaN scores, or every word at -inf: no distribution to draw from
+        raise ValueError("cannot sample: the distribution has NaN or no probability mass (a diverged model?)")
     cdf = p.cumsum(dim=1)  # (B, V)
     u = torch.rand(p.shape[0], 1, generator=generator, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
     word = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=p.shape[1] - 1)

@@ -138,7 +138,7 @@ class LBL(nn.Module):
         """
         from .inference import sample
 
-        if isinstance(num_tokens, bool) or int(num_tokens) != num_tokens or num_tokens < 0:
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
             raise ValueError(f"num_tokens must be a whole number >= 0, got {num_tokens!r}")
         n = self.config.context
         device = self.R.weight.device

@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import distributed as ddp
-from .data import Corpus, DataError, contexts, epoch_order
+from .data import Corpus, DataError, contexts, epoch_order, stream_fingerprint
 from .evaluate import evaluate
 from .model import LBL
 
@@ -218,7 +218,8 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
         ckpt.restore_optimizer(optimizer, tensors, state["optimizer"])
         log(f"resuming after epoch {state['epoch']} (best valid perplexity {state['best_valid_ppl']:.2f})")
     elif rank == 0:
-        ckpt.save_run_files(run_dir, model, corpus.vocab, asdict(cfg), corpus_spec)
+        ckpt.save_run_files(run_dir, model, corpus.vocab, asdict(cfg), corpus_spec,
+                            {s: stream_fingerprint(corpus[s]) for s in ("train", "valid")})
         (run_dir / "metrics.jsonl").write_text("")
     ddp.broadcast_parameters(model)  # every rank starts from rank 0's parameters
     while not state["done"] and state["epoch"] < cfg.max_epochs:

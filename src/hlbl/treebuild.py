@@ -136,7 +136,7 @@ def features_from_run(run_dir: str | Path, corpus=None, which: str = "best") -> 
 
     model, vocab, info = load_model(run_dir, which=which)
     if corpus is None:
-        corpus = load_corpus(info["corpus"], vocab=vocab)
+        corpus = load_corpus(info["corpus"], vocab=vocab, splits=("train",))
     if len(corpus.vocab) != model.config.vocab_size:
         raise TreeError(f"{run_dir}: model has {model.config.vocab_size} words, the corpus {len(corpus.vocab)}")
     return word_features(model, corpus["train"], corpus.vocab.eos)

@@ -50,7 +50,7 @@ def arpa_vocab(model) -> Vocab:
     """The ARPA model's own vocabulary as one of ours (``</s>`` is our ``<eos>``; ``<s>`` is no
     word of a stream), so that every word the model knows is scored as itself, as KenLM's
     ``query`` does, whatever vocabulary flags built it. Counts are unknown: zero."""
-    words = [EOS, UNK] + [w for w in model.words if w not in (BOS_WORD, EOS_WORD, UNK)]
+    words = [EOS, UNK] + [w for w in model.words if w not in (BOS_WORD, EOS_WORD, UNK, EOS)]
     return Vocab(tuple(words), (0,) * len(words))
 
 
