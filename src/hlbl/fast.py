@@ -68,8 +68,8 @@ arithmetic; at 1M a batch touches ~7,800 distinct rows (~3,600 at 10k), most of 
 and a step waits for memory. So: the row loops prefetch rows a few iterations ahead
 (``_prefetch``, LLVM's prefetch intrinsic); the path and slot tables are prefetched in
 ``_gather`` / ``_csr``; step stamps are int32; the big tables sit on 2 MiB pages
-(:mod:`hlbl.memory`; +15-25% at 1M). The catch-up then runs near the machine's rate for cold rows
-(~150 ns a row at 1M; ``bench/memfloor.py`` measures ~109 ns to read a random 400-byte row and
+(:mod:`hlbl.memory`; +10% at 1M, ``bench/hugepages.py``). The catch-up then runs near the
+machine's rate for cold rows (~150 ns a row at 1M; ``bench/memfloor.py`` measures ~109 ns to read a random 400-byte row and
 its momentum row alone, ~118 ns to update them, ~9 ns per 64-byte line: the core's miss
 throughput, whatever the prefetch distance). At 1M the catch-up alone is ~1.2 ms per batch of
 1,000 (0.2 at 10k), on top of the arithmetic of paths 20/14 times longer than at 10k.

@@ -1,0 +1,78 @@
+"""What 2 MiB pages (``hlbl.memory``) are worth to the fast engine at V = 1M: A/B in child processes.
+
+    python bench/hugepages.py                 # about 3 minutes, ~2.5 GB of memory
+
+Each child builds the scaling benchmark's model (BALANCED tree over V Zipf-ordered words, d = 100,
+context 5, the default recipe) and trains ``--batches`` steps for 3 epochs with 1 thread, with
+the engine's huge-page advice on, or replaced by a no-op (off); words/s is that of the steps
+alone (``stats["steps_s"]``), best of the last two epochs. Runs alternate on/off ``--rounds``
+times (the machine is shared: compare within a round). Prints one JSON line per run, then a
+summary line with the median on/off ratio; ``anon_huge_kb`` shows how much memory the kernel
+actually backed with huge pages.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def child(mode: str, V: int, batches: int) -> dict:
+    import numpy as np
+    import torch
+
+    from hlbl import fast
+    from hlbl.model import LBL, LBLConfig
+    from hlbl.train import TrainConfig, make_optimizer
+    from hlbl.tree import balanced_tree
+    from throughput import zipf_stream
+
+    if mode == "off":
+        fast.prefer_huge_pages = lambda *a, **k: 0  # the engine's one call site
+    torch.set_num_threads(1)
+    stream = zipf_stream(V, 1_500_000, seed=2)
+    model = LBL(LBLConfig(V, dim=100, context=5), balanced_tree(np.arange(V)), torch.Generator().manual_seed(0))
+    model.init_unigram(np.bincount(stream, minlength=V).astype(np.float64))
+    cfg = TrainConfig(progress=False)
+    opt = make_optimizer(model, cfg, cfg.lr)
+    wps = []
+    for epoch in (1, 2, 3):
+        stats: dict = {}
+        fast.train_epoch(model, opt, stream, 0, cfg, epoch, False, threads=1, max_batches=batches, stats=stats)
+        wps.append(batches * cfg.batch_size / stats["steps_s"])
+    huge = int(Path("/proc/self/smaps_rollup").read_text().split("AnonHugePages:")[1].split()[0])
+    return {"mode": mode, "V": V, "steps_wps": round(max(wps[1:])), "anon_huge_kb": huge}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--vocab", type=int, default=1_000_000)
+    p.add_argument("--batches", type=int, default=300)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--child", choices=("on", "off"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        sys.path.insert(0, str(HERE))
+        print(json.dumps(child(args.child, args.vocab, args.batches)))
+        return
+    ratios = []
+    for _ in range(args.rounds):
+        got = {}
+        for mode in ("on", "off"):
+            out = subprocess.run([sys.executable, __file__, "--child", mode, "--vocab", str(args.vocab),
+                                  "--batches", str(args.batches)], capture_output=True, text=True, check=True)
+            got[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+            print(json.dumps(got[mode]), flush=True)
+        ratios.append(got["on"]["steps_wps"] / got["off"]["steps_wps"])
+    print(json.dumps({"V": args.vocab, "on_over_off": [round(r, 3) for r in ratios],
+                      "median_on_over_off": round(statistics.median(ratios), 3)}))
+
+
+if __name__ == "__main__":
+    main()
