@@ -215,7 +215,7 @@ def load_model(run_dir: str | os.PathLike, which: str = "best", device: str | to
         except TreeError as e:
             raise CheckpointError(str(e)) from None
     try:
-        model = LBL(config, tree)
+        model = LBL(config, tree, init=False)  # every weight comes from the file
     except ValueError as e:  # e.g. a tree over another vocabulary, an unknown output layer
         raise CheckpointError(f"{run_dir}: {e}") from None
     load_weights(run_dir / f"{which}.safetensors", model)

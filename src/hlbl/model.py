@@ -57,16 +57,21 @@ class LBLConfig:
 
 
 class LBL(nn.Module):
-    def __init__(self, config: LBLConfig, tree: WordTree | None = None, generator: torch.Generator | None = None):
+    def __init__(self, config: LBLConfig, tree: WordTree | None = None, generator: torch.Generator | None = None,
+                 *, init: bool = True):
+        """``init=False`` leaves the weights unset, for a caller that loads them next (a checkpoint:
+        drawing V x d Gaussians first costs seconds at V = 1M)."""
         super().__init__()
         self.config = config
         V, d, n = config.vocab_size, config.dim, config.context
-        self.R = nn.Embedding(V, d)
+        self.R = nn.Embedding(V, d, _weight=torch.zeros(V, d))  # initialised below, with our generator
         # C_i start at the identity so that r_hat begins as the plain sum of context vectors;
         # small Gaussian noise breaks the symmetry between positions.
         shape = (n, d, d) if config.full_context else (n, d)
         self.C = nn.Parameter(torch.zeros(shape))
         self.out = make_output_layer(config.output, d, V, tree)
+        if not init:
+            return
         with torch.no_grad():
             for p in (self.R.weight, self.C, *[p for name, p in self.out.named_parameters() if "bias" not in name]):
                 p.normal_(0.0, config.init_std, generator=generator)

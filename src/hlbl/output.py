@@ -59,6 +59,13 @@ def _unigram(counts: Sequence[float], vocab_size: int) -> np.ndarray:
     return np.maximum(c / c.sum(), np.finfo(np.float64).tiny)
 
 
+def _gaussian(shape: tuple[int, int], std: float) -> torch.Tensor:
+    """N(0, std^2) weights drawn in place (no second V x d temporary); zeros, without drawing, for
+    std 0 (the LBL draws its own with its generator)."""
+    w = torch.zeros(shape)
+    return w.normal_(0.0, std) if std > 0 else w
+
+
 def _check_targets(target: torch.Tensor, vocab_size: int) -> None:
     """Word ids must be int32/int64 in 0..V-1: a negative id would silently index from the end (no
     padding id), and a uint8 or bool tensor would index as a mask."""
@@ -131,7 +138,7 @@ class TreeSoftmax(OutputLayer):
         self.in_features = in_features
         self._tree = tree
         self.vocab_size = tree.num_words
-        self.weight = nn.Parameter(torch.empty(tree.num_nodes, in_features).normal_(0.0, init_std))  # in place: no V x d temporary
+        self.weight = nn.Parameter(_gaussian((tree.num_nodes, in_features), init_std))
         self.bias = nn.Parameter(torch.zeros(tree.num_nodes))
         # Buffers are derived from the tree; they are rebuilt, not saved (persistent=False).
         sign = np.where(tree.path_bits == 1, np.float32(1.0), np.float32(-1.0)) * tree.path_mask  # float32: no L x D float64 temporary
@@ -249,7 +256,7 @@ class FlatSoftmax(OutputLayer):
         super().__init__()
         self.in_features = in_features
         self.vocab_size = vocab_size
-        self.weight = nn.Parameter(torch.empty(vocab_size, in_features).normal_(0.0, init_std))
+        self.weight = nn.Parameter(_gaussian((vocab_size, in_features), init_std))
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
     def init_unigram(self, counts: Sequence[float]) -> None:
