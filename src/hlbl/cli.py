@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from . import distributed
-from .checkpoint import CheckpointError, load_model, read_state, read_vocab
+from .checkpoint import CheckpointError, load_model, read_run, read_state, read_vocab
 from .data import DataError, corpus_record, load_corpus, min_count_arg, resolve_corpus, stream_fingerprint
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
@@ -276,7 +276,7 @@ def cmd_tree_build(args) -> int:
     if args.max_leaves_per_word is not None and not args.max_leaves_per_word >= 1:
         raise DataError(f"--max-leaves-per-word must be at least 1 (every word has a leaf), got {args.max_leaves_per_word}")
     parse_policy(args.policy)  # fail on a bad policy before the feature pass
-    _, vocab, info = load_model(args.run, which="best")
+    vocab, info = read_vocab(args.run), read_run(args.run)  # the model itself is loaded once, below
     corpus = load_corpus(args.data or info["corpus"], vocab=vocab, splits=("train",))
     t0 = time.perf_counter()
     X, n = features_from_run(args.run, corpus)
