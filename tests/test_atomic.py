@@ -1,0 +1,33 @@
+"""hlbl.atomic: a file is replaced whole or not at all."""
+
+import os
+import stat
+
+import pytest
+
+from hlbl import atomic
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path):
+    dest = tmp_path / "f.json"
+    atomic.write_text(dest, "old")
+    with pytest.raises(RuntimeError):
+        with atomic.atomic_path(dest) as tmp, open(tmp, "w") as f:
+            f.write("half of the new")
+            raise RuntimeError("killed mid-write")
+    assert dest.read_text() == "old" and os.listdir(tmp_path) == ["f.json"]
+
+
+def test_permissions_follow_the_umask_and_errors_name_the_destination(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic.write_bytes(tmp_path / "g", b"x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "g").stat().st_mode) == 0o640  # not mkstemp's 0600
+    (tmp_path / "d").mkdir()
+    with pytest.raises(OSError, match="cannot write .*d"):
+        atomic.write_text(tmp_path / "d", "a directory is in the way")
+    with pytest.raises(OSError, match="cannot write .*missing"):
+        atomic.write_text(tmp_path / "missing" / "f", "no such directory")
+    assert sorted(os.listdir(tmp_path)) == ["d", "g"]
