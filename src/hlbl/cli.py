@@ -472,6 +472,8 @@ def _stdin_chunks(size: int = 1024):
 
     Read as corpus files are, whatever the locale: UTF-8 (a leading byte-order mark dropped),
     strictly, and with the same line ends (\\n, \\r\\n or a lone \\r)."""
+    if sys.stdin.isatty():  # someone typing: answer each line as it comes
+        size = 1
     stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", errors="strict", newline=None)
     chunk, lines = [], 0
     try:
