@@ -194,3 +194,18 @@ def test_resume_after_the_rate_drop_keeps_the_low_rate(tmp_path, corpus, scripte
     fit(resumed, corpus, cfg, tmp_path / "halves", resume=True, log=lambda *a: None)
     assert scripted["lr"][4] == scripted["lr"][5] == {3e-5}
     assert all(torch.equal(x, y) for x, y in zip(straight.state_dict().values(), resumed.state_dict().values()))
+
+
+def test_a_checkpoint_torn_between_epochs_is_refused_at_resume(tmp_path, corpus):
+    """Killed after the epoch-2 tensors were written but before the state that points at them:
+    resuming must not mix epoch-2 weights with the epoch-1 state."""
+    from hlbl import checkpoint as ckpt
+
+    model, _ = train(tmp_path, "torn", corpus, epochs=1)
+    run = tmp_path / "torn"
+    ckpt.save_weights(run / "last.safetensors", model, epoch=2)  # the newer file, its state never written
+    V = len(corpus.vocab)
+    resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
+    with pytest.raises(ckpt.CheckpointError, match="ends epoch 2 but state.json says 1"):
+        fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), run, resume=True,
+            log=lambda *a: None)

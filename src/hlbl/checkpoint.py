@@ -153,12 +153,26 @@ def _weights_meta(model: LBL) -> dict[str, str]:
     return meta
 
 
-def save_weights(path: Path, model: LBL) -> None:
-    save_tensors(path, dict(model.state_dict()), meta=_weights_meta(model))
+def save_weights(path: Path, model: LBL, epoch: int | None = None) -> None:
+    """``epoch``: the training epoch these weights end (a run's ``last`` checkpoint records it)."""
+    epoch_meta = {} if epoch is None else {"epoch": str(int(epoch))}
+    save_tensors(path, dict(model.state_dict()), meta={**_weights_meta(model), **epoch_meta})
 
 
-def load_weights(path: Path, model: LBL) -> None:
+def check_epoch(path: Path, meta: dict[str, str], epoch: int) -> None:
+    """A checkpoint file must end the epoch its state.json says (files written before the
+    epoch was recorded pass). They differ when a run was killed between writing the files and
+    the state that points at them."""
+    if "epoch" in meta and meta["epoch"] != str(int(epoch)):
+        raise CheckpointError(f"{path} ends epoch {meta['epoch']} but state.json says {epoch}: the run was "
+                              "stopped while writing its checkpoint; best.safetensors still holds the best weights")
+
+
+def load_weights(path: Path, model: LBL, epoch: int | None = None) -> None:
+    """Load ``path`` into ``model`` (checked); with ``epoch``, the file must end that epoch."""
     state, meta = load_tensors_and_meta(path)
+    if epoch is not None:
+        check_epoch(path, meta, epoch)
     for key, want in _weights_meta(model).items():
         if key in meta and meta[key] != want:  # (files from before these keys existed lack them)
             what = "word tree" if key == "tree_sha256" else "vocabulary size"

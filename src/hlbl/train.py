@@ -200,28 +200,7 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
                               sort_keys=True),
                    device, "the model, its word tree, the corpus or the training recipe")
     run_epoch = epoch_runner(model, cfg)  # before any file is written: a refused engine leaves no run behind
-    state = {"epoch": 0, "phase": 0, "lr": cfg.lr, "best_valid_ppl": math.inf, "done": False, "elapsed": 0.0}
-    optimizer = make_optimizer(model, cfg, cfg.lr)
-    resuming = resume and (run_dir / "state.json").exists()
-    # Every rank must make the same choice (resuming needs run_dir on a filesystem all ranks see);
-    # this collective is also the barrier that keeps rank 0 from writing into run_dir before every
-    # rank has looked at it (here, and in the caller's checks of the directory).
-    low, high = ddp.all_max([-float(resuming), float(resuming)], device)
-    if -low != high:
-        raise DataError(f"{run_dir}: only some processes see state.json; resuming a distributed run needs "
-                        "the run directory on a filesystem that every process sees")
-    if resuming:  # every rank reads the same files
-        state = ckpt.read_state(run_dir / "state.json")
-        ckpt.load_weights(run_dir / "last.safetensors", model)
-        tensors = ckpt.load_tensors(run_dir / "optimizer.safetensors", kind="hlbl-optimizer")
-        optimizer = make_optimizer(model, cfg, state["lr"])
-        ckpt.restore_optimizer(optimizer, tensors, state["optimizer"])
-        log(f"resuming after epoch {state['epoch']} (best valid perplexity {state['best_valid_ppl']:.2f})")
-    elif rank == 0:
-        ckpt.save_run_files(run_dir, model, corpus.vocab, asdict(cfg), corpus_spec,
-                            {s: stream_fingerprint(corpus[s]) for s in ("train", "valid")})
-        (run_dir / "metrics.jsonl").write_text("")
-    ddp.broadcast_parameters(model)  # every rank starts from rank 0's parameters
+    state, optimizer = _start_or_resume(model, corpus, cfg, run_dir, resume, corpus_spec, log)
     while not state["done"] and state["epoch"] < cfg.max_epochs:
         epoch = state["epoch"] + 1
         t0 = time.perf_counter()
@@ -256,10 +235,48 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
         else:
             state["done"] = True
         if rank == 0:
-            tensors, meta = ckpt.optimizer_tensors(optimizer)
-            state["optimizer"] = meta
-            ckpt.save_tensors(run_dir / "optimizer.safetensors", tensors, kind="hlbl-optimizer")
-            ckpt.save_weights(run_dir / "last.safetensors", model)
-            ckpt.write_state(run_dir / "state.json", state)
+            _checkpoint(model, optimizer, state, run_dir)
     _restore_best(model, run_dir)
     return state
+
+
+def _start_or_resume(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool,
+                     corpus_spec: str, log) -> tuple[dict, torch.optim.Optimizer]:
+    """A new run's files (rank 0 writes them), or a run's state, weights and optimiser from its
+    last checkpoint (every rank reads them); every rank then holds rank 0's parameters."""
+    state = {"epoch": 0, "phase": 0, "lr": cfg.lr, "best_valid_ppl": math.inf, "done": False, "elapsed": 0.0}
+    optimizer = make_optimizer(model, cfg, cfg.lr)
+    resuming = resume and (run_dir / "state.json").exists()
+    # Every rank must make the same choice (resuming needs run_dir on a filesystem all ranks see);
+    # this collective is also the barrier that keeps rank 0 from writing into run_dir before every
+    # rank has looked at it (here, and in the caller's checks of the directory).
+    low, high = ddp.all_max([-float(resuming), float(resuming)], cfg.device)
+    if -low != high:
+        raise DataError(f"{run_dir}: only some processes see state.json; resuming a distributed run needs "
+                        "the run directory on a filesystem that every process sees")
+    if resuming:
+        state = ckpt.read_state(run_dir / "state.json")
+        ckpt.load_weights(run_dir / "last.safetensors", model, epoch=state["epoch"])
+        tensors, meta = ckpt.load_tensors_and_meta(run_dir / "optimizer.safetensors", kind="hlbl-optimizer")
+        ckpt.check_epoch(run_dir / "optimizer.safetensors", meta, state["epoch"])
+        optimizer = make_optimizer(model, cfg, state["lr"])
+        ckpt.restore_optimizer(optimizer, tensors, state["optimizer"])
+        log(f"resuming after epoch {state['epoch']} (best valid perplexity {state['best_valid_ppl']:.2f})")
+    elif ddp.rank() == 0:
+        ckpt.save_run_files(run_dir, model, corpus.vocab, asdict(cfg), corpus_spec,
+                            {s: stream_fingerprint(corpus[s]) for s in ("train", "valid")})
+        (run_dir / "metrics.jsonl").write_text("")
+    ddp.broadcast_parameters(model)
+    return state, optimizer
+
+
+def _checkpoint(model: LBL, optimizer: torch.optim.Optimizer, state: dict, run_dir: Path) -> None:
+    """The end-of-epoch checkpoint: optimiser, last weights, then the state that points at them.
+    Each file is atomic; the two tensor files record their epoch, so a run killed between them
+    and the state is refused at resume with a clear error instead of mixing two epochs."""
+    tensors, meta = ckpt.optimizer_tensors(optimizer)
+    state["optimizer"] = meta
+    ckpt.save_tensors(run_dir / "optimizer.safetensors", tensors, kind="hlbl-optimizer",
+                      meta={"epoch": str(state["epoch"])})
+    ckpt.save_weights(run_dir / "last.safetensors", model, epoch=state["epoch"])
+    ckpt.write_state(run_dir / "state.json", state)
