@@ -63,9 +63,9 @@ def _set_threads(threads: int | None) -> None:
         if threads < 1:
             raise DataError(f"--threads must be at least 1, got {threads}")
         torch.set_num_threads(threads)
-        import numba
+        from .fast import _set_threads as set_numba_threads  # lazily: numba
 
-        numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+        set_numba_threads(threads)
 
 
 def _differing_split(corpus, vocab, info: dict) -> str | None:
