@@ -11,7 +11,10 @@ prefetched ``--ahead`` rows in advance as the engine's loops do:
 - ``read``: read the parameter row and the momentum row (the least any exact lazy step can do);
 - ``update``: the catch-up's read-modify-write of both rows and the row's step stamp;
 - ``update_one_record``: the same with parameters, momentum and stamp stored together in one
-  832-byte record (a layout the engine does not use: torch parameters would be strided views).
+  832-byte record (a layout the engine does not use: torch parameters would be strided views);
+- ``update_second_visit``: ``update`` on rows that the same kind of update touched just before
+  (untimed, in another order): what a step's second pass over its rows costs once the first has
+  brought them in (they no longer fit the L2 cache, so this is mostly the L3's cost).
 
 Median of ``--rounds`` passes, ns per row. One JSON line at the end.
 """
@@ -95,13 +98,17 @@ def main(argv=None) -> int:
         "read": lambda rows, s: _read(rows, W, M, args.ahead),
         "update": lambda rows, s: _update(rows, W, M, last, s, args.ahead),
         "update_one_record": lambda rows, s: _update_record(rows, X, d, s, args.ahead),
+        "update_second_visit": lambda rows, s: _update(rows, W, M, last, s, args.ahead),
     }
+    first_visit = {"update_second_visit": lambda rows, s: _update(rng.permutation(rows), W, M, last, s - 1, args.ahead)}
     times: dict[str, list[float]] = {k: [] for k in kinds}
     for k, f in kinds.items():  # compile
         f(rng.integers(0, V, 100), 1)
     for s in range(1, args.rounds + 1):
         for k, f in kinds.items():  # interleaved: a burst of load hits every kind alike
             rows = rng.integers(0, V, args.per_round)  # each its own rows: none left in cache by another
+            if k in first_visit:
+                first_visit[k](rows, s)
             t = time.perf_counter()
             f(rows, s)
             times[k].append((time.perf_counter() - t) / len(rows) * 1e9)

@@ -9,6 +9,11 @@ momentum buffers exist and every page has been touched), ``--batches`` steps are
 kernels of ``hlbl.kernels._step`` called one at a time and timed: gather + grouping, the catch-up of
 the rows the batch touches, forward/backward, and the updates of the node rows and of the word
 rows (with C). Milliseconds per batch, median over the steps; one JSON line at the end.
+
+``--fold N`` (default 4096; 0 = off) adds, per size, the same steps with every row id folded into
+``id % N`` after gathering: the same arithmetic (paths of the same depth, the same number of
+(example, row) pairs), but on rows that stay in the caches. The difference between the two runs is
+what memory costs a step; ``folded_ms_per_batch`` is the arithmetic alone.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 PHASES = ("gather_group", "catch_up", "forward_backward", "update_nodes", "update_words")
 
 
-def profile(V: int, batches: int, warm: int, tokens: int) -> dict:
+def profile(V: int, batches: int, warm: int, tokens: int, fold: int = 0) -> dict:
     import torch
 
     from hlbl import fast, kernels
@@ -64,6 +69,9 @@ def profile(V: int, batches: int, warm: int, tokens: int) -> dict:
         pos = order[(t - 1) * B : t * B]
         c0 = time.perf_counter()
         kernels._gather(stream, pos, 0, pnodes, pdepth, wleaves, ctx, keys)
+        if fold:
+            np.remainder(keys, fold, out=keys, where=keys >= 0)  # -1 (no node) stays -1
+            np.remainder(ctx, fold, out=ctx)
         nu_n = kernels._csr(keys.ravel(), slot_n, uniq_n, start_n, cursor, ent_n)
         nu_w = kernels._csr(ctx.ravel(), slot_w, uniq_w, start_w, cursor, ent_w)
         c1 = time.perf_counter()
@@ -91,12 +99,20 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", type=int, default=200, help="steps replayed and timed")
     ap.add_argument("--warm", type=int, default=300, help="ordinary steps first")
     ap.add_argument("--tokens", type=int, default=1_500_000)
+    ap.add_argument("--fold", type=int, default=4096, help="also time the steps with row ids folded into id %% N (0: no)")
     args = ap.parse_args(argv)
     rows = []
     for V in (int(x) for x in args.sizes.split(",")):
         r = profile(V, args.batches, args.warm, args.tokens)
-        print(f"V={V:>9,} depth {r['depth']:>2}  " + "  ".join(f"{p} {v:.2f}" for p, v in r["ms_per_batch"].items())
-              + f"  total {r['total_ms']:.2f} ms/batch, {r['distinct_rows_per_batch']:,} rows", file=sys.stderr)
+        runs = [("", r)]
+        if args.fold:
+            f = profile(V, args.batches, args.warm, args.tokens, args.fold)
+            r["folded_ms_per_batch"], r["folded_total_ms"] = f["ms_per_batch"], f["total_ms"]
+            r["folded_distinct_rows_per_batch"] = f["distinct_rows_per_batch"]
+            runs.append((f" folded %{args.fold}", f))
+        for tag, x in runs:
+            print(f"V={V:>9,}{tag} depth {x['depth']:>2}  " + "  ".join(f"{p} {v:.2f}" for p, v in x["ms_per_batch"].items())
+                  + f"  total {x['total_ms']:.2f} ms/batch, {x['distinct_rows_per_batch']:,} rows", file=sys.stderr)
         rows.append(r)
     print(json.dumps({"rows": rows}))
     return 0

@@ -69,10 +69,15 @@ and a step waits for memory. So: the row loops prefetch rows a few iterations ah
 (``_prefetch``, LLVM's prefetch intrinsic); the path and slot tables are prefetched in
 ``_gather`` / ``_csr``; step stamps are int32; the big tables sit on 2 MiB pages
 (:mod:`hlbl.memory`; +10% at 1M, ``bench/hugepages.py``). The catch-up then runs near the
-machine's rate for cold rows (~150 ns a row at 1M; ``bench/memfloor.py`` measures ~109 ns to read a random 400-byte row and
-its momentum row alone, ~118 ns to update them, ~9 ns per 64-byte line: the core's miss
-throughput, whatever the prefetch distance). At 1M the catch-up alone is ~1.2 ms per batch of
-1,000 (0.2 at 10k), on top of the arithmetic of paths 20/14 times longer than at 10k.
+machine's rate for cold rows (~150 ns a row at 1M; ``bench/memfloor.py`` measures ~104 ns to read a random 400-byte row and
+its momentum row alone, ~116 ns to update them, ~9 ns per 64-byte line: the core's miss
+throughput, whatever the prefetch distance; ~45 ns to update them again once a step's worth of
+rows has been through the caches). At 1M the catch-up alone is ~1.2 ms per batch of 1,000 (0.2 at
+10k). With row ids folded into a cache-sized range (``bench/phases.py --fold``) the 1M step's
+arithmetic is 2.0 ms against 4.7: memory is the other 2.7, about three cold visits per row
+(catch-up, forward/backward, update). Two visits (before the forward pass and after the backward
+pass) are the minimum for an exact minibatch step; with no other loss they would give
+``ratio_1m_vs_10k`` ~0.49 (README, Speed).
 
 Tried and dropped, as no faster: catching rows up inside the forward pass; sorting a batch's
 examples by leaf; prefetching the next step's rows during this one (gathered a step ahead, or
