@@ -197,3 +197,20 @@ def test_model_config_with_wrong_types_is_refused(run, field, value):
     (run_dir / "run.json").write_text(json.dumps(info))
     with pytest.raises(ckpt.CheckpointError, match=f"bad model config .*{field}"):
         ckpt.load_model(run_dir)
+
+
+def test_a_fixed_seed_gives_byte_identical_checkpoint_files(run, tmp_path):
+    # safetensors orders its metadata from a hash map that changes between saves; we sort it.
+    model, corpus, run_dir = run
+    again = LBL(model.config, model.tree, torch.Generator().manual_seed(0))
+    again.init_unigram(corpus.vocab.counts)
+    fit(again, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), tmp_path / "again", log=lambda *a: None)
+    for name in ("best.safetensors", "last.safetensors", "optimizer.safetensors", "tree.json", "vocab.json"):
+        assert (run_dir / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
+    for i in range(4):  # several saves in one process, each with a freshly seeded hash map
+        ckpt.save_weights(tmp_path / f"w{i}.safetensors", model, epoch=2)
+    files = {(tmp_path / f"w{i}.safetensors").read_bytes() for i in range(4)}
+    assert len(files) == 1
+    data = files.pop()
+    header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+    assert list(header["__metadata__"]) == sorted(header["__metadata__"])

@@ -80,6 +80,28 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor], kind: str = WEIGH
     meta = {"format": kind, "version": str(FORMAT_VERSION), **(meta or {}), "sha256": _digest(tensors)}
     with atomic.atomic_path(path) as tmp:
         save_file(tensors, tmp, metadata=meta)
+        _sort_metadata(tmp)
+
+
+def _sort_metadata(path: str) -> None:
+    """Rewrite a just-written safetensors header with its metadata keys in sorted order.
+
+    safetensors writes ``__metadata__`` from a Rust HashMap whose order changes from one save to
+    the next (upstream issue safetensors#584), so two runs with the same seed gave files with equal
+    tensors but different bytes. The tensor entries are already sorted; reordering keys keeps the
+    header's length, so it is rewritten in place (file layout: 8-byte little-endian header length,
+    the JSON header padded with spaces, then the data).
+    """
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        text = f.read(n).rstrip(b" ")
+        header = json.loads(text)
+        header["__metadata__"] = dict(sorted(header.get("__metadata__", {}).items()))
+        new = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(new) != len(text) or json.loads(new) != header:  # an encoding we do not reproduce: keep it
+            return
+        f.seek(8)
+        f.write(new)
 
 
 def load_tensors(path: Path, kind: str = WEIGHTS_FORMAT) -> dict[str, torch.Tensor]:
