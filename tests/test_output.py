@@ -262,3 +262,25 @@ def test_every_layer_has_the_whole_interface(kind):
     if kind != "tree":
         with pytest.raises(ValueError, match="per-node temperature needs a tree"):
             layer.sample(h, None, 0.7, per_node=True)
+
+
+def test_an_overflowed_score_on_a_padded_path_is_not_nan():
+    # Word 0 has a path of depth 1, padded to the tree's depth 2 with node 0 and sign 0: a root
+    # score of +inf (float32 overflow) must give log P(word 0) = 0, not 0 x inf = NaN.
+    from hlbl.tree import WordTree
+
+    layer = TreeSoftmax(2, WordTree.from_nested((0, (1, 2)), 3))
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.weight[0].fill_(3e38)
+    h = torch.full((3, 2), 3e38, requires_grad=True)
+    out = layer(h, torch.tensor([0, 1, 2]))
+    assert out.output.tolist() == [0.0, -math.inf, -math.inf]
+    out.output[0].backward()
+    assert torch.isfinite(h.grad).all() and torch.isfinite(layer.weight.grad).all()
+
+
+def test_adaptive_softmax_on_too_few_words_is_a_clear_error():
+    with pytest.raises(ValueError, match="at least 3 words"):
+        make_output_layer("adaptive", 8, 2)
+    assert make_output_layer("adaptive", 8, 3).log_prob(torch.zeros(1, 8)).exp().sum().item() == pytest.approx(1.0)

@@ -36,6 +36,7 @@ from safetensors.torch import save_file
 from . import atomic
 from .data import DataError, Vocab
 from .model import LBL, LBLConfig
+from .output import takes_tree
 from .tree import TreeError, WordTree
 
 RUN_FORMAT = "hlbl-run"
@@ -245,7 +246,7 @@ def load_model(run_dir: str | os.PathLike, which: str = "best", device: str | to
     if len(vocab) != config.vocab_size:
         raise CheckpointError(f"{run_dir / 'vocab.json'}: {len(vocab)} words, the model {config.vocab_size}")
     tree = None
-    if config.output == "tree":
+    if takes_tree(config.output):
         try:
             tree = WordTree.load(run_dir / "tree.json")
         except TreeError as e:

@@ -23,7 +23,7 @@ from .checkpoint import CheckpointError, load_model, read_run, read_state, read_
 from .data import DataError, corpus_record, load_corpus, min_count_arg, resolve_corpus, stream_fingerprint
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
-from .output import OUTPUT_KINDS
+from .output import OUTPUT_KINDS, takes_tree
 from .reproduce import ReproConfig
 from .train import ENGINES, OPTIMIZERS, TrainConfig, fit
 from .tree import TreeError, WordTree, build_tree
@@ -62,10 +62,9 @@ def _set_threads(threads: int | None) -> None:
     if threads is not None:
         if threads < 1:
             raise DataError(f"--threads must be at least 1, got {threads}")
-        torch.set_num_threads(threads)
-        from .fast import _set_threads as set_numba_threads  # lazily: numba
+        from .fast import set_cpu_threads  # lazily: numba
 
-        set_numba_threads(threads)
+        set_cpu_threads(threads)
 
 
 def _differing_split(corpus, vocab, info: dict) -> str | None:
@@ -136,7 +135,7 @@ def _train(args, device: str) -> int:
             print(f"resuming {out}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
                   "--hogwild, --device and --threads apply)", file=sys.stderr)
     else:
-        if args.tree is not None and args.output != "tree":
+        if args.tree is not None and not takes_tree(args.output):
             raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
         corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits)
         V = len(corpus.vocab)
@@ -151,7 +150,7 @@ def _train(args, device: str) -> int:
                               progress=not args.quiet)
         except ValueError as e:
             raise DataError(str(e)) from None
-        tree = build_tree(args.tree or "random", V, corpus.vocab.counts, args.seed) if args.output == "tree" else None
+        tree = build_tree(args.tree or "random", V, corpus.vocab.counts, args.seed) if takes_tree(args.output) else None
         model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
         model.init_unigram(corpus.vocab.counts)
     cfg.device = device
@@ -314,6 +313,7 @@ def _reproduce_command(args) -> str:
 def cmd_reproduce(args) -> int:
     from .reproduce import reproduce
 
+    _set_threads(args.threads)
     try:
         cfg = ReproConfig(data=args.data, out=args.out, work=args.work, epochs=args.epochs,
                           flat_epochs=args.flat_epochs, dim=args.dim, seed=args.seed, threads=args.threads,
@@ -501,7 +501,7 @@ def cmd_generate(args) -> int:
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
         raise DataError(f"--temperature must be a positive number, got {args.temperature}")
     model, vocab, _ = _load_for_inference(args)
-    if args.per_node_temperature and model.config.output != "tree":
+    if args.per_node_temperature and not takes_tree(model.config.output):
         raise DataError(f"--per-node-temperature needs a tree model; this one has {model.config.output} output")
     prompt = args.prompt.split() if args.prompt else []
     ids, oov = encode_context(vocab, prompt, len(prompt))

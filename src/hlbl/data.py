@@ -454,9 +454,7 @@ def fetch_ptb(dest: Path) -> Path:
             raise DataError(f"fetched PTB {s} split has MD5 {_md5(data)}, expected {PTB_MD5[s]}; not used")
     dest.mkdir(parents=True, exist_ok=True)
     for s, data in texts.items():
-        tmp = dest / f"{s}.txt.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, dest / f"{s}.txt")
+        atomic.write_bytes(dest / f"{s}.txt", data)
     return dest
 
 

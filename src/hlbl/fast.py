@@ -217,11 +217,21 @@ def _huge_pages_once(model, *arrays: np.ndarray) -> None:
     done.update((a.ctypes.data, a.nbytes) for a in todo)
 
 
-def _set_threads(threads: int | None) -> int:
+def set_numba_threads(threads: int | None) -> int:
+    """numba's threads for the parallel kernels (scoring, top-k): ``threads``, or PyTorch's count
+    if None, clamped to [1, NUMBA_NUM_THREADS] (fixed when numba starts); returns the count set."""
     n = threads or torch.get_num_threads()
     n = max(1, min(int(n), numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(n)
     return n
+
+
+def set_cpu_threads(threads: int) -> None:
+    """PyTorch's and numba's CPU threads (autograd, the fast kernels, top-k and scoring)."""
+    if threads < 1:
+        raise ValueError(f"threads must be at least 1, got {threads}")
+    torch.set_num_threads(threads)
+    set_numba_threads(threads)
 
 
 def _workspace(B: int, n: int, d: int, K: int, D: int, V: int, N: int) -> tuple:
@@ -320,7 +330,7 @@ def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = N
     why = unsupported(model)
     if why:
         raise ValueError(f"the fast engine cannot score this model: {why}")
-    _set_threads(threads)
+    set_numba_threads(threads)
     stream = _check_stream(stream, pad, model.config.vocab_size)
     out = np.empty(len(stream), dtype=np.float64)
     _huge_pages_once(model, _np(model.R.weight), _np(model.out.weight))

@@ -3,15 +3,23 @@
 Every layer subclasses :class:`OutputLayer`, one narrow interface (as fastText's ``Loss`` classes
 do), so the model, the training loop and inference never ask which one they hold:
 
-* ``forward(input (B, d), target (B,)) -> LayerOutput(output (B,), loss ())``: per-example
-  log-probabilities of the targets and the mean negative log-likelihood, in the spirit of
-  ``torch.nn.AdaptiveLogSoftmaxWithLoss``;
+What a layer implements:
+
 * ``log_prob(input (B, d)) -> (B, V)``: the full distribution;
+* ``target_log_prob(input (B, d), target (B,)) -> (B,)``: log P(target | input), without the
+  full distribution where the layer can (O(depth) for the tree);
 * ``init_unigram(counts)``: set biases so that with zero weights the layer predicts the training
   unigram distribution (the paper's appendix; the tree and flat layers; PyTorch's adaptive
-  softmax has no biases and keeps its own initialisation);
-* ``topk(input, k)`` and ``sample(input, generator, temperature)``: by default from ``log_prob``;
-  the tree layer overrides both with exact O(depth)-style searches (:mod:`hlbl.inference`).
+  softmax has no biases and keeps its own initialisation).
+
+What :class:`OutputLayer` derives from them (a layer overrides them where it knows better):
+
+* ``forward(input, target) -> LayerOutput(output (B,), loss ())``: the targets'
+  log-probabilities and their mean negative log-likelihood, in the spirit of
+  ``torch.nn.AdaptiveLogSoftmaxWithLoss``;
+* ``topk(input, k)`` and ``sample(input, generator, temperature, per_node)``: by default from
+  ``log_prob``; the tree layer overrides both with exact searches that visit few nodes
+  (:mod:`hlbl.inference`), and only it takes ``per_node`` (temperature applied at each node).
 
 :func:`make_output_layer` is the one place that chooses a layer.
 
@@ -39,6 +47,11 @@ from torch import nn
 from .tree import WordTree
 
 OUTPUT_KINDS = ("tree", "flat", "adaptive")
+
+
+def takes_tree(kind: str) -> bool:
+    """Whether output layers of this kind are built on a :class:`~hlbl.tree.WordTree` (saved as tree.json)."""
+    return kind == "tree"
 
 
 class LayerOutput(NamedTuple):
@@ -199,7 +212,9 @@ class TreeSoftmax(OutputLayer):
         B, K, D = nodes.shape
         q = self.weight[nodes.reshape(B, K * D)]  # (B, KD, d)
         scores = torch.bmm(q, input.unsqueeze(2)).squeeze(2).view(B, K, D) + self.bias[nodes]
-        path = (F.logsigmoid(sign * scores) * (sign != 0)).sum(-1)  # (B, K)
+        real = sign != 0
+        z = torch.where(real, sign * scores, 0.0)  # padding: 0 x an overflowed score would be NaN
+        path = F.logsigmoid(z).masked_fill(~real, 0.0).sum(-1)  # (B, K)
         return path.masked_fill(leaves < 0, float("-inf"))
 
     def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -285,6 +300,8 @@ class AdaptiveSoftmax(OutputLayer):
         self.in_features = in_features
         self.vocab_size = vocab_size
         if cutoffs is None:
+            if vocab_size < 3:  # no cluster boundary fits; PyTorch's own error would name no reason
+                raise ValueError(f"the adaptive softmax needs at least 3 words, got {vocab_size}")
             cutoffs = sorted({c for c in (vocab_size // 50, vocab_size // 10, vocab_size * 2 // 5) if 0 < c < vocab_size})
         # PyTorch's layer as it is (div_value 4: tail cluster i projects to d // 4^(i+1)
         # dimensions, 1 for the last at d = 100). Below d = 64 that last projection is empty and
@@ -308,7 +325,7 @@ class AdaptiveSoftmax(OutputLayer):
 def make_output_layer(kind: str, in_features: int, vocab_size: int, tree: WordTree | None = None,
                       init_std: float = 0.0) -> OutputLayer:
     """The one place that maps an output kind to a layer."""
-    if kind == "tree":
+    if takes_tree(kind):
         if tree is None:
             raise ValueError("the tree output layer needs a WordTree")
         if tree.num_words != vocab_size:

@@ -87,6 +87,8 @@ class ReproConfig:
             self.dim = min(self.dim, 16)
             self.epochs = min(self.epochs, 2)
             self.flat_epochs = min(self.flat_epochs, 1)
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads must be at least 1, got {self.threads}")
         if self.epochs < 1 or self.flat_epochs < 0:
             raise ValueError("--epochs must be >= 1 and --flat-epochs >= 0")
         known = {t[0] for t in TREES[1:]} | {"flat", "KN5"}
@@ -388,7 +390,9 @@ class Reproduction:
     def run(self) -> dict:
         cfg = self.cfg
         if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+            from .fast import set_cpu_threads  # lazily: numba
+
+            set_cpu_threads(cfg.threads)
         t1 = self.tree("T1", "random", 1, None)
         self.train("T1", t1, "RANDOM", cfg.epochs)  # always: the features come from it
         X = self.features()

@@ -34,8 +34,9 @@ A level costs O(items x d) per EM iteration, the whole tree O(V d depth) -- and 
 over nodes, which is what would otherwise dominate near the leaves (thousands of tiny nodes).
 ``bench/treebuild.py`` compares this with a per-node scikit-learn recursion (the same EM,
 ``GaussianMixture(covariance_type="spherical")`` at every node): on 4,000 clustered 100-d
-vectors ours took 1.3 s, sklearn 23 s (18x, same process, shared 2-core machine); 33,000 words
-took 7 s (BALANCED, ADAPTIVE) and 24 s (ADAPTIVE(0.4), 4 codes per word). sklearn's per-call
+vectors ours took 0.29 s, sklearn 5.6 s (19x, same process, shared 2-core machine); 33,000 words
+took 1.5 s (BALANCED), 1.4 s (ADAPTIVE) and 7.1 s (ADAPTIVE(0.4), 4 codes per word;
+``results/treebuild.log``). sklearn's per-call
 overhead on thousands of tiny nodes is what we avoid, hence our own EM (checked against sklearn
 to 1e-8 in the tests).
 
