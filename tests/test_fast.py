@@ -110,6 +110,31 @@ def test_one_thread_is_reproducible_and_hogwild_stays_close():
     assert lc == pytest.approx(la, rel=0.03)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
+def test_hogwild_applies_each_steps_decay_once(optimizer):
+    """With R = C = 0 the context vector is 0 and no node gets a gradient: every node row must end
+    at exactly A^S[0, 0] times its start, however two threads interleave their steps. (A thread
+    that caught a row up through a step another thread had not yet applied used to apply that
+    step's decay and momentum a second time: rows ended 4-7x too small with SGD.)"""
+    tree = random_tree(64, 0)
+    model = make_model(tree, dim=32)
+    with torch.no_grad():
+        model.R.weight.zero_()
+        model.C.zero_()
+    Q0 = model.out.weight.detach().double().clone()
+    lr, wd, B, mu = 0.01, 0.02, 50, (0.9 if optimizer == "momentum" else 0.0)
+    cfg = TrainConfig(lr=lr, batch_size=B, optimizer=optimizer, weight_decay_words=0.0, weight_decay_other=wd,
+                      seed=7, progress=False)
+    stream = stream_for(64, 20_000, 0)
+    fast.train_epoch(model, make_optimizer(model, cfg, lr), stream, 0, cfg, 1, False, threads=2)
+    steps = len(stream) // B
+    A = np.array([[1 - lr * wd * B, -lr * mu], [wd * B, mu]])  # the L2 term is per example: B per step
+    expected = np.linalg.matrix_power(A, steps)[0, 0] * Q0
+    ratio = (model.out.weight.detach().double().norm(dim=1) / expected.norm(dim=1)).numpy()
+    assert np.median(ratio) == pytest.approx(1.0, abs=1e-4)  # a rare simultaneous touch may still slip
+    assert ratio.min() > 0.9
+
+
 @pytest.mark.parametrize("tree_name", list(TREES))
 def test_scoring_matches_torch(tree_name):
     model = make_model(TREES[tree_name](), seed=4)

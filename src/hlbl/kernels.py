@@ -278,11 +278,38 @@ def _sgd_scalar(p, buf, j, g, lr, mu, wd):
     p[j] = pj
 
 
+@njit(inline="always", fastmath=_FM, cache=True)
+def _late_row(p, buf, g, P, lr, mu):
+    """Step t's gradient for a row another thread has already taken to step L > t-1.
+
+    Steps are linear in (p, buf): step t adds (-lr g, g) to the gradient-free step, and an
+    increment made at step t is A^(L-t) times it at step L (``P = A^(L-t)``), so this adds
+    exactly what step t would have left in the row had it run in order."""
+    cp = np.float32(P[0, 1] - lr * P[0, 0])
+    if mu != 0.0:
+        cb = np.float32(P[1, 1] - lr * P[1, 0])
+        for k in range(p.shape[0]):
+            p[k] += cp * g[k]
+            buf[k] += cb * g[k]
+    else:
+        for k in range(p.shape[0]):
+            p[k] += cp * g[k]
+
+
+@njit(inline="always", cache=True)
+def _late_scalar(p, buf, j, g, P, lr, mu):
+    """:func:`_late_row` for the single value p[j] (a node bias), in float64."""
+    p[j] += (P[0, 1] - lr * P[0, 0]) * g
+    if mu != 0.0:
+        buf[j] += (P[1, 1] - lr * P[1, 0]) * g
+
+
 @njit(nogil=True, fastmath=_FM, cache=True)
 def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
     """Bring ``rows`` of W (and bias, if not empty) up to step S: apply the gradient-free steps
     they skipped, (p, buf) <- A^(S - last) (p, buf). Before a step reads them (S = t-1) and at
-    the end of an epoch (all rows).
+    the end of an epoch (all rows). The stamp is written first: with Hogwild threads, a thread
+    that reaches the same row a moment later then finds nothing left to apply.
     """
     has_bias = bias.shape[0] > 0
     for r in range(rows.shape[0]):
@@ -295,6 +322,7 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
         gap = S - last[j]
         if gap <= 0:  # up to date (or, with Hogwild threads, already moved on by another thread)
             continue
+        last[j] = S
         a00, a01, a10, a11 = P[gap, 0, 0], P[gap, 0, 1], P[gap, 1, 0], P[gap, 1, 1]
         if mu != 0.0:
             for k in range(W.shape[1]):
@@ -313,12 +341,11 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
                 bbuf[j] = Pb[gap, 1, 0] * pk + Pb[gap, 1, 1] * bk
             else:
                 bias[j] = Pb[gap, 0, 0] * pk
-        last[j] = S
 
 
 @njit(fastmath=_FM, cache=True)
-def _update_nodes(uniq, nu, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, last, t, g):
-    """Each touched node sums its gradient (in example order) and takes its step."""
+def _update_nodes(uniq, nu, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, P, Pb, last, t, g):
+    """Each touched node sums its gradient (in example order) and takes its step (see _update_words)."""
     d = Q.shape[1]
     for u in range(nu):
         if u + _AHEAD < nu:
@@ -335,14 +362,25 @@ def _update_nodes(uniq, nu, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, la
             gb += c
             for k in range(d):
                 g[k] += c * hb[k]
-        _sgd_row(Q[j], Qbuf[j], g, hyper[1, 0], hyper[1, 1], hyper[1, 2])
-        _sgd_scalar(qb, qbbuf, j, gb, hyper[2, 0], hyper[2, 1], hyper[2, 2])
-        last[j] = max(last[j], t)
+        L = last[j]
+        if L < t:
+            last[j] = t
+            _sgd_row(Q[j], Qbuf[j], g, hyper[1, 0], hyper[1, 1], hyper[1, 2])
+            _sgd_scalar(qb, qbbuf, j, gb, hyper[2, 0], hyper[2, 1], hyper[2, 2])
+        else:
+            _late_row(Q[j], Qbuf[j], g, P[L - t], hyper[1, 0], hyper[1, 1])
+            _late_scalar(qb, qbbuf, j, gb, Pb[L - t], hyper[2, 0], hyper[2, 1])
 
 
 @njit(fastmath=_FM, cache=True)
-def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
-    """Each touched context word sums its gradient sum_(b,i) C_i * dh_b and takes its step."""
+def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, P, last, t, g):
+    """Each touched context word sums its gradient sum_(b,i) C_i * dh_b and takes its step.
+
+    With one thread a row is at step t-1 here (``_catch_up``). With Hogwild threads another
+    thread's later step may already have caught it up past t-1; step t then adds its gradient
+    as it would stand now (``_late_row``), so that no step's decay or momentum is applied to a
+    row twice (which a plain step here would do: a systematic bias, not just a stale read).
+    """
     n, d = C.shape
     for u in range(nu):
         if u + _AHEAD < nu:
@@ -358,8 +396,12 @@ def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
             db = dh[b]
             for k in range(d):
                 g[k] += ci[k] * db[k]
-        _sgd_row(R[j], Rbuf[j], g, hyper[0, 0], hyper[0, 1], hyper[0, 2])
-        last[j] = max(last[j], t)
+        L = last[j]
+        if L < t:
+            last[j] = t
+            _sgd_row(R[j], Rbuf[j], g, hyper[0, 0], hyper[0, 1], hyper[0, 2])
+        else:
+            _late_row(R[j], Rbuf[j], g, P[L - t], hyper[0, 0], hyper[0, 1])
 
 
 @njit(fastmath=_FM, cache=True)
@@ -380,8 +422,8 @@ def _step(t, pos, stream, pad, params, tables, opt, work):
     _catch_up(uniq_n[:nu_n], Q, Qbuf, qb, qbbuf, last_n, t - 1, P_other, hyper[1, 1], P_bias, hyper[2, 1])
     _catch_up(uniq_w[:nu_w], R, Rbuf, empty, empty, last_w, t - 1, P_words, hyper[0, 1], P_bias, 0.0)
     _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC)
-    _update_nodes(uniq_n, nu_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, last_n, t, g)
-    _update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)  # reads C before its step
+    _update_nodes(uniq_n, nu_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, P_other, P_bias, last_n, t, g)
+    _update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, P_words, last_w, t, g)  # reads C before its step
     for i in range(n):
         _sgd_row(C[i], Cbuf[i], gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
     return nll[:B].sum()
