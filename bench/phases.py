@@ -80,9 +80,9 @@ def profile(V: int, batches: int, warm: int, tokens: int, fold: int = 0) -> dict
         c2 = time.perf_counter()
         kernels._forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC)
         c3 = time.perf_counter()
-        kernels._update_nodes(uniq_n, nu_n, start_n, ent_n, K * D, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, P["Q"], P["qb"], last_n, t, g)
+        kernels._update_nodes(uniq_n, nu_n, start_n, ent_n, K * D, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, last_n, t, g)
         c4 = time.perf_counter()
-        kernels._update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, P["R"], last_w, t, g)
+        kernels._update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)
         for i in range(n):
             kernels._sgd_row(C[i], Cbuf[i], gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
         c5 = time.perf_counter()

@@ -53,14 +53,16 @@ without locks: Hogwild (Recht et al. 2011) at the granularity of exact minibatch
 no barrier between steps, so a thread never waits for another (the reason for this design: on a
 loaded machine, per-step barriers between threads cost a scheduler time slice each). Steps of
 different threads overlap, so a step may read rows another is writing, and results are not
-bit-reproducible. With ``threads=1`` the engine is deterministic: a seed fixes the result to the
+bit-reproducible. Each step's decay and momentum still reach each row once: a step whose row
+another thread has already caught up past it adds only its gradient (``kernels._update_words``). With ``threads=1`` the engine is deterministic: a seed fixes the result to the
 bit, and it equals the PyTorch path up to float32 rounding. ``fit`` (``engine="fast"``/"auto")
 uses ``TrainConfig.hogwild`` threads, 1 by default, so a seed fixes a run; Hogwild is for callers
 that ask for it (``hlbl train --hogwild N``, the benchmarks).
-Measured trade-offs (PTB, V = 10k, shared 2-core machine): two Hogwild threads learn a little
-less per epoch (valid perplexity 239 after 3 epochs against 232.3 for the exact path, as each
-step reads parameters about one step stale); per CPU-second they are as efficient as one thread
-(so they pay off only when a second core is actually free).
+Measured trade-offs (PTB, V = 10k, shared 2-core machine): two Hogwild threads learn about as
+much per epoch as the exact path (``bash bench/hogwild.sh``: valid perplexity 222-239 after 3
+epochs in four runs, against 232.3; 239-243 before steps stopped re-applying decay and
+momentum); per CPU-second they are as efficient as one thread (so they pay off only when a
+second core is actually free).
 
 Memory-level tuning (profiled per phase by ``bench/phases.py`` at V = 10k and 1M, d = 100,
 batch 1000). At 10k the 15 MB of parameters and momentum live in the L3 cache and a step is

@@ -279,29 +279,30 @@ def _sgd_scalar(p, buf, j, g, lr, mu, wd):
 
 
 @njit(inline="always", fastmath=_FM, cache=True)
-def _late_row(p, buf, g, P, lr, mu):
-    """Step t's gradient for a row another thread has already taken to step L > t-1.
+def _late_row(p, buf, g, lr, mu):
+    """Step t's gradient for a row that another Hogwild thread has already taken past step t-1
+    (so through step t's decay and momentum): only the gradient's part of an SGD step,
+    buf += g, p -= lr g, applied to the row as it stands (a delayed gradient, as in any Hogwild).
 
-    Steps are linear in (p, buf): step t adds (-lr g, g) to the gradient-free step, and an
-    increment made at step t is A^(L-t) times it at step L (``P = A^(L-t)``), so this adds
-    exactly what step t would have left in the row had it run in order."""
-    cp = np.float32(P[0, 1] - lr * P[0, 0])
+    Not the exact in-order result, A^(L-t) (-lr g, g) at the row's step L: that moves the row at
+    once as far as momentum would over L-t steps (up to 1/(1-mu) = 10x the step), and made
+    training diverge on PTB with 2 threads."""
+    lr32 = np.float32(lr)
     if mu != 0.0:
-        cb = np.float32(P[1, 1] - lr * P[1, 0])
         for k in range(p.shape[0]):
-            p[k] += cp * g[k]
-            buf[k] += cb * g[k]
+            buf[k] += g[k]
+            p[k] -= lr32 * g[k]
     else:
         for k in range(p.shape[0]):
-            p[k] += cp * g[k]
+            p[k] -= lr32 * g[k]
 
 
 @njit(inline="always", cache=True)
-def _late_scalar(p, buf, j, g, P, lr, mu):
+def _late_scalar(p, buf, j, g, lr, mu):
     """:func:`_late_row` for the single value p[j] (a node bias), in float64."""
-    p[j] += (P[0, 1] - lr * P[0, 0]) * g
     if mu != 0.0:
-        buf[j] += (P[1, 1] - lr * P[1, 0]) * g
+        buf[j] += g
+    p[j] -= lr * g
 
 
 @njit(nogil=True, fastmath=_FM, cache=True)
@@ -344,7 +345,7 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
 
 
 @njit(fastmath=_FM, cache=True)
-def _update_nodes(uniq, nu, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, P, Pb, last, t, g):
+def _update_nodes(uniq, nu, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, last, t, g):
     """Each touched node sums its gradient (in example order) and takes its step (see _update_words)."""
     d = Q.shape[1]
     for u in range(nu):
@@ -368,18 +369,19 @@ def _update_nodes(uniq, nu, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, P,
             _sgd_row(Q[j], Qbuf[j], g, hyper[1, 0], hyper[1, 1], hyper[1, 2])
             _sgd_scalar(qb, qbbuf, j, gb, hyper[2, 0], hyper[2, 1], hyper[2, 2])
         else:
-            _late_row(Q[j], Qbuf[j], g, P[L - t], hyper[1, 0], hyper[1, 1])
-            _late_scalar(qb, qbbuf, j, gb, Pb[L - t], hyper[2, 0], hyper[2, 1])
+            _late_row(Q[j], Qbuf[j], g, hyper[1, 0], hyper[1, 1])
+            _late_scalar(qb, qbbuf, j, gb, hyper[2, 0], hyper[2, 1])
 
 
 @njit(fastmath=_FM, cache=True)
-def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, P, last, t, g):
+def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
     """Each touched context word sums its gradient sum_(b,i) C_i * dh_b and takes its step.
 
     With one thread a row is at step t-1 here (``_catch_up``). With Hogwild threads another
-    thread's later step may already have caught it up past t-1; step t then adds its gradient
-    as it would stand now (``_late_row``), so that no step's decay or momentum is applied to a
-    row twice (which a plain step here would do: a systematic bias, not just a stale read).
+    thread's later step may already have caught it up past t-1, through step t's decay and
+    momentum; step t then adds only its gradient (``_late_row``), so that no step's decay or
+    momentum is applied to a row twice (a plain step here would: a systematic extra decay, not
+    just a stale read).
     """
     n, d = C.shape
     for u in range(nu):
@@ -401,7 +403,7 @@ def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, P, last, t, g):
             last[j] = t
             _sgd_row(R[j], Rbuf[j], g, hyper[0, 0], hyper[0, 1], hyper[0, 2])
         else:
-            _late_row(R[j], Rbuf[j], g, P[L - t], hyper[0, 0], hyper[0, 1])
+            _late_row(R[j], Rbuf[j], g, hyper[0, 0], hyper[0, 1])
 
 
 @njit(fastmath=_FM, cache=True)
@@ -422,8 +424,8 @@ def _step(t, pos, stream, pad, params, tables, opt, work):
     _catch_up(uniq_n[:nu_n], Q, Qbuf, qb, qbbuf, last_n, t - 1, P_other, hyper[1, 1], P_bias, hyper[2, 1])
     _catch_up(uniq_w[:nu_w], R, Rbuf, empty, empty, last_w, t - 1, P_words, hyper[0, 1], P_bias, 0.0)
     _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC)
-    _update_nodes(uniq_n, nu_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, P_other, P_bias, last_n, t, g)
-    _update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, P_words, last_w, t, g)  # reads C before its step
+    _update_nodes(uniq_n, nu_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, last_n, t, g)
+    _update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)  # reads C before its step
     for i in range(n):
         _sgd_row(C[i], Cbuf[i], gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
     return nll[:B].sum()
