@@ -198,3 +198,11 @@ def test_a_path_object_is_a_path_not_a_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "here")
     assert resolve_corpus(Path("./mini")) == Path("mini")  # the local one, though str() reads "mini"
     assert resolve_corpus("mini") == tmp_path / "shared" / "mini"
+
+
+def test_encoding_maps_unknown_words_to_unk_and_counts_them():
+    vocab = Vocab([EOS, UNK, "the", "cat"], [5, 0, 3, 2])
+    assert vocab.encode_counting_oov(["the", "dog", "cat", "emu"]) == ([2, 1, 3, 1], 2)
+    assert vocab.encode_counting_oov(["the", UNK]) == ([2, 1], 0)  # <unk> itself is a word
+    assert vocab.encode(["dog", "the"]) == [1, 2]
+    assert vocab.encode_counting_oov([]) == ([], 0)

@@ -494,7 +494,6 @@ def _stdin_chunks(size: int = 1024):
 
 def cmd_generate(args) -> int:
     from .data import EOS
-    from .inference import encode_context
 
     if args.tokens < 0:
         raise DataError(f"--tokens must be at least 0, got {args.tokens}")
@@ -504,7 +503,7 @@ def cmd_generate(args) -> int:
     if args.per_node_temperature and not takes_tree(model.config.output):
         raise DataError(f"--per-node-temperature needs a tree model; this one has {model.config.output} output")
     prompt = args.prompt.split() if args.prompt else []
-    ids, oov = encode_context(vocab, prompt, len(prompt))
+    ids, oov = vocab.encode_counting_oov(prompt)
     if oov:
         print(f"hlbl: {oov} prompt word(s) not in the vocabulary, read as {vocab.words[vocab.unk]}", file=sys.stderr)
     gen = torch.Generator().manual_seed(args.seed)

@@ -29,7 +29,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -212,10 +212,16 @@ class Vocab:
     def unk(self) -> int:
         return self.index[UNK]
 
-    def encode(self, tokens: Sequence[str], index: Mapping[str, int] | None = None) -> list[int]:
-        index = index if index is not None else self.index
-        unk = index[UNK]
-        return [index.get(t, unk) for t in tokens]
+    def encode(self, tokens: Sequence[str]) -> list[int]:
+        """Word ids, ``<unk>`` for words not in the vocabulary."""
+        return self.encode_counting_oov(tokens)[0]
+
+    def encode_counting_oov(self, tokens: Sequence[str]) -> tuple[list[int], int]:
+        """Word ids (``<unk>`` for words not in the vocabulary) and how many words were not."""
+        index, unk = self.index, self.unk
+        ids = [index.get(t, -1) for t in tokens]
+        oov = sum(i < 0 for i in ids)
+        return ([unk if i < 0 else i for i in ids] if oov else ids), oov
 
     def decode(self, ids: Sequence[int]) -> list[str]:
         return [self.words[int(i)] for i in ids]

@@ -419,11 +419,6 @@ def full_topk(log_prob: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return values[:, :k], idx[:, :k]
 
 
-def topk(layer, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k next words from any output layer (:class:`hlbl.output.OutputLayer`)."""
-    return layer.topk(input, k)
-
-
 def topk_matches(values: torch.Tensor, indices: torch.Tensor, full_log_prob: torch.Tensor,
                  atol: float = 1e-5) -> bool:
     """Whether (values, indices) is a correct top-k of ``full_log_prob`` (B, V) up to ``atol``.
@@ -502,12 +497,6 @@ def sample_from_log_prob(log_prob: torch.Tensor, generator: torch.Generator | No
     return word.to(log_prob.device)
 
 
-def sample(layer, input: torch.Tensor, generator: torch.Generator | None = None, temperature: float = 1.0,
-           per_node: bool = False) -> torch.Tensor:
-    """Next words from any output layer (:class:`hlbl.output.OutputLayer`)."""
-    return layer.sample(input, generator, temperature, per_node)
-
-
 def _check_temperature(t: float) -> None:
     if not (t > 0 and math.isfinite(t)):
         raise ValueError(f"temperature must be a positive number, got {t}")
@@ -531,8 +520,7 @@ def score_sentences(model, vocab, sentences: Iterable[str | Sequence[str]], batc
     """
     from .evaluate import token_log_probs
 
-    index = vocab.index
-    eos, unk = vocab.eos, vocab.unk
+    eos = vocab.eos
     n = model.config.context
     device = device if device is not None else next(model.parameters()).device
     # One stream for all sentences, each behind n <eos> that are not scored: the stream scorer
@@ -541,9 +529,9 @@ def score_sentences(model, vocab, sentences: Iterable[str | Sequence[str]], batc
     pieces, lengths, result_oov = [], [], []
     for sent in sentences:
         toks = sent.split() if isinstance(sent, str) else list(sent)
-        ids = [index.get(t, -1) for t in toks]
-        result_oov.append(sum(i < 0 for i in ids))
-        pieces.append([eos] * n + [unk if i < 0 else i for i in ids] + [eos])
+        ids, oov = vocab.encode_counting_oov(toks)
+        result_oov.append(oov)
+        pieces.append([eos] * n + ids + [eos])
         lengths.append(len(ids) + 1)
     if not pieces:
         return []
@@ -574,16 +562,12 @@ def score_report(scores: Sequence[SentenceScore]) -> dict:
 def encode_context(vocab, tokens: Sequence[str], n: int) -> tuple[list[int], int]:
     """The last ``n`` word ids of ``tokens`` left-padded with ``<eos>`` (a sentence start), and
     the number of out-of-vocabulary tokens (mapped to ``<unk>``)."""
-    index = vocab.index
-    ids = [index.get(t, -1) for t in tokens]
-    oov = sum(i < 0 for i in ids)
-    ids = [vocab.unk if i < 0 else i for i in ids]
-    ctx = ([vocab.eos] * n + ids)[-n:] if n > 0 else []
-    return ctx, oov
+    ids, oov = vocab.encode_counting_oov(tokens)
+    return ([vocab.eos] * n + ids)[-n:] if n > 0 else [], oov
 
 
 __all__ = [
-    "TopK", "tree_topk", "full_topk", "topk", "topk_matches", "ancestral_sample", "sample_from_log_prob",
-    "sample", "SentenceScore", "score_sentences", "score_report", "encode_context", "TreeArrays", "tree_arrays",
+    "TopK", "tree_topk", "full_topk", "topk_matches", "ancestral_sample", "sample_from_log_prob",
+    "SentenceScore", "score_sentences", "score_report", "encode_context", "TreeArrays", "tree_arrays",
     "layer_tree_arrays", "node_weights", "codes_below",
 ]

@@ -120,16 +120,14 @@ class LBL(nn.Module):
 
 
     # ---- inference ------------------------------------------------------------------------
-    # The output layer decides how (hlbl.inference.topk / .sample dispatch): exact best-first
-    # search and ancestral sampling on a tree, the full distribution otherwise.
+    # The output layer decides how (OutputLayer.topk / .sample): exact best-first search and
+    # ancestral sampling on a tree (hlbl.inference), the full distribution otherwise.
 
     @torch.no_grad()
     def topk(self, context: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The k most probable next words: (log-probs (B, k), word ids (B, k)), best first;
         ties rank the lower word id first; k > V gives all V words."""
-        from .inference import topk
-
-        return topk(self.out, self.context_vector(context), k)
+        return self.out.topk(self.context_vector(context), k)
 
     @torch.no_grad()
     def generate(self, prompt: Sequence[int], num_tokens: int, pad: int,
@@ -141,8 +139,6 @@ class LBL(nn.Module):
         ``per_node_temperature`` applies T at every tree decision (O(depth d), a different
         distribution); see :mod:`hlbl.inference`.
         """
-        from .inference import sample
-
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
             raise ValueError(f"num_tokens must be a whole number >= 0, got {num_tokens!r}")
         n = self.config.context
@@ -151,7 +147,7 @@ class LBL(nn.Module):
         out = []
         for _ in range(num_tokens):
             ctx = torch.tensor([ids[-n:]], device=device)
-            w = int(sample(self.out, self.context_vector(ctx), generator, temperature, per_node_temperature)[0])
+            w = int(self.out.sample(self.context_vector(ctx), generator, temperature, per_node_temperature)[0])
             ids.append(w)
             out.append(w)
         return out
