@@ -209,3 +209,14 @@ def test_a_checkpoint_torn_between_epochs_is_refused_at_resume(tmp_path, corpus)
     with pytest.raises(ckpt.CheckpointError, match="ends epoch 2 but state.json says 1"):
         fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), run, resume=True,
             log=lambda *a: None)
+
+
+def test_train_config_round_trips_through_json_and_refuses_unknown_settings():
+    cfg = TrainConfig(lr=0.01, batch_size=7, optimizer="sgd", hogwild=2)
+    assert TrainConfig.from_json(cfg.to_json()) == cfg
+    assert TrainConfig.from_json(cfg.to_json(), max_epochs=3).max_epochs == 3
+    assert TrainConfig.from_json({**cfg.to_json(), "max_train_tokens": 0}).max_train_tokens is None  # old runs: 0 = all
+    with pytest.raises(ValueError, match="unknown training setting.*nesterov"):
+        TrainConfig.from_json({**cfg.to_json(), "nesterov": True})
+    with pytest.raises(ValueError, match="momentum"):
+        TrainConfig.from_json({**cfg.to_json(), "momentum": 1.5})

@@ -117,12 +117,9 @@ def _train(args, device: str) -> int:
         if differs:
             raise DataError(f"the {differs} split of --data {args.data} is not the one {out} was trained on "
                             f"({info['corpus']}); resume with the same corpus")
-        train = {**info["train"], "max_epochs": args.epochs or info["train"]["max_epochs"]}
-        if not train.get("max_train_tokens"):
-            train["max_train_tokens"] = None  # runs written before 0 became an error stored 0 for "all"
         try:
-            cfg = TrainConfig(**train)
-        except (TypeError, ValueError) as e:
+            cfg = TrainConfig.from_json(info["train"], **({"max_epochs": args.epochs} if args.epochs else {}))
+        except ValueError as e:
             raise DataError(f"{out / 'run.json'}: bad training config ({e})") from None
         done = read_state(out / "state.json")
         if first and done["done"]:

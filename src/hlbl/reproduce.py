@@ -26,7 +26,7 @@ import json
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -186,9 +186,10 @@ class Reproduction:
         run = self.work / "runs" / name
         if (run / "run.json").is_file() and (run / "state.json").is_file():
             model, _, info = ckpt.load_model(run, which="last")
-            known = {f.name for f in fields(TrainConfig)}
-            tcfg = TrainConfig(**{**{k: v for k, v in info["train"].items() if k in known},
-                                  "max_epochs": epochs, "progress": False})
+            try:
+                tcfg = TrainConfig.from_json(info["train"], max_epochs=epochs, progress=False)
+            except ValueError as e:
+                raise DataError(f"{run / 'run.json'}: bad training config ({e})") from None
             self.log(f"[{name}] resuming {run}")
             fit(model, self.corpus, tcfg, run, resume=True, corpus_spec=corpus_record(self.cfg.data), log=self.log)
         else:

@@ -31,7 +31,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +82,25 @@ class TrainConfig:
             raise ValueError("weight decays must be >= 0")
         if self.max_train_tokens is not None and self.max_train_tokens < 1:
             raise ValueError(f"max_train_tokens must be at least 1, got {self.max_train_tokens}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict, **overrides) -> "TrainConfig":
+        """The config :meth:`to_json` saved in a run's run.json, with ``overrides`` applied;
+        ValueError for keys this version does not know or bad values."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise ValueError(f"unknown training setting(s) {', '.join(unknown)}")
+        kw = {**obj, **overrides}
+        if not kw.get("max_train_tokens"):
+            kw["max_train_tokens"] = None  # runs written before 0 became an error stored 0 for "all"
+        try:
+            return cls(**kw)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
 
 
 def make_optimizer(model: LBL, cfg: TrainConfig, lr: float) -> torch.optim.Optimizer:
@@ -263,7 +282,7 @@ def _start_or_resume(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path
         ckpt.restore_optimizer(optimizer, tensors, state["optimizer"])
         log(f"resuming after epoch {state['epoch']} (best valid perplexity {state['best_valid_ppl']:.2f})")
     elif ddp.rank() == 0:
-        ckpt.save_run_files(run_dir, model, corpus.vocab, asdict(cfg), corpus_spec,
+        ckpt.save_run_files(run_dir, model, corpus.vocab, cfg.to_json(), corpus_spec,
                             {s: stream_fingerprint(corpus[s]) for s in ("train", "valid")})
         (run_dir / "metrics.jsonl").write_text("")
     ddp.broadcast_parameters(model)
