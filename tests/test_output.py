@@ -284,3 +284,13 @@ def test_adaptive_softmax_on_too_few_words_is_a_clear_error():
     with pytest.raises(ValueError, match="at least 3 words"):
         make_output_layer("adaptive", 8, 2)
     assert make_output_layer("adaptive", 8, 3).log_prob(torch.zeros(1, 8)).exp().sum().item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("kind", ["tree", "flat"])
+def test_a_standalone_layer_draws_its_weights_from_the_given_generator(kind):
+    tree = random_tree(12, 0) if kind == "tree" else None
+    a, b = (make_output_layer(kind, 5, 12, tree, 0.1, torch.Generator().manual_seed(3)) for _ in range(2))
+    torch.manual_seed(0)  # the global generator plays no part
+    c = make_output_layer(kind, 5, 12, tree, 0.1, torch.Generator().manual_seed(4))
+    assert torch.equal(a.weight, b.weight) and not torch.equal(a.weight, c.weight)
+    assert a.weight.std().item() == pytest.approx(0.1, rel=0.3)

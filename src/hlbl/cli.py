@@ -27,6 +27,7 @@ from .output import OUTPUT_KINDS, takes_tree
 from .reproduce import ReproConfig
 from .train import ENGINES, OPTIMIZERS, TrainConfig, fit
 from .tree import TreeError, WordTree, build_tree
+from .treebuild import DEFAULT_EM_ITERS, DEFAULT_MAX_LEAVES_PER_WORD
 
 USER_ERRORS = (DataError, TreeError, CheckpointError, FloatingPointError)
 
@@ -420,9 +421,9 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--policy", default="adaptive", help="balanced, adaptive, or adaptive:EPS (e.g. adaptive:0.4)")
     tb.add_argument("--copies", type=int, default=1, help="K trees from different seeds joined under new top nodes (xK)")
     tb.add_argument("--seed", type=int, default=0, help="EM initialisation (trees differ run to run)")
-    tb.add_argument("--em-iters", type=int, default=10, help="EM iterations per split")
+    tb.add_argument("--em-iters", type=int, default=DEFAULT_EM_ITERS, help="EM iterations per split")
     tb.add_argument("--weighted", action="store_true", help="weight words by training frequency in the EM")
-    tb.add_argument("--max-leaves-per-word", type=float, default=None, help="leaf budget per tree, in units of V (default 4)")
+    tb.add_argument("--max-leaves-per-word", type=float, default=None, help=f"leaf budget per tree, in units of V (default {DEFAULT_MAX_LEAVES_PER_WORD})")
     tb.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
     tb.add_argument("--threads", type=int, default=None, help="CPU threads")
     tb.add_argument("--out", required=True, help="tree file (.json or .npz)")
@@ -436,11 +437,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="epoch cap of every HLBL run (early stopping ends sooner)")
     rp.add_argument("--flat-epochs", type=int, default=ReproConfig.flat_epochs,
                     help="epoch cap of the flat LBL, ~4 min an epoch on PTB (0 = skip it)")
-    rp.add_argument("--dim", type=int, default=100, help="feature vector size")
-    rp.add_argument("--seed", type=int, default=0, help="initial weights, example order, tree seeds")
+    rp.add_argument("--dim", type=int, default=ReproConfig.dim, help="feature vector size")
+    rp.add_argument("--seed", type=int, default=ReproConfig.seed, help="initial weights, example order, tree seeds")
     rp.add_argument("--threads", type=int, default=None, help="CPU threads (PyTorch and numba)")
     rp.add_argument("--max-train-tokens", type=int, default=None, help="train on this many tokens only")
-    rp.add_argument("--em-iters", type=int, default=10, help="EM iterations per split")
+    rp.add_argument("--em-iters", type=int, default=ReproConfig.em_iters, help="EM iterations per split")
     rp.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types")
     rp.add_argument("--skip", default=None, help="comma-separated steps to leave out: T2..T7, flat, KN5")
     rp.add_argument("--quick", action="store_true",

@@ -72,11 +72,11 @@ def _unigram(counts: Sequence[float], vocab_size: int) -> np.ndarray:
     return np.maximum(c / c.sum(), np.finfo(np.float64).tiny)
 
 
-def _gaussian(shape: tuple[int, int], std: float) -> torch.Tensor:
+def _gaussian(shape: tuple[int, int], std: float, generator: torch.Generator | None) -> torch.Tensor:
     """N(0, std^2) weights drawn in place (no second V x d temporary); zeros, without drawing, for
     std 0 (the LBL draws its own with its generator)."""
     w = torch.zeros(shape)
-    return w.normal_(0.0, std) if std > 0 else w
+    return w.normal_(0.0, std, generator=generator) if std > 0 else w
 
 
 def _check_targets(target: torch.Tensor, vocab_size: int) -> None:
@@ -146,12 +146,13 @@ class TreeSoftmax(OutputLayer):
     for N internal nodes, one matrix product and one pass down the levels.
     """
 
-    def __init__(self, in_features: int, tree: WordTree, init_std: float = 0.0):
+    def __init__(self, in_features: int, tree: WordTree, init_std: float = 0.0,
+                 generator: torch.Generator | None = None):
         super().__init__()
         self.in_features = in_features
         self._tree = tree
         self.vocab_size = tree.num_words
-        self.weight = nn.Parameter(_gaussian((tree.num_nodes, in_features), init_std))
+        self.weight = nn.Parameter(_gaussian((tree.num_nodes, in_features), init_std, generator))
         self.bias = nn.Parameter(torch.zeros(tree.num_nodes))
         # Buffers are derived from the tree; they are rebuilt, not saved (persistent=False).
         sign = np.where(tree.path_bits == 1, np.float32(1.0), np.float32(-1.0)) * tree.path_mask  # float32: no L x D float64 temporary
@@ -267,11 +268,12 @@ class TreeSoftmax(OutputLayer):
 class FlatSoftmax(OutputLayer):
     """The non-hierarchical LBL output: ``P(w | h) = exp(h . q_w + b_w) / Z``."""
 
-    def __init__(self, in_features: int, vocab_size: int, init_std: float = 0.0):
+    def __init__(self, in_features: int, vocab_size: int, init_std: float = 0.0,
+                 generator: torch.Generator | None = None):
         super().__init__()
         self.in_features = in_features
         self.vocab_size = vocab_size
-        self.weight = nn.Parameter(_gaussian((vocab_size, in_features), init_std))
+        self.weight = nn.Parameter(_gaussian((vocab_size, in_features), init_std, generator))
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
     def init_unigram(self, counts: Sequence[float]) -> None:
@@ -323,18 +325,20 @@ class AdaptiveSoftmax(OutputLayer):
 
 
 def make_output_layer(kind: str, in_features: int, vocab_size: int, tree: WordTree | None = None,
-                      init_std: float = 0.0) -> OutputLayer:
-    """The one place that maps an output kind to a layer."""
+                      init_std: float = 0.0, generator: torch.Generator | None = None) -> OutputLayer:
+    """The one place that maps an output kind to a layer. ``init_std`` > 0 draws the tree and
+    flat layers' weights from N(0, init_std^2) with ``generator`` (0: zeros); the adaptive
+    softmax keeps PyTorch's own initialisation (from torch's global generator)."""
     if takes_tree(kind):
         if tree is None:
             raise ValueError("the tree output layer needs a WordTree")
         if tree.num_words != vocab_size:
             raise ValueError(f"tree has {tree.num_words} words, vocabulary {vocab_size}")
-        return TreeSoftmax(in_features, tree, init_std)
+        return TreeSoftmax(in_features, tree, init_std, generator)
     if tree is not None and kind in OUTPUT_KINDS:  # it would be saved beside a model that ignores it
         raise ValueError(f"the {kind} output layer takes no tree")
     if kind == "flat":
-        return FlatSoftmax(in_features, vocab_size, init_std)
+        return FlatSoftmax(in_features, vocab_size, init_std, generator)
     if kind == "adaptive":
         return AdaptiveSoftmax(in_features, vocab_size)
     raise ValueError(f"unknown output layer {kind!r}; choose from {', '.join(OUTPUT_KINDS)}")

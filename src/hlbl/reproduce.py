@@ -39,7 +39,7 @@ from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .train import TrainConfig, epoch_runner, fit
 from .tree import WordTree, build_tree
-from .treebuild import BuildReport, build_tree_from_features, tree_label, word_features
+from .treebuild import DEFAULT_EM_ITERS, BuildReport, build_tree_from_features, tree_label, word_features
 
 # (name, policy or "random", copies): the paper's Table 1 trees.
 TREES = (
@@ -73,7 +73,7 @@ class ReproConfig:
     max_train_tokens: int | None = None
     max_eval_tokens: int | None = None  # evaluate on a prefix of valid/test (smoke tests only)
     max_vocab: int | None = None
-    em_iters: int = 10
+    em_iters: int = DEFAULT_EM_ITERS
     kn_order: int = 5
     skip: tuple[str, ...] = ()  # step names to leave out: T2..T7, flat, KN5 (T1 feeds the trees)
     quick: bool = False
