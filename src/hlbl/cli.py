@@ -389,16 +389,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     e = sub.add_parser("eval", help="perplexity of a trained run on a split (one JSON line)")
-    e.add_argument("run", help="run directory")
+    _run_args(e)
     e.add_argument("--split", choices=("train", "valid", "test"), default="test", help="split to score")
     e.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
-    e.add_argument("--which", choices=("best", "last"), default="best",
-                   help="weights with the best valid perplexity, or after the last epoch")
-    e.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     e.add_argument("--interpolate", metavar="ARPA", default=None,
                    help="also mix with this n-gram model: W p_model + (1-W) p_ngram, per token")
     e.add_argument("--weight", default="auto", help="with --interpolate: W in [0, 1], or auto (tuned on valid)")
-    e.add_argument("--threads", type=int, default=None, help="CPU threads")
     e.set_defaults(func=cmd_eval)
 
     tr = sub.add_parser("tree", help="word trees: statistics, builders")
@@ -564,16 +560,18 @@ def cmd_predict(args) -> int:
     return 0
 
 
-def _add_inference_commands(sub) -> None:
-    def common(c):
-        c.add_argument("run", help="run directory")
-        c.add_argument("--which", choices=("best", "last"), default="best",
-                       help="weights with the best valid perplexity, or after the last epoch")
-        c.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-        c.add_argument("--threads", type=int, default=None, help="CPU threads")
+def _run_args(c: argparse.ArgumentParser) -> None:
+    """The arguments of every command that loads a trained run."""
+    c.add_argument("run", help="run directory")
+    c.add_argument("--which", choices=("best", "last"), default="best",
+                   help="weights with the best valid perplexity, or after the last epoch")
+    c.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    c.add_argument("--threads", type=int, default=None, help="CPU threads")
 
+
+def _add_inference_commands(sub) -> None:
     g = sub.add_parser("generate", help="sample text from a trained model (reproducible under --seed)")
-    common(g)
+    _run_args(g)
     g.add_argument("--tokens", type=int, default=100, help="number of words to sample (<eos> counts)")
     g.add_argument("--seed", type=int, default=0, help="the same seed gives the same text")
     g.add_argument("--prompt", default="", help="words to continue (the start of a sentence)")
@@ -588,7 +586,7 @@ def _add_inference_commands(sub) -> None:
                                    "plus <eos> from an all-<eos> context; words outside the vocabulary are scored "
                                    "as <unk> and counted. Prints 'log10prob<TAB>tokens<TAB>oov' per sentence "
                                    "(tokens include <eos>), then one JSON line with the totals and perplexity.")
-    common(s)
+    _run_args(s)
     s.add_argument("--json", action="store_true", help="one JSON object per sentence")
     s.set_defaults(func=cmd_score)
 
@@ -597,7 +595,7 @@ def _add_inference_commands(sub) -> None:
                                     "start itself); its last n words, padded with <eos>, are the context. Prints "
                                     "'word prob word prob ...' best first (ties: lower word id first), exact "
                                     "(best-first search on a tree model).")
-    common(pr)
+    _run_args(pr)
     pr.add_argument("--k", type=int, default=10, help="number of words per context")
     pr.add_argument("--json", action="store_true", help="one JSON object per context")
     pr.set_defaults(func=cmd_predict)

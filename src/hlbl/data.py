@@ -494,11 +494,8 @@ def batches(
     n_ctx: int,
     batch_size: int,
     pad: int,
-    order: np.ndarray | None = None,
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Yield ``(contexts (B, n_ctx), targets (B,))`` over ``order`` (default: stream order)."""
-    n = len(stream)
-    order = np.arange(n) if order is None else order
-    for start in range(0, len(order), batch_size):
-        pos = order[start : start + batch_size]
+    """Yield ``(contexts (B, n_ctx), targets (B,))`` over the stream, in order."""
+    for start in range(0, len(stream), batch_size):
+        pos = np.arange(start, min(start + batch_size, len(stream)))
         yield contexts(stream, pos, n_ctx, pad), np.asarray(stream[pos], dtype=np.int64)

@@ -169,12 +169,7 @@ class WordTree:
     @cached_property
     def levels(self) -> list[np.ndarray]:
         """Internal node ids of each depth (contiguous ranges, as numbering is breadth-first)."""
-        out, frontier = [], np.array([0])
-        while len(frontier):
-            out.append(frontier)
-            kids = self.children[frontier].reshape(-1)
-            frontier = kids[kids >= 0]
-        return out
+        return _levels(self.children)
 
     @cached_property
     def _paths(self) -> dict[str, np.ndarray]:
@@ -354,8 +349,8 @@ class WordTree:
             raise TreeError(f"{path}: {e}") from None
 
 
-def _breadth_first_order(ch: np.ndarray) -> np.ndarray:
-    """Internal nodes reachable from node 0, breadth-first, left child before right.
+def _levels(ch: np.ndarray) -> list[np.ndarray]:
+    """Internal nodes reachable from node 0, one array per depth, left child before right.
 
     One numpy step per level; assumes every node has at most one parent (checked before), so
     the walk visits each reachable node once and ends.
@@ -365,7 +360,12 @@ def _breadth_first_order(ch: np.ndarray) -> np.ndarray:
         levels.append(frontier)
         kids = ch[frontier].reshape(-1)
         frontier = kids[kids >= 0]
-    return np.concatenate(levels)
+    return levels
+
+
+def _breadth_first_order(ch: np.ndarray) -> np.ndarray:
+    """Internal nodes reachable from node 0, breadth-first, left child before right."""
+    return np.concatenate(_levels(ch))
 
 
 def _canonical(ch: np.ndarray) -> np.ndarray:
