@@ -20,7 +20,7 @@ import torch
 
 from . import distributed
 from .checkpoint import CheckpointError, load_model, read_run, read_state, read_vocab
-from .data import DataError, corpus_record, load_corpus, min_count_arg, resolve_corpus, stream_fingerprint
+from .data import Corpus, DataError, corpus_record, load_corpus, min_count_arg, resolve_corpus, stream_fingerprint
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .output import OUTPUT_KINDS, takes_tree
@@ -99,6 +99,54 @@ def cmd_train(args) -> int:
     return rc
 
 
+def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple[LBL, Corpus, TrainConfig]:
+    """The run's own model (last weights), vocabulary and recipe; only --epochs may change."""
+    model, vocab, info = load_model(out, which="last")
+    corpus = load_corpus(args.data, vocab=vocab, splits=splits)  # the run's own vocabulary, whatever the flags say now
+    differs = _differing_split(corpus, vocab, info)
+    if differs:
+        raise DataError(f"the {differs} split of --data {args.data} is not the one {out} was trained on "
+                        f"({info['corpus']}); resume with the same corpus")
+    try:
+        cfg = TrainConfig.from_json(info["train"], **({"max_epochs": args.epochs} if args.epochs else {}))
+    except ValueError as e:
+        raise DataError(f"{out / 'run.json'}: bad training config ({e})") from None
+    done = read_state(out / "state.json")
+    if first and done["done"]:
+        print(f"note: {out} had already stopped early (after epoch {done['epoch']}): nothing to train; "
+              "reporting its best weights", file=sys.stderr)
+    elif first and done["epoch"] >= cfg.max_epochs:
+        print(f"note: {out} has {done['epoch']} epochs and --epochs is {cfg.max_epochs}: nothing to train; "
+              "pass a larger --epochs to continue", file=sys.stderr)
+    if first:
+        print(f"resuming {out}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
+              "--hogwild, --device and --threads apply)", file=sys.stderr)
+    return model, corpus, cfg
+
+
+def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, TrainConfig]:
+    """A new model and recipe from the flags; the vocabulary comes from the training split."""
+    if args.tree is not None and not takes_tree(args.output):
+        raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
+    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits)
+    V = len(corpus.vocab)
+    try:
+        mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
+                         output=args.output, init_std=args.init_std)
+        cfg = TrainConfig(lr=args.lr, lr_final=args.lr_final, batch_size=args.batch_size,
+                          max_epochs=args.epochs or TrainConfig.max_epochs, optimizer=args.optimizer,
+                          momentum=args.momentum, weight_decay_words=args.weight_decay_words,
+                          weight_decay_other=args.weight_decay, hogwild=args.hogwild,
+                          seed=args.seed, device=device, max_train_tokens=args.max_train_tokens,
+                          progress=not args.quiet)
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    tree = build_tree(args.tree or "random", V, corpus.vocab.counts, args.seed) if takes_tree(args.output) else None
+    model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
+    model.init_unigram(corpus.vocab.counts)
+    return model, corpus, cfg
+
+
 def _train(args, device: str) -> int:
     first = distributed.rank() == 0  # under torchrun only process 0 prints
     # A corpus without a test split can still be trained on (the final report skips test).
@@ -112,45 +160,9 @@ def _train(args, device: str) -> int:
         raise DataError(f"{out} has no finished epoch to resume from (stopped before its first checkpoint); "
                         "delete it or choose a new --out")
     if args.resume and (out / "run.json").exists():
-        model, vocab, info = load_model(out, which="last")
-        corpus = load_corpus(args.data, vocab=vocab, splits=splits)  # the run's own vocabulary, whatever the flags say now
-        differs = _differing_split(corpus, vocab, info)
-        if differs:
-            raise DataError(f"the {differs} split of --data {args.data} is not the one {out} was trained on "
-                            f"({info['corpus']}); resume with the same corpus")
-        try:
-            cfg = TrainConfig.from_json(info["train"], **({"max_epochs": args.epochs} if args.epochs else {}))
-        except ValueError as e:
-            raise DataError(f"{out / 'run.json'}: bad training config ({e})") from None
-        done = read_state(out / "state.json")
-        if first and done["done"]:
-            print(f"note: {out} had already stopped early (after epoch {done['epoch']}): nothing to train; "
-                  "reporting its best weights", file=sys.stderr)
-        elif first and done["epoch"] >= cfg.max_epochs:
-            print(f"note: {out} has {done['epoch']} epochs and --epochs is {cfg.max_epochs}: nothing to train; "
-                  "pass a larger --epochs to continue", file=sys.stderr)
-        if first:
-            print(f"resuming {out}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
-                  "--hogwild, --device and --threads apply)", file=sys.stderr)
+        model, corpus, cfg = _resumed_run(args, out, splits, first)
     else:
-        if args.tree is not None and not takes_tree(args.output):
-            raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
-        corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits)
-        V = len(corpus.vocab)
-        try:
-            mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
-                             output=args.output, init_std=args.init_std)
-            cfg = TrainConfig(lr=args.lr, lr_final=args.lr_final, batch_size=args.batch_size,
-                              max_epochs=args.epochs or TrainConfig.max_epochs, optimizer=args.optimizer,
-                              momentum=args.momentum, weight_decay_words=args.weight_decay_words,
-                              weight_decay_other=args.weight_decay, hogwild=args.hogwild,
-                              seed=args.seed, device=device, max_train_tokens=args.max_train_tokens,
-                              progress=not args.quiet)
-        except ValueError as e:
-            raise DataError(str(e)) from None
-        tree = build_tree(args.tree or "random", V, corpus.vocab.counts, args.seed) if takes_tree(args.output) else None
-        model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
-        model.init_unigram(corpus.vocab.counts)
+        model, corpus, cfg = _new_run(args, splits, device)
     cfg.device = device
     cfg.engine = args.engine  # like the device, a choice of how to run, not of what is learned
     cfg.hogwild = args.hogwild
