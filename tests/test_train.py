@@ -211,6 +211,34 @@ def test_a_checkpoint_torn_between_epochs_is_refused_at_resume(tmp_path, corpus)
             log=lambda *a: None)
 
 
+def test_ctrl_c_while_a_checkpoint_is_written_waits_for_the_whole_checkpoint(tmp_path, corpus, monkeypatch):
+    """Ctrl-C between the epoch's tensor files and its state used to leave a run that could never
+    be resumed; now the interrupt takes effect once all three files are written."""
+    import os
+    import signal
+
+    from hlbl import checkpoint as ckpt
+
+    real = ckpt.save_weights
+
+    def interrupted_save(path, model, epoch=None):
+        if path.name == "last.safetensors" and epoch == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # arrives while the checkpoint is half written
+        real(path, model, epoch)
+
+    monkeypatch.setattr(ckpt, "save_weights", interrupted_save)
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path, "int", corpus, epochs=3)
+    assert ckpt.read_state(tmp_path / "int" / "state.json")["epoch"] == 2
+    monkeypatch.setattr(ckpt, "save_weights", real)
+    V = len(corpus.vocab)
+    resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
+    state = fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False), tmp_path / "int",
+                resume=True, log=lambda *a: None)
+    assert state["epoch"] == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_train_config_round_trips_through_json_and_refuses_unknown_settings():
     cfg = TrainConfig(lr=0.01, batch_size=7, optimizer="sgd", hogwild=2)
     assert TrainConfig.from_json(cfg.to_json()) == cfg

@@ -10,7 +10,9 @@ temporary file is removed and ``dest`` is untouched.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -77,3 +79,24 @@ def write_bytes(dest: str | os.PathLike, data: bytes) -> None:
 
 def write_text(dest: str | os.PathLike, text: str) -> None:
     write_bytes(dest, text.encode("utf-8"))
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT (Ctrl-C) and SIGTERM until the block ends, for files that only make sense
+    together (an epoch's checkpoint: each is atomic, the group is not). A signal that arrives
+    meanwhile acts when the block ends. Handlers can only be set from the main thread; elsewhere
+    the block runs unprotected."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        if held:
+            signal.raise_signal(held[0])  # now with its usual effect (KeyboardInterrupt for SIGINT)

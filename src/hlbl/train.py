@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from . import atomic
 from . import checkpoint as ckpt
 from . import distributed as ddp
 from .data import Corpus, DataError, contexts, epoch_order, stream_fingerprint
@@ -291,11 +292,13 @@ def _start_or_resume(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path
 
 def _checkpoint(model: LBL, optimizer: torch.optim.Optimizer, state: dict, run_dir: Path) -> None:
     """The end-of-epoch checkpoint: optimiser, last weights, then the state that points at them.
-    Each file is atomic; the two tensor files record their epoch, so a run killed between them
-    and the state is refused at resume with a clear error instead of mixing two epochs."""
+    Each file is atomic, and Ctrl-C or SIGTERM waits until all three are written. The two tensor
+    files record their epoch, so a run killed between them and the state in a way that cannot
+    wait (SIGKILL, a crash) is refused at resume with a clear error instead of mixing two epochs."""
     tensors, meta = ckpt.optimizer_tensors(optimizer)
     state["optimizer"] = meta
-    ckpt.save_tensors(run_dir / "optimizer.safetensors", tensors, kind="hlbl-optimizer",
-                      meta={"epoch": str(state["epoch"])})
-    ckpt.save_weights(run_dir / "last.safetensors", model, epoch=state["epoch"])
-    ckpt.write_state(run_dir / "state.json", state)
+    with atomic.interrupts_deferred():
+        ckpt.save_tensors(run_dir / "optimizer.safetensors", tensors, kind="hlbl-optimizer",
+                          meta={"epoch": str(state["epoch"])})
+        ckpt.save_weights(run_dir / "last.safetensors", model, epoch=state["epoch"])
+        ckpt.write_state(run_dir / "state.json", state)
