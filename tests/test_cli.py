@@ -69,6 +69,16 @@ def test_help_on_every_command(capsys, command):
     assert out.startswith("usage: hlbl") and " ".join(["hlbl", *command]) in out.splitlines()[0]
 
 
+@pytest.mark.parametrize("command", [["train", "--data", "x", "--out", "y"], ["tree", "make", "--out", "t.json"],
+                                     ["reproduce"], ["generate", "run"]])
+@pytest.mark.parametrize("seed", ["-1", str(2**64), "one"])
+def test_a_bad_seed_is_a_usage_error_not_a_traceback(capsys, command, seed):
+    with pytest.raises(SystemExit) as e:
+        main(command + ["--seed", seed])
+    assert e.value.code == 2
+    assert "argument --seed" in capsys.readouterr().err
+
+
 def test_optimiser_flags_reach_the_recipe(tmp_path, capsys):
     data = tiny_corpus(tmp_path / "corpus")
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--epochs", "1", "--dim", "8",
@@ -131,8 +141,12 @@ def test_resume_checks_the_corpus_and_the_checkpoint(trained, tmp_path, capsys):
     assert "is not the one" in capsys.readouterr().err
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "run.json").write_text((root / "run" / "run.json").read_text())
-    assert main(["train", "--data", str(other), "--out", str(tmp_path / "half"), "--resume", "--quiet"]) == 2
-    assert "no finished epoch" in capsys.readouterr().err
+    # A run stopped before its first checkpoint, or none at all: --resume starts anew, and says so.
+    for out, why in ((tmp_path / "half", "has no finished epoch"), (tmp_path / "none", "holds no run")):
+        assert main(["train", "--data", str(other), "--out", str(out), "--resume", "--quiet", "--epochs", "1",
+                     "--dim", "8"]) == 0
+        assert f"{why}: nothing to resume, starting a new run" in capsys.readouterr().err
+        assert json.loads((out / "state.json").read_text())["epoch"] == 1
 
 
 def test_resume_uses_the_runs_own_vocabulary_and_reads_old_configs(tmp_path, capsys):

@@ -156,10 +156,11 @@ def _train(args, device: str) -> int:
         raise DataError(f"--out {out} is a file, not a run directory")
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise DataError(f"{out} is not empty; choose a new --out, pass --resume, or delete it")
-    if args.resume and (out / "run.json").exists() and not (out / "state.json").exists():
-        raise DataError(f"{out} has no finished epoch to resume from (stopped before its first checkpoint); "
-                        "delete it or choose a new --out")
-    if args.resume and (out / "run.json").exists():
+    resuming = args.resume and (out / "run.json").exists() and (out / "state.json").exists()
+    if args.resume and not resuming and first:
+        why = "has no finished epoch" if (out / "run.json").exists() else "holds no run"
+        print(f"note: {out} {why}: nothing to resume, starting a new run", file=sys.stderr)
+    if resuming:
         model, corpus, cfg = _resumed_run(args, out, splits, first)
     else:
         model, corpus, cfg = _new_run(args, splits, device)
@@ -171,7 +172,7 @@ def _train(args, device: str) -> int:
         print(f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
               f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, "
               f"device {device}", file=sys.stderr)
-    state = fit(model, corpus, cfg, out, resume=args.resume, corpus_spec=corpus_record(args.data), log=log)
+    state = fit(model, corpus, cfg, out, resume=resuming, corpus_spec=corpus_record(args.data), log=log)
     if not first:
         return 0
     report = {"valid_perplexity": state["best_valid_ppl"]}
@@ -342,6 +343,17 @@ def cmd_reproduce(args) -> int:
 # ---- parser ---------------------------------------------------------------------------------
 
 
+def seed_arg(text: str) -> int:
+    """``--seed``: a whole number in [0, 2^63) (what numpy's and torch's generators take)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in 0 .. 2^63-1, got {value}")
+    return value
+
+
 class _Help(argparse.HelpFormatter):
     """Help lines end in ``(default: X)`` where there is a default worth saying and the text does not give it."""
 
@@ -392,11 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fast = numba CPU kernels (tree output, SGD/momentum), torch = autograd (GPU, any model); auto picks fast where it applies")
     t.add_argument("--hogwild", type=int, default=d.hogwild,
                    help="threads of the fast engine; 1 is bit-reproducible, more run lock-free Hogwild steps")
-    t.add_argument("--seed", type=int, default=0, help="initial weights and example order")
+    t.add_argument("--seed", type=seed_arg, default=0, help="initial weights and example order")
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     t.add_argument("--threads", type=int, default=None, help="CPU threads (PyTorch and numba)")
     t.add_argument("--max-train-tokens", type=int, default=None, help="train on this many tokens only")
-    t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint "
+                   "(a new run if it has no finished epoch yet)")
     t.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
     t.set_defaults(func=cmd_train)
 
@@ -421,14 +434,14 @@ def build_parser() -> argparse.ArgumentParser:
     _corpus_args(tm)
     tm.add_argument("--kind", choices=("random", "huffman"), default="random",
                     help="random permutation halved recursively, or Huffman codes from the training counts")
-    tm.add_argument("--seed", type=int, default=0, help="the random tree's permutation")
+    tm.add_argument("--seed", type=seed_arg, default=0, help="the random tree's permutation")
     tm.add_argument("--out", required=True, help="tree file (.json or .npz)")
     tm.set_defaults(func=cmd_tree_make)
     tb = tsub.add_parser("build", help="learned tree from a trained run's word features (paper, Section 5)")
     tb.add_argument("--from", dest="run", required=True, help="run directory of a trained model (normally HLBL on a RANDOM tree)")
     tb.add_argument("--policy", default="adaptive", help="balanced, adaptive, or adaptive:EPS (e.g. adaptive:0.4)")
     tb.add_argument("--copies", type=int, default=1, help="K trees from different seeds joined under new top nodes (xK)")
-    tb.add_argument("--seed", type=int, default=0, help="EM initialisation (trees differ run to run)")
+    tb.add_argument("--seed", type=seed_arg, default=0, help="EM initialisation (trees differ run to run)")
     tb.add_argument("--em-iters", type=int, default=DEFAULT_EM_ITERS, help="EM iterations per split")
     tb.add_argument("--weighted", action="store_true", help="weight words by training frequency in the EM")
     tb.add_argument("--max-leaves-per-word", type=float, default=None, help=f"leaf budget per tree, in units of V (default {DEFAULT_MAX_LEAVES_PER_WORD})")
@@ -446,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--flat-epochs", type=int, default=ReproConfig.flat_epochs,
                     help="epoch cap of the flat LBL, ~4 min an epoch on PTB (0 = skip it)")
     rp.add_argument("--dim", type=int, default=ReproConfig.dim, help="feature vector size")
-    rp.add_argument("--seed", type=int, default=ReproConfig.seed, help="initial weights, example order, tree seeds")
+    rp.add_argument("--seed", type=seed_arg, default=ReproConfig.seed, help="initial weights, example order, tree seeds")
     rp.add_argument("--threads", type=int, default=None, help="CPU threads (PyTorch and numba)")
     rp.add_argument("--max-train-tokens", type=int, default=None, help="train on this many tokens only")
     rp.add_argument("--em-iters", type=int, default=ReproConfig.em_iters, help="EM iterations per split")
@@ -585,7 +598,7 @@ def _add_inference_commands(sub) -> None:
     g = sub.add_parser("generate", help="sample text from a trained model (reproducible under --seed)")
     _run_args(g)
     g.add_argument("--tokens", type=int, default=100, help="number of words to sample (<eos> counts)")
-    g.add_argument("--seed", type=int, default=0, help="the same seed gives the same text")
+    g.add_argument("--seed", type=seed_arg, default=0, help="the same seed gives the same text")
     g.add_argument("--prompt", default="", help="words to continue (the start of a sentence)")
     g.add_argument("--temperature", type=float, default=1.0,
                    help="sample from p(w)^(1/T)/Z (exact; costs the full distribution when T != 1)")

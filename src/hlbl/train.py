@@ -83,6 +83,8 @@ class TrainConfig:
             raise ValueError("weight decays must be >= 0")
         if self.max_train_tokens is not None and self.max_train_tokens < 1:
             raise ValueError(f"max_train_tokens must be at least 1, got {self.max_train_tokens}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be in 0 .. 2^63-1, got {self.seed}")
 
     def to_json(self) -> dict:
         return asdict(self)
