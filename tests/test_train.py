@@ -248,3 +248,13 @@ def test_train_config_round_trips_through_json_and_refuses_unknown_settings():
         TrainConfig.from_json({**cfg.to_json(), "nesterov": True})
     with pytest.raises(ValueError, match="momentum"):
         TrainConfig.from_json({**cfg.to_json(), "momentum": 1.5})
+
+
+def test_a_run_directory_in_use_is_refused(tmp_path, corpus):
+    from hlbl import atomic
+    from hlbl.data import DataError
+
+    with atomic.exclusive_directory(tmp_path / "busy"):  # as another training would hold it
+        with pytest.raises(DataError, match="in use by another training process"):
+            train(tmp_path, "busy", corpus, epochs=1)
+    train(tmp_path, "busy", corpus, epochs=1)  # free again

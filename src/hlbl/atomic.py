@@ -100,3 +100,28 @@ def interrupts_deferred() -> Iterator[None]:
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
         if held:
             signal.raise_signal(held[0])  # now with its usual effect (KeyboardInterrupt for SIGINT)
+
+
+@contextmanager
+def exclusive_directory(path: str | os.PathLike, what: str = "another process") -> Iterator[None]:
+    """Hold an advisory lock on directory ``path`` (created if missing) for the block; a second
+    holder, in this or another process, gets BlockingIOError at once instead of waiting. Two
+    trainings writing one run directory would interleave their checkpoints. The lock goes with
+    the process (no stale lock file after a crash); where ``fcntl`` is missing (Windows) there is
+    none."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BlockingIOError(f"{path} is in use by {what}") from None
+        yield
+    finally:
+        os.close(fd)

@@ -31,6 +31,7 @@ import json
 import math
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -203,9 +204,19 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
     returns holding the best weights.
     """
     run_dir = Path(run_dir)
+    if ddp.rank() != 0:  # only rank 0 writes run_dir
+        return _fit(model, corpus, cfg, run_dir, resume, corpus_spec, lambda *a, **k: None)
+    with ExitStack() as held:
+        try:  # two trainings in one directory would interleave their checkpoints
+            held.enter_context(atomic.exclusive_directory(run_dir, "another training process"))
+        except BlockingIOError as e:
+            raise DataError(str(e)) from None
+        return _fit(model, corpus, cfg, run_dir, resume, corpus_spec, log)
+
+
+def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool, corpus_spec: str,
+         log) -> dict:
     rank = ddp.rank()
-    if rank != 0:
-        log = lambda *a, **k: None  # noqa: E731 (one voice: rank 0's)
     device = torch.device(cfg.device)
     model.to(device)
     pad = corpus.vocab.eos
