@@ -415,6 +415,55 @@ def test_cli_stdin_is_read_like_a_corpus_file(tiny_run, monkeypatch, capsys):
     _, crlf, _ = _run(["score", str(run), "--json"], monkeypatch, capsys, b"\xef\xbb\xbfthe big\r\nthe cat\rthe fish\n")
     _, lf, _ = _run(["score", str(run), "--json"], monkeypatch, capsys, b"the big\nthe cat\nthe fish\n")
     assert crlf == lf and len(lf.strip().split("\n")) == 4  # 3 sentences and the summary
+    rc, _, err = _run(["score", str(run)], monkeypatch, capsys, b"the big\nthe cat\r\nthe caf\xe9\n" + b"a\n" * 5000)
+    assert rc == 2 and "line 3: byte 0xe9 at byte 8" in err  # the line itself, not where decoding had got to
+
+
+class _Trickle(io.RawIOBase):
+    """A pipe that delivers one byte per read: every line end falls between two reads somewhere."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        if not self.data:
+            return 0
+        b[0], self.data = self.data[0], self.data[1:]
+        return 1
+
+
+def test_cli_stdin_lines_split_across_reads(tiny_run, monkeypatch, capsys):
+    run, _, _ = tiny_run
+    text = "\ufeffthe big\r\nthe cat\rthe fish\n\nthe zebra".encode()
+    _, whole, _ = _run(["score", str(run), "--json"], monkeypatch, capsys, text)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(_Trickle(text)), encoding="utf-8"))
+    assert main(["score", str(run), "--json"]) == 0
+    assert capsys.readouterr().out == whole and len(whole.strip().split("\n")) == 5
+
+
+def test_cli_predict_answers_a_line_before_the_next_arrives(tiny_run):
+    """A program driving `hlbl predict` through a pipe gets each answer before it sends more."""
+    import subprocess
+    import threading
+
+    run, _, _ = tiny_run
+    proc = subprocess.Popen([sys.executable, "-m", "hlbl", "predict", str(run), "--device", "cpu", "--k", "2"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(60, proc.kill)  # an answer that never comes fails the test, not hangs it
+    watchdog.start()
+    try:
+        for context in ("the big", "the cat"):
+            proc.stdin.write(context + "\n")
+            proc.stdin.flush()
+            assert len(proc.stdout.readline().split()) == 4  # two words and their probabilities
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        watchdog.cancel()
+    assert proc.returncode == 0
 
 
 def test_cli_predict_notes_unknown_context_words(tiny_run, monkeypatch, capsys):

@@ -7,7 +7,6 @@ User errors (bad data, trees, checkpoints, arguments) print one line and exit wi
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -486,27 +485,58 @@ def _load_for_inference(args):
     return model, vocab, device
 
 
-def _stdin_chunks(size: int = 1024):
-    """Lines of stdin (line end removed) in lists of ``size``, read lazily.
-
-    Read as corpus files are, whatever the locale: UTF-8 (a leading byte-order mark dropped),
-    strictly, and with the same line ends (\\n, \\r\\n or a lone \\r)."""
-    if sys.stdin.isatty():  # someone typing: answer each line as it comes
-        size = 1
-    stream = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8-sig", errors="strict", newline=None)
-    chunk, lines = [], 0
+def _more_input_waiting(buf) -> callable:
+    """A test of whether more of ``buf`` (stdin's bytes) can be read without waiting."""
     try:
-        for line in stream:
-            lines += 1
-            chunk.append(line.rstrip("\n"))
-            if len(chunk) == size:
-                yield chunk
-                chunk = []
-    except UnicodeDecodeError as e:
-        # The decoder reads ahead in blocks: the bad byte is at or after the next line.
-        raise DataError(f"standard input is not UTF-8 text (byte 0x{e.object[e.start]:02x} after line {lines})") from None
-    finally:
-        stream.detach()  # leave sys.stdin usable
+        fd = buf.fileno()
+    except (OSError, ValueError):  # in memory (io.UnsupportedOperation): all of it is there
+        return lambda: True
+    if os.name != "posix":  # select() cannot watch pipes there: answer per line only to a terminal
+        tty = os.isatty(fd)
+        return lambda: not tty
+    import select
+
+    return lambda: bool(select.select([fd], [], [], 0)[0])
+
+
+def _stdin_chunks(size: int = 1024):
+    """Lines of stdin (line end removed) in lists of at most ``size``. A list goes out when it is
+    full or when no more input is waiting, so a person typing, or a program that writes a line and
+    waits for the answer, gets it at once, while a file still goes through in large batches.
+
+    Read as corpus files are, whatever the locale: UTF-8, strictly (an error names the line), a
+    leading byte-order mark dropped, line ends \\n, \\r\\n or a lone \\r."""
+    buf = sys.stdin.buffer
+    waiting = _more_input_waiting(buf)
+    chunk, number, unended = [], 0, []  # unended: the pieces of a line whose end has not come yet
+    while True:
+        block = buf.read1(1 << 16)  # what is there, waiting only when nothing is
+        if block:
+            *complete, rest = block.split(b"\n")
+            if complete:
+                complete[0] = b"".join(unended) + complete[0]
+                unended = []
+            unended.append(rest)
+        else:  # end of input: what is left is the last line
+            last = b"".join(unended)
+            complete = [last] if last else []
+        for raw in complete:
+            for piece in raw.removesuffix(b"\r").split(b"\r"):  # \r\n, or a lone \r, ends a line
+                number += 1
+                try:
+                    line = piece.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"standard input is not UTF-8 text (line {number}: byte 0x{piece[e.start]:02x} "
+                                    f"at byte {e.start + 1} of the line)") from None
+                chunk.append(line.removeprefix("\ufeff") if number == 1 else line)
+                if len(chunk) == size:
+                    yield chunk
+                    chunk = []
+        if not block:
+            break
+        if chunk and not waiting():
+            yield chunk
+            chunk = []
     if chunk:
         yield chunk
 
@@ -554,6 +584,7 @@ def cmd_score(args) -> int:
                 print(json.dumps({"log10_prob": s.log10_prob, "tokens": s.tokens, "oov": s.oov}))
             else:
                 print(f"{s.log10_prob:.6f}\t{s.tokens}\t{s.oov}")
+        sys.stdout.flush()  # a program reading our answers line by line gets them now
     if not scores:
         raise DataError("no sentences on standard input")
     print(json.dumps(score_report(scores)))
@@ -580,6 +611,7 @@ def cmd_predict(args) -> int:
                 print(json.dumps({"context": line, "oov": oov, "words": words, "probs": p}))
             else:
                 print(" ".join(f"{word} {prob:.6g}" for word, prob in zip(words, p)))
+        sys.stdout.flush()  # a program reading our answers line by line gets them now
     if unknown:
         print(f"hlbl: {unknown} context word(s) not in the vocabulary, read as {vocab.words[vocab.unk]}", file=sys.stderr)
     return 0
