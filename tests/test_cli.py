@@ -295,3 +295,30 @@ def test_resume_refuses_reordered_training_text_and_a_changed_valid_split(tmp_pa
     (data / "valid.txt").write_text((data / "valid.txt").read_text() + "the cat\n")
     assert main(["train", "--data", str(data), "--epochs", "2", "--resume", *args]) == 2
     assert "the valid split" in capsys.readouterr().err
+
+
+def test_resume_without_data_uses_the_runs_corpus(tmp_path, capsys):
+    data = tiny_corpus(tmp_path / "corpus")
+    base = ["train", "--out", str(tmp_path / "r"), "--dim", "8", "--quiet", "--device", "cpu"]
+    assert main(base + ["--data", str(data), "--epochs", "1"]) == 0
+    assert main(base + ["--resume", "--epochs", "2"]) == 0
+    assert [json.loads(x)["epoch"] for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    capsys.readouterr()
+    assert main(["train", "--out", str(tmp_path / "new"), "--quiet"]) == 2
+    assert "--data is needed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--optimizer", "sgd", "--momentum", "0.5"], "--momentum applies to --optimizer momentum only"),
+    (["--engine", "torch", "--hogwild", "2"], "--hogwild runs threads of the fast engine"),
+])
+def test_contradictory_training_flags_are_refused(tmp_path, capsys, flags, message):
+    data = tiny_corpus(tmp_path / "corpus")
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--quiet"] + flags) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "r" / "run.json").exists()
+
+
+def test_a_mixture_weight_without_a_model_to_mix_is_refused(trained, capsys):
+    root, _ = trained
+    assert main(["eval", str(root / "run"), "--weight", "0.5"]) == 2
+    assert "--interpolate" in capsys.readouterr().err

@@ -46,8 +46,10 @@ def pick_device(name: str) -> str:
     return name
 
 
-def _corpus_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, help="corpus directory or name (looked up in $HLBL_DATA, then the cache)")
+def _corpus_args(p: argparse.ArgumentParser, data_help: str = "") -> None:
+    p.add_argument("--data", required=not data_help,
+                   help="corpus directory or name (a name is looked up in $HLBL_DATA, the cache, the current "
+                        "directory, and for ptb downloaded)" + data_help)
     p.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types (with <eos>, <unk>)")
     p.add_argument("--min-count", type=min_count_arg, default="auto",
                    help="training words seen fewer times become <unk>; auto = 1 if the training text has "
@@ -88,6 +90,8 @@ def cmd_train(args) -> int:
                         ("--hogwild", args.hogwild)):
         if value is not None and value < 1:
             raise DataError(f"{flag} must be at least 1, got {value}")
+    if args.hogwild is not None and args.hogwild > 1 and args.engine == "torch":
+        raise DataError("--hogwild runs threads of the fast engine; --engine torch has none (use --threads)")
     device = distributed.init_from_env(pick_device(args.device))  # torchrun: join the group, one GPU each
     try:
         rc = _train(args, device)
@@ -127,6 +131,8 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
     """A new model and recipe from the flags; the vocabulary comes from the training split."""
     if args.tree is not None and not takes_tree(args.output):
         raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
+    if args.momentum is not None and args.optimizer != "momentum":
+        raise DataError(f"--momentum applies to --optimizer momentum only, not {args.optimizer}")
     corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits)
     V = len(corpus.vocab)
     try:
@@ -134,7 +140,8 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
                          output=args.output, init_std=args.init_std)
         cfg = TrainConfig(lr=args.lr, lr_final=args.lr_final, batch_size=args.batch_size,
                           max_epochs=args.epochs or TrainConfig.max_epochs, optimizer=args.optimizer,
-                          momentum=args.momentum, weight_decay_words=args.weight_decay_words,
+                          momentum=TrainConfig.momentum if args.momentum is None else args.momentum,
+                          weight_decay_words=args.weight_decay_words,
                           weight_decay_other=args.weight_decay, hogwild=args.hogwild,
                           seed=args.seed, device=device, max_train_tokens=args.max_train_tokens,
                           progress=not args.quiet)
@@ -148,6 +155,10 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
 
 def _train(args, device: str) -> int:
     first = distributed.rank() == 0  # under torchrun only process 0 prints
+    if args.data is None:
+        if not (args.resume and (Path(args.out) / "run.json").is_file()):
+            raise DataError("--data is needed (it may be left out to --resume a run, which records its corpus)")
+        args.data = read_run(args.out)["corpus"]
     # A corpus without a test split can still be trained on (the final report skips test).
     splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
     out = Path(args.out)
@@ -220,6 +231,8 @@ def cmd_eval(args) -> int:
     _set_threads(args.threads)
     device = pick_device(args.device)
     model, vocab, info = load_model(args.run, which=args.which, device=device)
+    if args.weight != "auto" and not args.interpolate:
+        raise DataError("--weight is the mixture weight of --interpolate; give the n-gram model with --interpolate")
     tune = args.interpolate and str(args.weight).strip().lower() == "auto"
     needed = {args.split} | ({"valid"} if tune else set())  # valid: to tune the mixture weight
     corpus = load_corpus(args.data or info["corpus"], vocab=vocab, splits=tuple(needed))
@@ -380,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     m = {f.name: f.default for f in fields(LBLConfig) if f.name != "vocab_size"}
     t = sub.add_parser("train", help="train a model and report valid/test perplexity")
-    _corpus_args(t)
+    _corpus_args(t, "; with --resume, the run's own by default")
     t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
     t.add_argument("--output", choices=OUTPUT_KINDS, default="tree", help="output layer: tree = HLBL, flat = LBL")
     t.add_argument("--tree", default=None, help="random (the default), huffman, or a tree file (JSON/npz); tree output only")
@@ -394,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--lr-final", type=float, default=d.lr_final, help="learning rate after validation perplexity first rises")
     t.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer,
                    help="momentum = SGD with momentum (the recipe), sgd = plain SGD; adam/adagrad use the torch engine")
-    t.add_argument("--momentum", type=float, default=d.momentum, help="with --optimizer momentum")
+    t.add_argument("--momentum", type=float, default=None, help=f"with --optimizer momentum (default {d.momentum})")
     t.add_argument("--weight-decay-words", type=float, default=d.weight_decay_words,
                    help="L2 penalty per example on the word feature vectors R")
     t.add_argument("--weight-decay", type=float, default=d.weight_decay_other,

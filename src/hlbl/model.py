@@ -43,10 +43,11 @@ class LBLConfig:
             raise TypeError(f"full_context must be true or false, not {self.full_context!r}")
         if self.vocab_size < 2:
             raise ValueError(f"vocab_size must be at least 2, got {self.vocab_size}")
-        if self.dim < 1 or self.context < 1:
-            raise ValueError("dim and context must be positive")
+        for name in ("dim", "context"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.init_std < float("inf"):
-            raise ValueError(f"init_std must be >= 0, got {self.init_std}")
+            raise ValueError(f"init_std (the initial weights' standard deviation) must be >= 0, got {self.init_std}")
 
     def to_json(self) -> dict:
         return asdict(self)

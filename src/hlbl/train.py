@@ -74,8 +74,12 @@ class TrainConfig:
             raise ValueError("hogwild threads must be at least 1")
         if self.engine not in ENGINES:
             raise ValueError(f"unknown engine {self.engine!r}; choose from {', '.join(ENGINES)}")
-        if self.batch_size < 1 or self.max_epochs < 1 or not 0 < self.lr < math.inf:
-            raise ValueError("batch size, epochs and learning rate must be positive")
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be at least 1, got {self.batch_size}")
+        if self.max_epochs < 1:
+            raise ValueError(f"epochs must be at least 1, got {self.max_epochs}")
+        if not 0 < self.lr < math.inf:
+            raise ValueError(f"learning rate must be positive, got {self.lr}")
         if not 0 <= self.lr_final < math.inf:
             raise ValueError(f"the final learning rate must be >= 0, got {self.lr_final}")
         if not 0 <= self.momentum < 1:
