@@ -31,3 +31,19 @@ def test_permissions_follow_the_umask_and_errors_name_the_destination(tmp_path):
     with pytest.raises(OSError, match="cannot write .*missing"):
         atomic.write_text(tmp_path / "missing" / "f", "no such directory")
     assert sorted(os.listdir(tmp_path)) == ["d", "g"]
+
+
+def test_signals_wait_for_the_end_of_a_deferred_block():
+    import os
+    import signal
+
+    seen = []
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+    try:
+        with atomic.interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert seen == []  # held
+        assert seen == [signal.SIGTERM]  # delivered once the block ended, to the handler of before
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, old)
