@@ -120,8 +120,39 @@ def test_work_directory_defaults_to_runs_not_out(tmp_path, monkeypatch):
     data = tiny_corpus(tmp_path / "corpus")
     monkeypatch.chdir(tmp_path)
     r = rp.Reproduction(rp.ReproConfig(data=str(data), out="tables", quick=True), log=lambda *a: None)
-    assert r.work == Path("runs") / "reproduce-corpus" and (tmp_path / "runs" / "reproduce-corpus" / "runs").is_dir()
+    assert r.work == Path("runs") / "reproduce-corpus-quick" and (tmp_path / r.work / "runs").is_dir()
+    assert r.out == Path("tables")
+    # The tables go to results/NAME, whatever the corpus (a smoke test's into its work directory).
+    assert rp.Reproduction(rp.ReproConfig(data=str(data)), log=lambda *a: None).out == Path("results") / "corpus"
+    quick = rp.Reproduction(rp.ReproConfig(data=str(data), quick=True), log=lambda *a: None)
+    assert quick.out == quick.work / "tables"
     assert rp.ReproConfig().epochs == TrainConfig().max_epochs  # the same cap as `hlbl train`
+
+
+def test_a_corpus_with_sentence_boundary_tokens_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    from conftest import write_corpus
+
+    data = write_corpus(tmp_path / "c", {s: ["a <s> b c", "b c a </s>"] * 20 for s in ("train", "valid", "test")})
+    monkeypatch.chdir(tmp_path)
+    assert main(["reproduce", "--data", str(data), "--quick", "--quiet"]) == 2
+    assert "ARPA files reserve" in capsys.readouterr().err
+    assert not list((tmp_path / "runs").glob("*/runs/T1"))
+    assert main(["reproduce", "--data", str(data), "--quick", "--quiet", "--skip", "T2,T3,T4,T5,T6,T7,flat,KN5"]) == 0
+
+
+def test_more_epochs_for_t1_rebuild_the_features_and_the_learned_trees(tmp_path, monkeypatch, capsys):
+    data = tiny_corpus(tmp_path / "corpus")
+    monkeypatch.chdir(tmp_path)
+    skip = ["--skip", "T3,T4,T5,T6,T7,flat,KN5", "--quick", "--threads", "1"]
+    assert main(["reproduce", "--data", str(data), "--epochs", "1", *skip, "--quiet"]) == 0
+    work = tmp_path / "runs" / "reproduce-corpus-quick"
+    tree_before = (work / "trees" / "T2.json").read_bytes()
+    features_before = (work / "features.npz").read_bytes()
+    assert main(["reproduce", "--data", str(data), "--epochs", "2", *skip]) == 0
+    assert "T1 has trained on since its features were computed" in capsys.readouterr().err
+    assert (work / "features.npz").read_bytes() != features_before
+    assert (work / "trees" / "T2.json").read_bytes() != tree_before
+    assert json.loads((work / "results" / "T2.json").read_text())["epochs"] == 2  # trained again, on the new tree
 
 
 def test_bad_options_are_one_line_errors(tmp_path, capsys, monkeypatch):

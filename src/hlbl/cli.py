@@ -463,9 +463,10 @@ def build_parser() -> argparse.ArgumentParser:
     tb.set_defaults(func=cmd_tree_build)
     rp = sub.add_parser("reproduce", help="the paper's Tables 1 and 3 on a corpus, resumable")
     rp.add_argument("--data", default="ptb", help="corpus directory or name")
-    rp.add_argument("--out", default="results/ptb", help="tables, plot, results.json")
+    rp.add_argument("--out", default=None,
+                    help="tables, plot, results.json (default results/NAME, NAME the corpus's; --quick: in its --work)")
     rp.add_argument("--work", default=None,
-                    help="checkpoints, features, trees, ~300 MB for PTB (default: runs/reproduce-NAME)")
+                    help="checkpoints, features, trees, ~300 MB for PTB (default: runs/reproduce-NAME, -quick added for --quick)")
     rp.add_argument("--epochs", type=int, default=ReproConfig.epochs,
                     help="epoch cap of every HLBL run (early stopping ends sooner)")
     rp.add_argument("--flat-epochs", type=int, default=ReproConfig.flat_epochs,

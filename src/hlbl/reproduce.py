@@ -62,8 +62,8 @@ PAPER_TABLE3 = {"T1": 151.2, "T2": 131.3, "T3": 127.0, "T4": 124.4, "T5": 123.3,
 @dataclass
 class ReproConfig:
     data: str = "ptb"
-    out: str = "results/ptb"
-    work: str | None = None  # checkpoints, features, trees; default runs/reproduce-<corpus name>
+    out: str | None = None  # tables; default results/<corpus name> (runs/reproduce-<name>-quick/tables for --quick)
+    work: str | None = None  # checkpoints, features, trees; default runs/reproduce-<corpus name>[-quick]
     epochs: int = 40  # cap for every HLBL run, as `hlbl train` (early stopping ends sooner)
     flat_epochs: int = 3  # cap for the flat LBL (~30x slower per epoch than HLBL on a RANDOM tree, PTB)
     dim: int = 100
@@ -119,11 +119,17 @@ class Reproduction:
 
     def __init__(self, cfg: ReproConfig, log=print):
         self.cfg = cfg
-        self.out = Path(cfg.out)
-        # Not under OUT: the work directory holds ~300 MB of checkpoints, OUT the tables to keep.
-        self.work = Path(cfg.work) if cfg.work else Path("runs") / f"reproduce-{Path(str(cfg.data)).name}"
+        # Not under OUT: the work directory holds ~300 MB of checkpoints, OUT the tables to keep. A
+        # smoke test keeps away from both a real run's work and the committed tables.
+        name = Path(str(cfg.data)).name + ("-quick" if cfg.quick else "")
+        self.work = Path(cfg.work) if cfg.work else Path("runs") / f"reproduce-{name}"
+        self.out = Path(cfg.out) if cfg.out else (self.work / "tables" if cfg.quick else Path("results") / name)
         self.log = log
         self.corpus: Corpus = load_corpus(cfg.data, max_vocab=cfg.max_vocab)  # first: bad --data creates nothing
+        if "KN5" not in cfg.skip:  # before hours of training, not after
+            from .ngram.kneser_ney import check_vocab
+
+            check_vocab(self.corpus.vocab)
         self._claim_work_dir()
         for d in (self.out, self.work / "runs", self.work / "results", self.work / "trees"):
             d.mkdir(parents=True, exist_ok=True)
@@ -210,7 +216,9 @@ class Reproduction:
             "test_perplexity": ev["test"]["perplexity"], "valid_perplexity": ev["valid"]["perplexity"],
             "epochs": state["epoch"], "stopped_early": bool(state["done"]), "epoch_cap": epochs,
             "minutes_per_epoch": float(np.mean([m["epoch_minutes"] for m in metrics])),
-            "words_per_sec": float(np.mean([m["words_per_sec"] for m in metrics])),
+            # From the same wall time, so that the two columns agree (a mean of the engines' own
+            # rates would leave out what an epoch also spends, e.g. loading numba's kernels).
+            "words_per_sec": len(self.train_stream) * len(metrics) / (60 * sum(m["epoch_minutes"] for m in metrics)),
             "train_minutes": state["elapsed"] / 60,
             "engine": _engine_name(model, self.train_config(epochs)),
             "parameters": model.num_parameters(),
@@ -222,15 +230,26 @@ class Reproduction:
         return res
 
     def features(self) -> np.ndarray:
+        """The word features of T1's best weights. If T1 has changed since they were computed (a
+        larger --epochs continued it), the learned trees and their runs are stale too: all go."""
         path = self.work / "features.npz"
+        best = self.work / "runs" / "T1" / "best.safetensors"
+        digest = hashlib.sha256(best.read_bytes()).hexdigest()
         if path.is_file():
             with np.load(path, allow_pickle=False) as z:
-                return z["X"]
+                if "t1_sha256" not in z.files or str(z["t1_sha256"]) == digest:  # (files from before the digest: trusted)
+                    return z["X"]
+            self.log("[features] T1 has trained on since its features were computed: rebuilding them, the "
+                     "learned trees and their runs")
+            for name, _, _ in TREES[1:]:
+                for p in (self.tree_path(name), self.tree_path(name).with_suffix(".build.json"), self.result_path(name)):
+                    p.unlink(missing_ok=True)
+                shutil.rmtree(self.work / "runs" / name, ignore_errors=True)
         model, _, _ = ckpt.load_model(self.work / "runs" / "T1", which="best")
         t0 = time.perf_counter()
         X, n = word_features(model, self.train_stream, self.corpus.vocab.eos)
         with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:
-            np.savez(f, X=X, n=n)
+            np.savez(f, X=X, n=n, t1_sha256=np.array(digest))
         self.log(f"[features] {X.shape} in {time.perf_counter() - t0:.1f}s; {int((n == 0).sum())} words never a target")
         return X
 

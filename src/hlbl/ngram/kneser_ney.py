@@ -42,6 +42,13 @@ def _discount_vector(d: tuple[float, float, float]) -> np.ndarray:
     return np.asarray([0.0, d[0], d[1], d[2]], dtype=np.float64)
 
 
+def check_vocab(vocab) -> None:
+    """DataError if ``vocab`` holds a token that ARPA files reserve for sentence boundaries."""
+    for reserved in (BOS_WORD, EOS_WORD):
+        if reserved in vocab.index:
+            raise DataError(f"the vocabulary contains the token {reserved}, which ARPA files reserve")
+
+
 def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramModel:
     """Interpolated modified Kneser-Ney of ``order`` on a training stream of ``vocab`` ids.
 
@@ -51,9 +58,7 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
     """
     if not isinstance(order, (int, np.integer)) or order < 1:
         raise DataError(f"n-gram order must be a positive integer, got {order!r}")
-    for reserved in (BOS_WORD, EOS_WORD):
-        if reserved in vocab.index:
-            raise DataError(f"the vocabulary contains the token {reserved}, which ARPA files reserve")
+    check_vocab(vocab)
     stream = np.asarray(stream)
     if stream.ndim != 1 or len(stream) == 0:
         raise DataError("the training stream is empty")
