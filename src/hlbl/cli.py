@@ -19,7 +19,7 @@ import torch
 
 from . import distributed
 from .checkpoint import CheckpointError, load_model, read_run, read_state, read_vocab
-from .data import Corpus, DataError, corpus_record, load_corpus, min_count_arg, resolve_corpus, stream_fingerprint
+from .data import DATA_HELP, Corpus, DataError, corpus_record, load_corpus, min_count_arg, resolve_corpus, stream_fingerprint
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .output import OUTPUT_KINDS, takes_tree
@@ -47,9 +47,7 @@ def pick_device(name: str) -> str:
 
 
 def _corpus_args(p: argparse.ArgumentParser, data_help: str = "") -> None:
-    p.add_argument("--data", required=not data_help,
-                   help="corpus directory or name (a name is looked up in $HLBL_DATA, the cache, the current "
-                        "directory, and for ptb downloaded)" + data_help)
+    p.add_argument("--data", required=not data_help, help=DATA_HELP + data_help)
     p.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types (with <eos>, <unk>)")
     p.add_argument("--min-count", type=min_count_arg, default="auto",
                    help="training words seen fewer times become <unk>; auto = 1 if the training text has "
@@ -462,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--out", required=True, help="tree file (.json or .npz)")
     tb.set_defaults(func=cmd_tree_build)
     rp = sub.add_parser("reproduce", help="the paper's Tables 1 and 3 on a corpus, resumable")
-    rp.add_argument("--data", default="ptb", help="corpus directory or name")
+    rp.add_argument("--data", default="ptb", help=DATA_HELP)
     rp.add_argument("--out", default=None,
                     help="tables, plot, results.json (default results/NAME, NAME the corpus's; --quick: in its --work)")
     rp.add_argument("--work", default=None,

