@@ -292,6 +292,13 @@ def test_arpa_missing_contexts_become_blanks():
     assert math.log10(prob(m, ["c", "b"], "c")) == pytest.approx(-0.4)
 
 
+def test_arpa_log10_probability_minus_infinity_reads_as_zero_probability():
+    # Some toolkits write <s> (never predicted) as -inf; KenLM reads such files.
+    m = parse_arpa("\n".join(["\\data\\", "ngram 1=3", "ngram 2=1", "", "\\1-grams:", "-inf\t<s>\t-0.5",
+                              "-0.3\ta\t-0.1", "-0.4\t</s>", "", "\\2-grams:", "-0.2\t<s> a", "", "\\end\\", ""]))
+    assert m.lookup(["<s>"]) == (-math.inf, -0.5) and m.lookup(["a"]) == (-0.3, -0.1)
+
+
 def test_arpa_empty_order_and_missing_backoffs():
     m = parse_arpa("\\data\\\nngram 1=3\nngram 2=1\nngram 3=0\n\n\\1-grams:\n-1\t<s>\t-0.5\n-0.3\ta\n"
                    "-0.4\t</s>\n\n\\2-grams:\n-0.2\t<s> a\n\n\\3-grams:\n\n\\end\\\n")
@@ -334,6 +341,8 @@ def corrupt(line_no, new):
     (2, "ngram one=4", 2, "ngram K=COUNT"),
     (7, "x\ta\t-0.2", 7, "bad log10 probability 'x'"),
     (7, "-0.6\ta\tnan", 7, "bad log10 back-off"),
+    (7, "-0.6\ta\t-inf", 7, "bad log10 back-off"),
+    (7, "inf\ta\t-0.2", 7, "bad log10 probability 'inf'"),
     (7, "0.5\ta", 7, "above 0"),
     (8, "-0.6\ta", 8, "appears twice"),
     (12, "-0.1\t<s> b", 12, "'b' is not among the unigrams"),

@@ -332,13 +332,18 @@ def _columns(start: int, nfields: np.ndarray, toks: list[bytes], first: np.ndarr
 
 
 def _floats(fields: np.ndarray, start: int, name: str, what: str, rows: np.ndarray | None = None) -> np.ndarray:
-    """Parse an object array of number fields; name the first bad line on failure."""
+    """Parse an object array of number fields; name the first bad line on failure. A log10
+    probability may be -inf (probability 0, as some toolkits write for ``<s>``); nothing else
+    may be infinite or NaN."""
+    def finite(x):
+        return np.isfinite(x) | ((x == -np.inf) if what == "probability" else False)
+
     try:
         out = fields.astype(np.float64)
-        ok = np.isfinite(out)
+        ok = finite(out)
     except ValueError:
         out = None
-        ok = np.asarray([_is_number(f) for f in fields], dtype=bool)
+        ok = np.asarray([_is_number(f) and bool(finite(np.float64(f))) for f in fields], dtype=bool)
     if not ok.all():
         j = int(np.flatnonzero(~ok)[0])
         line = start + (int(rows[j]) if rows is not None else j) + 1
@@ -348,7 +353,8 @@ def _floats(fields: np.ndarray, start: int, name: str, what: str, rows: np.ndarr
 
 def _is_number(b: bytes) -> bool:
     try:
-        return math.isfinite(float(b))
+        float(b)
+        return True
     except ValueError:
         return False
 
