@@ -146,6 +146,7 @@ def test_more_epochs_for_t1_rebuild_the_features_and_the_learned_trees(tmp_path,
     skip = ["--skip", "T3,T4,T5,T6,T7,flat,KN5", "--quick", "--threads", "1"]
     assert main(["reproduce", "--data", str(data), "--epochs", "1", *skip, "--quiet"]) == 0
     work = tmp_path / "runs" / "reproduce-corpus-quick"
+    assert not (work / "trees" / "T3.json").exists()  # a skipped step builds nothing, not even its tree
     tree_before = (work / "trees" / "T2.json").read_bytes()
     features_before = (work / "features.npz").read_bytes()
     assert main(["reproduce", "--data", str(data), "--epochs", "2", *skip]) == 0

@@ -415,16 +415,16 @@ class Reproduction:
             set_cpu_threads(cfg.threads)
         t1 = self.tree("T1", "random", 1, None)
         self.train("T1", t1, "RANDOM", cfg.epochs)  # always: the features come from it
-        X = self.features()
-        trees = {name: self.tree(name, pol, k, X) for name, pol, k in TREES[1:]}
+        steps = [(name, pol, k) for name, pol, k in TREES[1:] if name not in cfg.skip]
+        X = self.features() if steps else None
+        trees = {name: self.tree(name, pol, k, X) for name, pol, k in steps}  # a skipped step builds nothing
         self.report()
         if "KN5" not in cfg.skip:
             self.kn()
             self.report()
-        for name, pol, k in TREES[1:]:
-            if name not in cfg.skip:
-                self.train(name, trees[name], tree_label(pol, k), cfg.epochs)
-                self.report()
+        for name, pol, k in steps:
+            self.train(name, trees[name], tree_label(pol, k), cfg.epochs)
+            self.report()
         if "flat" not in cfg.skip and cfg.flat_epochs > 0:
             self.train("flat", None, "-", cfg.flat_epochs)
             self.report()
