@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import fields
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -497,7 +498,7 @@ def _load_for_inference(args):
     return model, vocab, device
 
 
-def _more_input_waiting(buf) -> callable:
+def _more_input_waiting(buf) -> Callable[[], bool]:
     """A test of whether more of ``buf`` (stdin's bytes) can be read without waiting."""
     try:
         fd = buf.fileno()
