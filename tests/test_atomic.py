@@ -45,5 +45,13 @@ def test_signals_wait_for_the_end_of_a_deferred_block():
             assert seen == []  # held
         assert seen == [signal.SIGTERM]  # delivered once the block ended, to the handler of before
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        old_int = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+        try:
+            with atomic.interrupts_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGTERM)
+            assert seen[1:] == [signal.SIGTERM, signal.SIGINT]  # both, the termination first
+        finally:
+            signal.signal(signal.SIGINT, old_int)
     finally:
         signal.signal(signal.SIGTERM, old)

@@ -157,6 +157,36 @@ def test_non_finite_weights_are_refused(run):
         ckpt.load_model(run_dir)
 
 
+def test_weights_of_another_dtype_are_refused(run):
+    # float64 1e300 is finite, and would load as float32 inf through a silent cast.
+    _, _, run_dir = run
+    state = ckpt.load_tensors(run_dir / "best.safetensors")
+    name = next(k for k, v in state.items() if v.is_floating_point())
+    state[name] = state[name].double()
+    state[name].view(-1)[0] = 1e300
+    ckpt.save_tensors(run_dir / "best.safetensors", state)
+    with pytest.raises(ckpt.CheckpointError, match="float64, the model's torch.float32"):
+        ckpt.load_model(run_dir)
+
+
+@pytest.mark.parametrize("optimizer_state", [{}, None, {"scalars": [1], "param_groups": []}])
+def test_a_damaged_optimizer_state_is_a_checkpoint_error(run, optimizer_state):
+    model, corpus, run_dir = run
+    state = json.loads((run_dir / "state.json").read_text())
+    state["optimizer"] = optimizer_state
+    (run_dir / "state.json").write_text(json.dumps(state))
+    with pytest.raises(ckpt.CheckpointError):
+        fit(model, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False), run_dir, resume=True,
+            log=lambda *a: None)
+
+
+def test_a_deeply_nested_json_file_is_a_checkpoint_error(run):
+    _, _, run_dir = run
+    (run_dir / "run.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ckpt.CheckpointError, match="damaged"):
+        ckpt.load_model(run_dir)
+
+
 def test_a_flipped_data_byte_is_detected(run):
     _, _, run_dir = run
     path = run_dir / "best.safetensors"

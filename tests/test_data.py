@@ -99,6 +99,9 @@ def test_vocab_json_round_trip_and_errors():
         Vocab(("a", EOS), (1, 1))
     with pytest.raises(DataError, match="malformed"):
         Vocab.from_json({"words": ["a"]})
+    for words, counts in (([1, EOS, UNK], [3, 2, 0]), (["a", EOS, UNK], [3, 2.7, 0]), (["a", EOS, UNK], [3, -2, 0])):
+        with pytest.raises(DataError, match="malformed vocabulary"):
+            Vocab.from_json({"words": words, "counts": counts})
 
 
 def test_non_utf8_error_names_the_line_and_a_bom_is_no_word(tmp_path):

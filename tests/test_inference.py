@@ -487,6 +487,18 @@ def test_sampling_refuses_a_distribution_without_mass():
             sample_from_log_prob(bad, torch.Generator().manual_seed(0), 0.7)
 
 
+def test_nan_weights_give_nan_or_an_error_never_a_plausible_answer():
+    tree = duplicated_tree(12, 5, 0)  # multi-code: top-k resolves words through their several paths
+    layer = TreeSoftmax(4, tree)
+    with torch.no_grad():
+        layer.weight.normal_(generator=torch.Generator().manual_seed(0))
+        layer.weight[0, 0] = float("nan")  # the root: every path
+    h = torch.ones(3, 4)
+    assert torch.isnan(tree_topk(tree, layer.weight, layer.bias, h, 3).values).all()
+    with pytest.raises(ValueError, match="cannot sample"):
+        ancestral_sample(tree, layer.weight, layer.bias, h, torch.Generator().manual_seed(0))
+
+
 def test_generate_needs_a_whole_token_count():
     model = LBL(LBLConfig(10, dim=4, context=2), random_tree(10, 0), torch.Generator().manual_seed(0))
     for bad in (3.0, -1, True):

@@ -26,3 +26,11 @@ def test_huge_pages_keep_the_data_and_cover_only_whole_pages_inside_the_array():
     if sys.platform.startswith("linux") and _thp_mode() in ("always", "madvise"):
         assert n >= HUGE_PAGE  # the array spans at least two whole 2 MiB pages
     a[-1] = 1.0  # still ordinary writable memory
+
+
+def test_views_that_are_not_one_block_are_left_alone():
+    base = np.zeros(5 * HUGE_PAGE // 8)  # float64: 5 huge pages
+    # A reversed view's data pointer is its last element, and a broadcast one spans far more
+    # bytes than its buffer: [data, data + nbytes) would reach memory outside either.
+    assert prefer_huge_pages(base[::-1], min_bytes=0) == 0
+    assert prefer_huge_pages(np.broadcast_to(np.zeros(1), (8 << 20,)), min_bytes=0) == 0

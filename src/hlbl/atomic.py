@@ -98,8 +98,9 @@ def interrupts_deferred() -> Iterator[None]:
     finally:
         for s, handler in old.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)
-        if held:
-            signal.raise_signal(held[0])  # now with its usual effect (KeyboardInterrupt for SIGINT)
+        # Now with their usual effect, SIGTERM first (KeyboardInterrupt, for SIGINT, ends the loop).
+        for s in sorted(set(held), key=lambda s: s != signal.SIGTERM):
+            signal.raise_signal(s)
 
 
 @contextmanager

@@ -59,7 +59,7 @@ def read_json(path: Path, what: str) -> Any:
         raise CheckpointError(f"{path}: missing ({what})")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(f"{path}: damaged {what} ({e})") from None
 
 
@@ -206,6 +206,8 @@ def load_weights(path: Path, model: LBL, epoch: int | None = None) -> None:
     for k, v in state.items():
         if v.shape != own[k].shape:
             raise CheckpointError(f"{path}: tensor {k} has shape {tuple(v.shape)}, the model {tuple(own[k].shape)}")
+        if v.dtype != own[k].dtype:  # a silent cast could turn a checked finite float64 into an infinite float32
+            raise CheckpointError(f"{path}: tensor {k} is {v.dtype}, the model's {own[k].dtype}")
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             # safetensors has no checksum: damaged data bytes read as numbers; NaN/inf are the detectable ones
             raise CheckpointError(f"{path}: tensor {k} holds NaN or infinite values (a damaged file, or a diverged run)")
@@ -274,10 +276,10 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     state: dict[int, dict] = {}
-    for key, v in list(tensors.items()) + list(meta["scalars"].items()):
-        idx, k = key.split(".", 1)
-        state.setdefault(int(idx), {})[k] = v
     try:
+        for key, v in list(tensors.items()) + list(meta["scalars"].items()):
+            idx, k = key.split(".", 1)
+            state.setdefault(int(idx), {})[k] = v
         optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-    except (ValueError, KeyError) as e:
-        raise CheckpointError(f"optimizer state does not match this model and optimizer ({e})") from None
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # a damaged or hand-edited state.json
+        raise CheckpointError(f"optimizer state does not match this model and optimizer, or is damaged ({e!r})") from None

@@ -246,7 +246,12 @@ class Vocab:
         if obj.get("version", VOCAB_VERSION) != VOCAB_VERSION:
             raise DataError(f"vocabulary version {obj.get('version')} is not supported (this hlbl reads {VOCAB_VERSION})")
         try:
-            return cls(tuple(obj["words"]), tuple(int(c) for c in obj["counts"]))
+            words, counts = obj["words"], obj["counts"]
+            if not (isinstance(words, list) and all(isinstance(w, str) for w in words)):
+                raise ValueError("words must be a list of strings")
+            if not (isinstance(counts, list) and all(type(c) is int and c >= 0 for c in counts)):
+                raise ValueError("counts must be a list of whole numbers >= 0")
+            return cls(tuple(words), tuple(counts))
         except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"malformed vocabulary: {e}") from None
 

@@ -185,6 +185,8 @@ def _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, 
         for t in range(leaf_depth[lf]):
             left, right = _log_sigmoid_pair(_node_score(path_nodes[lf, t], h, W, b, score, stamp, tag, counter))
             acc += left if path_bits[lf, t] == 1 else right
+        if acc != acc:  # NaN (non-finite weights or input): reported, as on a single-code tree
+            return acc
         buf[n] = acc
         n += 1
         if acc > m:
@@ -440,12 +442,16 @@ def topk_matches(values: torch.Tensor, indices: torch.Tensor, full_log_prob: tor
 
 @numba.njit(cache=True, nogil=True)
 def _ancestral_walk(H, W, b, children, U, temperature, out):
-    """out[i] = the word reached from the root going left where U[i, t] < sigmoid(s_j / T)."""
+    """out[i] = the word reached from the root going left where U[i, t] < sigmoid(s_j / T);
+    -1 where a decision is NaN (non-finite weights or input: no word can be drawn)."""
     for i in range(H.shape[0]):
         node = 0
         t = 0
         while True:
             s = (_dot(H[i], W, node) + b[node]) / temperature
+            if s != s:
+                out[i] = -1
+                break
             c = children[node, 0] if U[i, t] < 1.0 / (1.0 + math.exp(-s)) else children[node, 1]
             t += 1
             if c < 0:
@@ -475,6 +481,8 @@ def ancestral_sample(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, i
     H = np.ascontiguousarray(input.detach().to("cpu", torch.float64).numpy())
     out = np.empty(B, dtype=np.int64)
     _ancestral_walk(H, W, b, a.children, U, float(temperature), out)
+    if (out < 0).any():
+        raise ValueError("cannot sample: a tree decision is NaN (non-finite weights or input)")
     return torch.from_numpy(out).to(input.device)
 
 

@@ -42,7 +42,8 @@ def _madvise():
 def prefer_huge_pages(*arrays: np.ndarray, min_bytes: int = MIN_BYTES) -> int:
     """Ask the kernel to back each array of at least ``min_bytes`` with huge pages.
 
-    Only whole 2 MiB pages inside an array are advised, so memory outside it is never affected.
+    Only whole 2 MiB pages inside an array are advised, so memory outside it is never affected;
+    arrays that are not one contiguous block (reversed, strided or broadcast views) are skipped.
     Returns the number of bytes advised (0 where nothing applies); never raises for lack of support.
     """
     madvise = _madvise()
@@ -50,8 +51,8 @@ def prefer_huge_pages(*arrays: np.ndarray, min_bytes: int = MIN_BYTES) -> int:
         return 0
     done = 0
     for a in arrays:
-        if a.nbytes < min_bytes:
-            continue
+        if a.nbytes < min_bytes or not (a.flags.c_contiguous or a.flags.f_contiguous):
+            continue  # (a view's [data, data + nbytes) need not be its memory)
         start = -(-a.ctypes.data // HUGE_PAGE) * HUGE_PAGE
         end = (a.ctypes.data + a.nbytes) // HUGE_PAGE * HUGE_PAGE
         if end <= start:
