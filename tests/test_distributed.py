@@ -12,6 +12,7 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -20,7 +21,7 @@ import torch.multiprocessing as mp
 from conftest import tiny_corpus
 from hlbl import checkpoint as ckpt
 from hlbl import distributed as ddp
-from hlbl.data import DataError, load_corpus
+from hlbl.data import Corpus, DataError, load_corpus
 from hlbl.model import LBL, LBLConfig
 from hlbl.train import TrainConfig, epoch_runner, fit, train_epoch
 from hlbl.tree import random_tree
@@ -84,6 +85,14 @@ def _worker(rank: int, root: str) -> None:
             ddp.check_same(f"rank {rank}", "cpu", "a test string")
         except DataError as e:
             out["mismatch_error"] = str(e)
+
+        # The same sizes and vocabulary but other text on rank 1: refused too (each rank reads its
+        # shards from its own copy of the corpus).
+        other = Corpus(corpus.name, corpus.vocab, {**corpus.splits, "train": np.ascontiguousarray(corpus["train"][::-1])})
+        try:
+            fit(make_model(corpus), other if rank == 1 else corpus, TrainConfig(**DROP), root / "other_text", log=log)
+        except DataError as e:
+            out["other_text_error"] = str(e)
 
         model = make_model(corpus)
         out["drop_start"] = params(model)
@@ -199,6 +208,12 @@ def test_ranks_that_built_different_runs_are_stopped(runs):
     _, ranks, _ = runs
     for r in ranks:
         assert "disagree on a test string" in r["mismatch_error"]
+
+
+def test_ranks_reading_different_text_are_stopped(runs):
+    _, ranks, _ = runs
+    for r in ranks:
+        assert "disagree on the model, its word tree, the corpus" in r["other_text_error"]
 
 
 def test_fast_engine_is_refused_under_a_process_group(runs):

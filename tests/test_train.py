@@ -258,3 +258,13 @@ def test_a_run_directory_in_use_is_refused(tmp_path, corpus):
         with pytest.raises(DataError, match="in use by another training process"):
             train(tmp_path, "busy", corpus, epochs=1)
     train(tmp_path, "busy", corpus, epochs=1)  # free again
+
+
+def test_a_refused_engine_leaves_no_run_directory(tmp_path, corpus):
+    from hlbl.data import DataError
+
+    V = len(corpus.vocab)
+    flat = LBL(LBLConfig(V, dim=8, context=3, output="flat"), None, torch.Generator().manual_seed(0))
+    with pytest.raises(DataError, match="engine fast"):
+        fit(flat, corpus, TrainConfig(engine="fast", progress=False), tmp_path / "r", log=lambda *a: None)
+    assert not (tmp_path / "r").exists()

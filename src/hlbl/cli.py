@@ -92,6 +92,10 @@ def cmd_train(args) -> int:
     if args.hogwild is not None and args.hogwild > 1 and args.engine == "torch":
         raise DataError("--hogwild runs threads of the fast engine; --engine torch has none (use --threads)")
     device = distributed.init_from_env(pick_device(args.device))  # torchrun: join the group, one GPU each
+    if distributed.world_size() > 1 and args.hogwild is not None and args.hogwild > 1:
+        distributed.cleanup(finished=False)
+        raise DataError("--hogwild runs threads of the fast engine, which trains in one process; under torchrun the "
+                        "torch engine runs (use --threads)")
     try:
         rc = _train(args, device)
     except BaseException:

@@ -27,6 +27,7 @@ engine stays single-process. No module-level state.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -208,6 +209,7 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
     returns holding the best weights.
     """
     run_dir = Path(run_dir)
+    epoch_runner(model, cfg)  # before the directory exists: a refused engine leaves no run behind
     if ddp.rank() != 0:  # only rank 0 writes run_dir
         return _fit(model, corpus, cfg, run_dir, resume, corpus_spec, lambda *a, **k: None)
     with ExitStack() as held:
@@ -230,13 +232,17 @@ def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bo
     valid = corpus["valid"]
     # Ranks that built different runs would deadlock or silently train W models; parameters are
     # broadcast below, but the tree is structure (a builder that is not deterministic across
-    # processes would differ), and the split lengths and recipe set the number of steps.
-    ddp.check_same(json.dumps([model.config.to_json(), model.tree.fingerprint() if model.tree is not None else None,
-                               [(k, list(p.shape)) for k, p in model.named_parameters()], len(train), len(valid),
-                               {k: v for k, v in asdict(cfg).items() if k not in ("device", "progress", "hogwild")}],
-                              sort_keys=True),
-                   device, "the model, its word tree, the corpus or the training recipe")
-    run_epoch = epoch_runner(model, cfg)  # before any file is written: a refused engine leaves no run behind
+    # processes would differ), the split lengths and recipe set the number of steps, and each
+    # rank reads its shards from its own copy of the text.
+    if ddp.is_distributed():
+        ddp.check_same(json.dumps([model.config.to_json(), model.tree.fingerprint() if model.tree is not None else None,
+                                   [(k, list(p.shape)) for k, p in model.named_parameters()], len(train), len(valid),
+                                   stream_fingerprint(train), stream_fingerprint(valid),  # the text, not its size only
+                                   hashlib.sha256("\n".join(corpus.vocab.words).encode()).hexdigest(),
+                                   {k: v for k, v in asdict(cfg).items() if k not in ("device", "progress", "hogwild")}],
+                                  sort_keys=True),
+                       device, "the model, its word tree, the corpus or the training recipe")
+    run_epoch = epoch_runner(model, cfg)
     state, optimizer = _start_or_resume(model, corpus, cfg, run_dir, resume, corpus_spec, log)
     while not state["done"] and state["epoch"] < cfg.max_epochs:
         epoch = state["epoch"] + 1
