@@ -10,7 +10,7 @@ a learned ADAPTIVE tree built from the Huffman model's word features; each train
 test contexts spread evenly over the split:
 
 * node fractions: internal nodes scored per context by the exact best-first search
-  (``hlbl.inference.tree_topk``) for k = 1 and k = 10, divided by the number of internal nodes;
+  (``hlbl.search.tree_topk``) for k = 1 and k = 10, divided by the number of internal nodes;
 * the same for a fastText-style search (``FastText::dfs``): depth-first in fixed left-first order,
   pruning a subtree once k leaves are held and its prefix score is below the k-th best. It is
   exact for single-code trees too; it only visits more nodes. (fastText has no multi-code trees;
@@ -44,7 +44,7 @@ import torch
 
 from hlbl.checkpoint import load_model
 from hlbl.data import contexts, default_cache_dir, load_corpus
-from hlbl.inference import topk_matches, tree_topk
+from hlbl.search import topk_matches, tree_topk
 from hlbl.output import TreeSoftmax
 
 

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from hlbl.tree import WordTree, huffman_tree, random_tree
+from hlbl.output import TreeSoftmax
+from hlbl.tree import TreeError, WordTree, huffman_tree, random_tree
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
@@ -71,3 +72,49 @@ def tiny_corpus(root: Path, n_train: int = 300, seed: int = 0) -> Path:
                                "valid": [sent() for _ in range(40)] + ["the zebra eats"],
                                "test": [sent() for _ in range(40)]})
 
+def _halve(block):
+    """Nested pairs of the recursive halving of a list of word ids (first half left)."""
+    if len(block) == 1:
+        return int(block[0])
+    h = (len(block) + 1) // 2
+    return (_halve(block[:h]), _halve(block[h:]))
+
+
+def duplicated_tree(V: int, extra: int, seed: int) -> WordTree:
+    """A random multi-code tree: every word once plus ``extra`` random repeats, shuffled."""
+    rng = np.random.default_rng(seed)
+    while True:
+        slots = rng.permutation(np.concatenate([np.arange(V), rng.choice(V, extra)]))
+        try:
+            return WordTree.from_nested(_halve(slots), V)
+        except TreeError:  # two leaves of one word under one node; draw again
+            continue
+
+
+def random_layer(tree: WordTree, d: int, seed: int, scale: float, dtype=torch.float32):
+    """A TreeSoftmax with N(0, 1) weights and biases, and 1000 contexts (float64) of std ``scale``.
+
+    The search reads float32 weights as they are and computes in float64, so its reference is
+    the float64 enumeration over the same (widened) weights: agreement to 1e-10 is expected."""
+    g = torch.Generator().manual_seed(seed)
+    layer = TreeSoftmax(d, tree).to(dtype)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=g, dtype=torch.float64))
+        layer.bias.copy_(torch.randn(layer.bias.shape, generator=g, dtype=torch.float64))
+    H = torch.randn(1000, d, generator=g, dtype=torch.float64) * scale
+    return layer, H
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A small trained HLBL run (Huffman tree, context 3): its directory, model and vocabulary."""
+    from hlbl.checkpoint import load_model
+    from hlbl.cli import main
+
+    root = tmp_path_factory.mktemp("inference")
+    data = tiny_corpus(root / "corpus", n_train=200)
+    rc = main(["train", "--data", str(data), "--out", str(root / "run"), "--epochs", "1", "--dim", "8",
+               "--context", "3", "--tree", "huffman", "--quiet", "--device", "cpu"])
+    assert rc == 0
+    model, vocab, _ = load_model(root / "run")
+    return root / "run", model, vocab

@@ -1,4 +1,6 @@
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -6,6 +8,7 @@ import torch
 
 from conftest import tiny_corpus
 from hlbl.cli import main
+from hlbl.scoring import score_report, score_sentences
 
 
 @pytest.fixture(scope="module")
@@ -322,3 +325,141 @@ def test_a_mixture_weight_without_a_model_to_mix_is_refused(trained, capsys):
     root, _ = trained
     assert main(["eval", str(root / "run"), "--weight", "0.5"]) == 2
     assert "--interpolate" in capsys.readouterr().err
+
+
+# ---- CLI --------------------------------------------------------------------------------------
+
+
+def _run(argv, monkeypatch, capsys, stdin=""):
+    stdin = stdin.encode() if isinstance(stdin, str) else stdin
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+    capsys.readouterr()
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_generate(tiny_run, monkeypatch, capsys):
+    run, _, vocab = tiny_run
+    base = ["generate", str(run), "--tokens", "25", "--device", "cpu", "--prompt", "the big"]
+    rc, a, _ = _run(base + ["--seed", "1"], monkeypatch, capsys)
+    _, b, _ = _run(base + ["--seed", "1"], monkeypatch, capsys)
+    _, c, _ = _run(base + ["--seed", "2"], monkeypatch, capsys)
+    assert rc == 0 and a == b and a != c and a.startswith("the big")
+    words = a.split()[2:]
+    assert set(words) <= set(vocab.words) and len(words) + a.count("\n") >= 25 - 1
+    for extra in (["--temperature", "0.5"], ["--temperature", "0.5", "--per-node-temperature"]):
+        assert _run(base + extra, monkeypatch, capsys)[0] == 0
+    for bad in ("0", "inf", "nan"):
+        rc, _, err = _run(base + ["--temperature", bad], monkeypatch, capsys)
+        assert rc == 2 and err.count("\n") == 1 and "temperature" in err
+
+
+def test_cli_score(tiny_run, monkeypatch, capsys):
+    run, model, vocab = tiny_run
+    text = "the big cat eats a fish\n\nthe zebra eats\n"
+    rc, out, _ = _run(["score", str(run), "--device", "cpu"], monkeypatch, capsys, text)
+    lines = out.strip().split("\n")
+    assert rc == 0 and len(lines) == 3  # blank line skipped, then the summary
+    ref = score_sentences(model, vocab, ["the big cat eats a fish", "the zebra eats"])
+    for line, sc in zip(lines[:2], ref):
+        lp, n, oov = line.split("\t")
+        assert float(lp) == pytest.approx(sc.log10_prob, abs=1e-5) and int(n) == sc.tokens and int(oov) == sc.oov
+    summary = json.loads(lines[2])
+    assert summary["oov"] == 1 and summary["sentences"] == 2 and summary["tokens"] == 11
+    assert summary["perplexity"] == pytest.approx(score_report(ref)["perplexity"], rel=1e-9)
+    rc, out, _ = _run(["score", str(run), "--json"], monkeypatch, capsys, text)
+    assert [json.loads(x)["tokens"] for x in out.strip().split("\n")] == [7, 4, 11]
+    rc, _, err = _run(["score", str(run)], monkeypatch, capsys, "\n")
+    assert rc == 2 and "no sentences" in err
+
+
+def test_cli_predict(tiny_run, monkeypatch, capsys):
+    run, model, vocab = tiny_run
+    rc, out, _ = _run(["predict", str(run), "--k", "4", "--json"], monkeypatch, capsys, "the big\n\nthe zebra\n")
+    rows = [json.loads(x) for x in out.strip().split("\n")]
+    assert rc == 0 and len(rows) == 3 and [r["oov"] for r in rows] == [0, 0, 1]
+    n = model.config.context
+    ctx = torch.tensor([[vocab.eos] * (n - 2) + vocab.encode(["the", "big"])])
+    values, idx = model.topk(ctx, 4)
+    assert rows[0]["words"] == vocab.decode(idx[0].tolist())
+    assert rows[0]["probs"] == pytest.approx(values[0].exp().tolist(), rel=1e-5)
+    assert all(r["probs"] == sorted(r["probs"], reverse=True) for r in rows)
+    rc, out, _ = _run(["predict", str(run), "--k", "2"], monkeypatch, capsys, "the big\n")
+    assert rc == 0 and out.split()[::2] == rows[0]["words"][:2]
+    rc, _, err = _run(["predict", str(run), "--k", "0"], monkeypatch, capsys, "the\n")
+    assert rc == 2 and err.count("\n") == 1
+
+
+def test_cli_stdin_is_read_like_a_corpus_file(tiny_run, monkeypatch, capsys):
+    """Strict UTF-8 whatever the locale (one error line), and the files' line ends (a lone \\r too)."""
+    run, _, _ = tiny_run
+    rc, _, err = _run(["score", str(run)], monkeypatch, capsys, b"the big\ncaf\xe9 cat\n")
+    assert rc == 2 and err.count("\n") == 1 and "not UTF-8" in err and "0xe9" in err
+    _, crlf, _ = _run(["score", str(run), "--json"], monkeypatch, capsys, b"\xef\xbb\xbfthe big\r\nthe cat\rthe fish\n")
+    _, lf, _ = _run(["score", str(run), "--json"], monkeypatch, capsys, b"the big\nthe cat\nthe fish\n")
+    assert crlf == lf and len(lf.strip().split("\n")) == 4  # 3 sentences and the summary
+    rc, _, err = _run(["score", str(run)], monkeypatch, capsys, b"the big\nthe cat\r\nthe caf\xe9\n" + b"a\n" * 5000)
+    assert rc == 2 and "line 3: byte 0xe9 at byte 8" in err  # the line itself, not where decoding had got to
+
+
+class _Trickle(io.RawIOBase):
+    """A pipe that delivers one byte per read: every line end falls between two reads somewhere."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        if not self.data:
+            return 0
+        b[0], self.data = self.data[0], self.data[1:]
+        return 1
+
+
+def test_cli_stdin_lines_split_across_reads(tiny_run, monkeypatch, capsys):
+    run, _, _ = tiny_run
+    text = "\ufeffthe big\r\nthe cat\rthe fish\n\nthe zebra".encode()
+    _, whole, _ = _run(["score", str(run), "--json"], monkeypatch, capsys, text)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(_Trickle(text)), encoding="utf-8"))
+    assert main(["score", str(run), "--json"]) == 0
+    assert capsys.readouterr().out == whole and len(whole.strip().split("\n")) == 5
+
+
+def test_cli_predict_answers_a_line_before_the_next_arrives(tiny_run):
+    """A program driving `hlbl predict` through a pipe gets each answer before it sends more."""
+    import subprocess
+    import threading
+
+    run, _, _ = tiny_run
+    proc = subprocess.Popen([sys.executable, "-m", "hlbl", "predict", str(run), "--device", "cpu", "--k", "2"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(60, proc.kill)  # an answer that never comes fails the test, not hangs it
+    watchdog.start()
+    try:
+        for context in ("the big", "the cat"):
+            proc.stdin.write(context + "\n")
+            proc.stdin.flush()
+            assert len(proc.stdout.readline().split()) == 4  # two words and their probabilities
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+        watchdog.cancel()
+    assert proc.returncode == 0
+
+
+def test_cli_predict_notes_unknown_context_words(tiny_run, monkeypatch, capsys):
+    run, _, _ = tiny_run
+    rc, _, err = _run(["predict", str(run)], monkeypatch, capsys, "the zebra\nqqq the\n")
+    assert rc == 0 and "2 context word(s) not in the vocabulary" in err
+
+
+def test_cli_output_into_a_closed_pipe_ends_quietly(tiny_run, tmp_path):
+    import subprocess
+
+    run, _, _ = tiny_run
+    cmd = f"{sys.executable} -m hlbl generate {run} --tokens 30000 --device cpu | head -c 10"
+    res = subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 141 and res.stderr == "" and len(res.stdout) == 10

@@ -491,7 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# ---- generate / score / predict (hlbl.inference) ------------------------------------------
+# ---- generate / score / predict --------------------------------------------------------------
 
 
 def _load_for_inference(args):
@@ -589,7 +589,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_score(args) -> int:
-    from .inference import score_report, score_sentences
+    from .scoring import score_report, score_sentences
 
     model, vocab, device = _load_for_inference(args)
     scores = []
@@ -609,7 +609,7 @@ def cmd_score(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from .inference import encode_context
+    from .scoring import encode_context
 
     if args.k < 1:
         raise DataError(f"--k must be at least 1, got {args.k}")

@@ -122,7 +122,7 @@ class LBL(nn.Module):
 
     # ---- inference ------------------------------------------------------------------------
     # The output layer decides how (OutputLayer.topk / .sample): exact best-first search and
-    # ancestral sampling on a tree (hlbl.inference), the full distribution otherwise.
+    # ancestral sampling on a tree (hlbl.search, hlbl.sampling), the full distribution otherwise.
 
     @torch.no_grad()
     def topk(self, context: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +138,7 @@ class LBL(nn.Module):
 
         ``temperature`` T != 1 samples from ``p(w)^(1/T) / Z`` (O(V d) per token), or with
         ``per_node_temperature`` applies T at every tree decision (O(depth d), a different
-        distribution); see :mod:`hlbl.inference`.
+        distribution); see :mod:`hlbl.sampling`.
         """
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
             raise ValueError(f"num_tokens must be a whole number >= 0, got {num_tokens!r}")

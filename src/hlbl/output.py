@@ -19,7 +19,7 @@ What :class:`OutputLayer` derives from them (a layer overrides them where it kno
   ``torch.nn.AdaptiveLogSoftmaxWithLoss``;
 * ``topk(input, k)`` and ``sample(input, generator, temperature, per_node)``: by default from
   ``log_prob``; the tree layer overrides both with exact searches that visit few nodes
-  (:mod:`hlbl.inference`), and only it takes ``per_node`` (temperature applied at each node).
+  (:mod:`hlbl.search`, :mod:`hlbl.sampling`), and only it takes ``per_node`` (temperature applied at each node).
 
 :func:`make_output_layer` is the one place that chooses a layer.
 
@@ -117,7 +117,7 @@ class OutputLayer(nn.Module):
     @torch.no_grad()
     def topk(self, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k by sorting the full distribution (ties: lower word id first; k > V gives all V)."""
-        from .inference import full_topk
+        from .search import full_topk
 
         return full_topk(self.log_prob(input), k)
 
@@ -125,7 +125,7 @@ class OutputLayer(nn.Module):
     def sample(self, input: torch.Tensor, generator: torch.Generator | None = None,
                temperature: float = 1.0, per_node: bool = False) -> torch.Tensor:
         """(B,) words from ``softmax(log_prob / T)``; ``per_node`` needs a tree."""
-        from .inference import sample_from_log_prob
+        from .sampling import sample_from_log_prob
 
         if per_node:
             raise ValueError(f"per-node temperature needs a tree output layer, not {type(self).__name__}")
@@ -245,9 +245,9 @@ class TreeSoftmax(OutputLayer):
 
     @torch.no_grad()
     def topk(self, input: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exact top-k words by best-first search down the tree (see :mod:`hlbl.inference`);
+        """Exact top-k words by best-first search down the tree (see :mod:`hlbl.search`);
         k > V gives all V words, best first."""
-        from .inference import layer_tree_arrays, tree_topk
+        from .search import layer_tree_arrays, tree_topk
 
         res = tree_topk(self.tree, self.weight, self.bias, input, k, arrays=layer_tree_arrays(self))
         return res.values, res.indices
@@ -257,7 +257,8 @@ class TreeSoftmax(OutputLayer):
                temperature: float = 1.0, per_node: bool = False) -> torch.Tensor:
         """(B,) sampled words: ancestral O(depth) when ``temperature == 1`` or ``per_node``,
         else the exact tempered distribution via ``log_prob`` (O(N d))."""
-        from .inference import ancestral_sample, layer_tree_arrays, sample_from_log_prob
+        from .sampling import ancestral_sample, sample_from_log_prob
+        from .search import layer_tree_arrays
 
         if temperature == 1.0 or per_node:
             return ancestral_sample(self.tree, self.weight, self.bias, input, generator, temperature,

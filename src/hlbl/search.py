@@ -1,4 +1,4 @@
-"""Inference on a trained model: exact top-k on the tree, sampling, sentence scoring.
+"""Exact top-k next words on a word tree, by best-first search (and by sorting for other layers).
 
 **Exact top-k by best-first search.** Every internal node ``j`` of a word tree carries the
 probability of reaching it, ``P(prefix) = prod of the decisions from the root to j``, and every
@@ -43,29 +43,14 @@ always expanded before a leaf of equal value is accepted.
 **Cost accounting.** ``TopK.nodes`` counts the distinct internal nodes whose score was computed
 for each context (expansion and resolution together); the full distribution scores all N.
 
-**Sampling.** Ancestral sampling walks from the root, going left at node j with probability
-``sigmoid(h . q_j + b_j)``: O(depth d) per token, and exact for multi-code trees too (a word is
-drawn with the summed probability of its leaves). *Temperature* ``T`` can mean two different
-distributions: per-node temperature ``sigmoid(s_j / T)`` at every decision (cheap, O(depth d),
-but *not* ``p(w)^(1/T) / Z``: the normaliser does not factor over the tree, and multi-code sums
-do not commute with powers), or the exact tempered distribution ``p(w)^(1/T) / Z``, which needs
-every word's probability (O(N d) per token, the cost of the full distribution: even for a
-single-code tree, where ``p^(1/T)`` factors over the path, the normalisers of the subtrees need
-a bottom-up pass over all N nodes). We offer both; exact is the default, per-node is opt-in.
-
-**Scoring protocol** (:func:`score_sentences`): each sentence is scored independently as its
-tokens followed by ``<eos>``; the context of its first token is all ``<eos>`` (as at the start
-of a corpus stream), so a sentence's score does not depend on its neighbours. Words outside the
-vocabulary are scored as ``<unk>`` and counted. Log-probabilities are reported in base 10, as
-KenLM's ``query`` does; perplexity is ``10 ** (-total log10 prob / tokens)``, with every token
-(``<eos>`` and ``<unk>`` included) counted.
+Sampling is in :mod:`hlbl.sampling`, sentence scoring in :mod:`hlbl.scoring`.
 """
 
 from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -437,145 +422,7 @@ def topk_matches(values: torch.Tensor, indices: torch.Tensor, full_log_prob: tor
             and torch.allclose(ref_values, values.to(own.dtype), atol=atol, rtol=0))
 
 
-# ---- sampling ---------------------------------------------------------------------------------
-
-
-@numba.njit(cache=True, nogil=True)
-def _ancestral_walk(H, W, b, children, U, temperature, out):
-    """out[i] = the word reached from the root going left where U[i, t] < sigmoid(s_j / T);
-    -1 where a decision is NaN (non-finite weights or input: no word can be drawn)."""
-    for i in range(H.shape[0]):
-        node = 0
-        t = 0
-        while True:
-            s = (_dot(H[i], W, node) + b[node]) / temperature
-            if s != s:
-                out[i] = -1
-                break
-            c = children[node, 0] if U[i, t] < 1.0 / (1.0 + math.exp(-s)) else children[node, 1]
-            t += 1
-            if c < 0:
-                out[i] = -1 - c
-                break
-            node = c
-
-
-def ancestral_sample(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: torch.Tensor,
-                     generator: torch.Generator | None = None, temperature: float = 1.0,
-                     arrays: TreeArrays | None = None) -> torch.Tensor:
-    """(B,) words drawn by walking down the tree from the root, O(depth d) per row (numba, CPU).
-
-    With ``temperature`` T != 1 every decision uses ``sigmoid(s_j / T)`` (per-node temperature,
-    which is *not* the tempered word distribution; see the module docstring). One uniform per
-    row and level is drawn up front from ``generator``, so a seed fixes the result.
-    """
-    _check_temperature(temperature)
-    a = tree_arrays(tree) if arrays is None else arrays
-    W, b = node_weights(tree, weight, bias)
-    if input.dim() != 2 or input.shape[1] != W.shape[1]:
-        raise ValueError(f"input must have shape (B, {W.shape[1]}), got {tuple(input.shape)}")
-    B = input.shape[0]
-    depth = a.path_nodes.shape[1]  # the deepest leaf (path tables are padded to it): O(1), not O(V)
-    U = torch.rand(B, depth, generator=generator, dtype=torch.float64,
-                   device=generator.device if generator is not None else "cpu").cpu().numpy()
-    H = np.ascontiguousarray(input.detach().to("cpu", torch.float64).numpy())
-    out = np.empty(B, dtype=np.int64)
-    _ancestral_walk(H, W, b, a.children, U, float(temperature), out)
-    if (out < 0).any():
-        raise ValueError("cannot sample: a tree decision is NaN (non-finite weights or input)")
-    return torch.from_numpy(out).to(input.device)
-
-
-def sample_from_log_prob(log_prob: torch.Tensor, generator: torch.Generator | None = None,
-                         temperature: float = 1.0) -> torch.Tensor:
-    """(B,) words drawn from ``softmax(log_prob / T)``: the exact tempered distribution."""
-    _check_temperature(temperature)
-    lp = log_prob.double()
-    # Shift first: with a tiny T, lp / T alone is -inf for every word and softmax gives NaN.
-    p = torch.softmax((lp - lp.max(dim=1, keepdim=True).values) / temperature, dim=1)  # (B, V)
-    if generator is not None and generator.device != p.device:
-        p = p.to(generator.device)
-    # Inverse CDF: one uniform per row; O(V) like torch.multinomial, but ~20x cheaper for one
-    # draw from a large V. u is scaled by the total so rounding in the cumsum cannot step past it.
-    if not torch.isfinite(p).all():  # NaN scores, or every word at -inf: no distribution to draw from
-        raise ValueError("cannot sample: the distribution has NaN or no probability mass (a diverged model?)")
-    cdf = p.cumsum(dim=1)  # (B, V)
-    u = torch.rand(p.shape[0], 1, generator=generator, dtype=cdf.dtype, device=cdf.device) * cdf[:, -1:]
-    word = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=p.shape[1] - 1)
-    return word.to(log_prob.device)
-
-
-def _check_temperature(t: float) -> None:
-    if not (t > 0 and math.isfinite(t)):
-        raise ValueError(f"temperature must be a positive number, got {t}")
-
-
-# ---- scoring ----------------------------------------------------------------------------------
-
-
-class SentenceScore(NamedTuple):
-    log10_prob: float  # log10 P(tokens + <eos>) from an all-<eos> context
-    tokens: int  # words + 1 for <eos>
-    oov: int  # words not in the vocabulary (scored as <unk>)
-
-
-def score_sentences(model, vocab, sentences: Iterable[str | Sequence[str]], batch_size: int = 4096,
-                    device: str | torch.device | None = None) -> list[SentenceScore]:
-    """Score each sentence independently: its tokens, then ``<eos>``, context padded with ``<eos>``.
-
-    ``sentences`` are strings (split on whitespace) or token lists. Blank sentences are scored
-    too (just ``<eos>``); the CLI skips blank lines, as corpus loading does.
-    """
-    from .evaluate import token_log_probs
-
-    eos = vocab.eos
-    n = model.config.context
-    device = device if device is not None else next(model.parameters()).device
-    # One stream for all sentences, each behind n <eos> that are not scored: the stream scorer
-    # (the numba one on the CPU, as for `hlbl eval`) then sees every sentence from an all-<eos>
-    # context, as if it stood alone.  [eos]*n w1 .. wk eos  [eos]*n w1 ..
-    pieces, lengths, result_oov = [], [], []
-    for sent in sentences:
-        toks = sent.split() if isinstance(sent, str) else list(sent)
-        ids, oov = vocab.encode_counting_oov(toks)
-        result_oov.append(oov)
-        pieces.append([eos] * n + ids + [eos])
-        lengths.append(len(ids) + 1)
-    if not pieces:
-        return []
-    stream = np.fromiter((w for p in pieces for w in p), dtype=np.int32)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    scored = np.ones(len(stream), dtype=bool)  # False on the n padding tokens before each sentence
-    starts = np.concatenate([[0], np.cumsum(lengths + n)[:-1]])
-    scored[(starts[:, None] + np.arange(n)).reshape(-1)] = False
-    lp = token_log_probs(model, stream, eos, batch_size, device)[scored]
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    per_sent = np.bincount(owner, weights=lp, minlength=len(lengths)) / math.log(10.0)
-    return [SentenceScore(float(per_sent[i]), int(lengths[i]), int(result_oov[i])) for i in range(len(lengths))]
-
-
-def score_report(scores: Sequence[SentenceScore]) -> dict:
-    """Totals: ``{"log10_prob", "tokens", "sentences", "oov", "perplexity"}`` (all tokens counted)."""
-    total = float(sum(s.log10_prob for s in scores))
-    tokens = int(sum(s.tokens for s in scores))
-    if tokens == 0:
-        raise ValueError("no sentences to score")
-    return {"log10_prob": total, "tokens": tokens, "sentences": len(scores),
-            "oov": int(sum(s.oov for s in scores)), "perplexity": 10.0 ** (-total / tokens)}
-
-
-# ---- model-level helpers ----------------------------------------------------------------------
-
-
-def encode_context(vocab, tokens: Sequence[str], n: int) -> tuple[list[int], int]:
-    """The last ``n`` word ids of ``tokens`` left-padded with ``<eos>`` (a sentence start), and
-    the number of out-of-vocabulary tokens (mapped to ``<unk>``)."""
-    ids, oov = vocab.encode_counting_oov(tokens)
-    return ([vocab.eos] * n + ids)[-n:] if n > 0 else [], oov
-
-
 __all__ = [
-    "TopK", "tree_topk", "full_topk", "topk_matches", "ancestral_sample", "sample_from_log_prob",
-    "SentenceScore", "score_sentences", "score_report", "encode_context", "TreeArrays", "tree_arrays",
-    "layer_tree_arrays", "node_weights", "codes_below",
+    "TopK", "tree_topk", "full_topk", "topk_matches", "TreeArrays", "tree_arrays", "layer_tree_arrays",
+    "node_weights", "codes_below",
 ]
