@@ -305,6 +305,19 @@ def _late_scalar(p, buf, j, g, lr, mu):
     p[j] -= lr * g
 
 
+@njit(inline="always", fastmath=_FM, cache=True)
+def _row_step(p, buf, g, lr, mu, wd, last, j, t):
+    """Step t's update of row j with gradient g: the full SGD step when the row is at step t-1,
+    only the gradient's part when another thread has taken it further (see _update_words).
+    Returns whether the step was the full one (the row's bias, if any, must do the same)."""
+    if last[j] < t:
+        last[j] = t
+        _sgd_row(p, buf, g, lr, mu, wd)
+        return True
+    _late_row(p, buf, g, lr, mu)
+    return False
+
+
 @njit(nogil=True, fastmath=_FM, cache=True)
 def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
     """Bring ``rows`` of W (and bias, if not empty) up to step S: apply the gradient-free steps
@@ -363,13 +376,9 @@ def _update_nodes(uniq, nu, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, la
             gb += c
             for k in range(d):
                 g[k] += c * hb[k]
-        L = last[j]
-        if L < t:
-            last[j] = t
-            _sgd_row(Q[j], Qbuf[j], g, hyper[1, 0], hyper[1, 1], hyper[1, 2])
+        if _row_step(Q[j], Qbuf[j], g, hyper[1, 0], hyper[1, 1], hyper[1, 2], last, j, t):
             _sgd_scalar(qb, qbbuf, j, gb, hyper[2, 0], hyper[2, 1], hyper[2, 2])
         else:
-            _late_row(Q[j], Qbuf[j], g, hyper[1, 0], hyper[1, 1])
             _late_scalar(qb, qbbuf, j, gb, hyper[2, 0], hyper[2, 1])
 
 
@@ -398,12 +407,7 @@ def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
             db = dh[b]
             for k in range(d):
                 g[k] += ci[k] * db[k]
-        L = last[j]
-        if L < t:
-            last[j] = t
-            _sgd_row(R[j], Rbuf[j], g, hyper[0, 0], hyper[0, 1], hyper[0, 2])
-        else:
-            _late_row(R[j], Rbuf[j], g, hyper[0, 0], hyper[0, 1])
+        _row_step(R[j], Rbuf[j], g, hyper[0, 0], hyper[0, 1], hyper[0, 2], last, j, t)
 
 
 @njit(fastmath=_FM, cache=True)
