@@ -314,6 +314,8 @@ def test_resume_without_data_uses_the_runs_corpus(tmp_path, capsys):
 @pytest.mark.parametrize("flags, message", [
     (["--optimizer", "sgd", "--momentum", "0.5"], "--momentum applies to --optimizer momentum only"),
     (["--engine", "torch", "--hogwild", "2"], "--hogwild runs threads of the fast engine"),
+    (["--output", "flat", "--hogwild", "2"], "--hogwild runs threads of the fast engine, which cannot train"),
+    (["--optimizer", "adam", "--hogwild", "2"], "--hogwild runs threads of the fast engine, which cannot train"),
 ])
 def test_contradictory_training_flags_are_refused(tmp_path, capsys, flags, message):
     data = tiny_corpus(tmp_path / "corpus")

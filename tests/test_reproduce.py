@@ -126,6 +126,9 @@ def test_work_directory_defaults_to_runs_not_out(tmp_path, monkeypatch):
     assert rp.Reproduction(rp.ReproConfig(data=str(data)), log=lambda *a: None).out == Path("results") / "corpus"
     quick = rp.Reproduction(rp.ReproConfig(data=str(data), quick=True), log=lambda *a: None)
     assert quick.out == quick.work / "tables"
+    monkeypatch.chdir(data)  # "." names the corpus after its directory, not the empty string
+    here = rp.Reproduction(rp.ReproConfig(data="."), log=lambda *a: None)
+    assert here.out == Path("results") / "corpus" and here.work == Path("runs") / "reproduce-corpus"
     assert rp.ReproConfig().epochs == TrainConfig().max_epochs  # the same cap as `hlbl train`
 
 

@@ -248,6 +248,9 @@ def test_train_config_round_trips_through_json_and_refuses_unknown_settings():
         TrainConfig.from_json({**cfg.to_json(), "nesterov": True})
     with pytest.raises(ValueError, match="momentum"):
         TrainConfig.from_json({**cfg.to_json(), "momentum": 1.5})
+    for bad in (None, [1], {**cfg.to_json(), "seed": 1.5}):  # a hand-edited run.json
+        with pytest.raises(ValueError):
+            TrainConfig.from_json(bad)
 
 
 def test_a_run_directory_in_use_is_refused(tmp_path, corpus):
@@ -268,3 +271,17 @@ def test_a_refused_engine_leaves_no_run_directory(tmp_path, corpus):
     with pytest.raises(DataError, match="engine fast"):
         fit(flat, corpus, TrainConfig(engine="fast", progress=False), tmp_path / "r", log=lambda *a: None)
     assert not (tmp_path / "r").exists()
+
+
+def test_resume_drops_metrics_of_epochs_after_the_checkpoint(tmp_path, corpus):
+    """A run killed after writing an epoch's metrics line but before its checkpoint runs that epoch
+    again: its line must not appear twice."""
+    train(tmp_path, "m", corpus, epochs=1)
+    path = tmp_path / "m" / "metrics.jsonl"
+    path.write_text(path.read_text() + json.dumps({"epoch": 2, "valid_ppl": 1.0}) + "\n" + '{"epoch": 3, "val')
+    V = len(corpus.vocab)
+    resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
+    fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), tmp_path / "m", resume=True,
+        log=lambda *a: None)
+    assert [json.loads(x)["epoch"] for x in path.read_text().splitlines()] == [1, 2]
+    assert json.loads(path.read_text().splitlines()[1])["valid_ppl"] > 1.0  # the rerun's line, not the stale one

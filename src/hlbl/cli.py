@@ -180,6 +180,12 @@ def _train(args, device: str) -> int:
     cfg.device = device
     cfg.engine = args.engine  # like the device, a choice of how to run, not of what is learned
     cfg.hogwild = args.hogwild
+    if cfg.hogwild > 1:
+        from .fast import unsupported  # lazily: numba
+
+        why = unsupported(model, cfg=cfg)
+        if why:  # --engine auto would train on the torch engine, which has no Hogwild threads
+            raise DataError(f"--hogwild runs threads of the fast engine, which cannot train this model: {why}")
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     if first:
         print(f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "

@@ -65,9 +65,7 @@ def init_from_env(device: str) -> str:
         raise DataError(f"distributed training runs on the CPU (gloo) or CUDA (nccl), not {device!r}")
     if kind == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))
-        if torch.cuda.device_count() == 1:
-            local = 0  # each process sees its own GPU (a launcher that sets CUDA_VISIBLE_DEVICES per process)
-        elif local >= torch.cuda.device_count():
+        if local >= torch.cuda.device_count():
             raise DataError(f"LOCAL_RANK {local} but this node has {torch.cuda.device_count()} CUDA device(s): "
                             "start at most one process per GPU (--nproc_per_node)")
         device = f"cuda:{local}"

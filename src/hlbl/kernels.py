@@ -55,6 +55,27 @@ def _prefetch(typingctx, arr, row, off):
     return sig, codegen
 
 
+@intrinsic
+def _claim(typingctx, arr, idx, seen, new):
+    """Atomically set ``arr[idx]`` to ``new`` if it still holds ``seen``; True if it did (LLVM's
+    ``cmpxchg``, which numba does not expose). Hogwild threads claim a row's step stamp with it,
+    so that only one of them applies the steps the row skipped."""
+    sig = types.boolean(arr, idx, seen, new)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        i = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+                                        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
+                                        inds=[i])
+        old = context.cast(builder, args[2], signature.args[2], aryty.dtype)
+        val = context.cast(builder, args[3], signature.args[3], aryty.dtype)
+        return builder.extract_value(builder.cmpxchg(ptr, old, val, "monotonic"), 1)
+
+    return sig, codegen
+
+
 @njit(inline="always", cache=True)
 def _prefetch_row(W, j):
     """Prefetch row j of a float32 (., d) array."""
@@ -309,21 +330,24 @@ def _late_scalar(p, buf, j, g, lr, mu):
 def _row_step(p, buf, g, lr, mu, wd, last, j, t):
     """Step t's update of row j with gradient g: the full SGD step when the row is at step t-1,
     only the gradient's part when another thread has taken it further (see _update_words).
-    Returns whether the step was the full one (the row's bias, if any, must do the same)."""
-    if last[j] < t:
-        last[j] = t
-        _sgd_row(p, buf, g, lr, mu, wd)
-        return True
-    _late_row(p, buf, g, lr, mu)
-    return False
+    Returns whether the step was the full one (the row's bias, if any, must do the same).
+    The stamp is claimed atomically: of two threads, only one takes the row through step t."""
+    while True:
+        L = last[j]  # >= t-1: this step caught the row up
+        if L >= t:
+            _late_row(p, buf, g, lr, mu)
+            return False
+        if _claim(last, j, L, t):
+            _sgd_row(p, buf, g, lr, mu, wd)
+            return True
 
 
 @njit(nogil=True, fastmath=_FM, cache=True)
 def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
     """Bring ``rows`` of W (and bias, if not empty) up to step S: apply the gradient-free steps
     they skipped, (p, buf) <- A^(S - last) (p, buf). Before a step reads them (S = t-1) and at
-    the end of an epoch (all rows). The stamp is written first: with Hogwild threads, a thread
-    that reaches the same row a moment later then finds nothing left to apply.
+    the end of an epoch (all rows). The stamp is claimed atomically before the row changes: with
+    Hogwild threads, a thread that reaches the same row then finds nothing left to apply.
     """
     has_bias = bias.shape[0] > 0
     for r in range(rows.shape[0]):
@@ -333,10 +357,12 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
             if mu != 0.0:
                 _prefetch_row(Wbuf, ja)
         j = rows[r]
-        gap = S - last[j]
-        if gap <= 0:  # up to date (or, with Hogwild threads, already moved on by another thread)
+        L = last[j]
+        while L < S and not _claim(last, j, L, S):  # Hogwild: one thread applies a row's gap
+            L = last[j]
+        if L >= S:  # up to date (or, with Hogwild threads, already moved on by another thread)
             continue
-        last[j] = S
+        gap = S - L
         a00, a01, a10, a11 = P[gap, 0, 0], P[gap, 0, 1], P[gap, 1, 0], P[gap, 1, 1]
         if mu != 0.0:
             for k in range(W.shape[1]):

@@ -121,7 +121,7 @@ class Reproduction:
         self.cfg = cfg
         # Not under OUT: the work directory holds ~300 MB of checkpoints, OUT the tables to keep. A
         # smoke test keeps away from both a real run's work and the committed tables.
-        name = Path(str(cfg.data)).name + ("-quick" if cfg.quick else "")
+        name = Path(str(cfg.data)).resolve().name + ("-quick" if cfg.quick else "")  # (".": the directory's name)
         self.work = Path(cfg.work) if cfg.work else Path("runs") / f"reproduce-{name}"
         self.out = Path(cfg.out) if cfg.out else (self.work / "tables" if cfg.quick else Path("results") / name)
         self.log = log
@@ -323,7 +323,7 @@ class Reproduction:
             "of all of a word's codes, averaged over the training unigram distribution; codes/word likewise. "
             "Internal nodes = leaves - 1. The paper's columns are for APNews (17,964 words).\n")
         if missing:
-            text += f"\nMissing (not built yet): {', '.join(missing)}.\n"
+            text += f"\nMissing (skipped, or not built yet): {', '.join(missing)}.\n"
         atomic.write_text(self.out / "table1.md", text)
 
     def rows(self) -> list[dict]:
@@ -353,8 +353,8 @@ class Reproduction:
                          f"| {num(r.get('minutes_per_epoch'), '.3g')} | {num(r.get('words_per_sec'), ',.0f')} "
                          f"| {ep_cell} | {PAPER_TABLE3.get(r['name'], '-')} |")
         text = self.header("Table 3: test perplexity and training speed") + "\n".join(lines) + "\n\n" + (
-            "One run per row (seed %d), %d-d features, context %d. Minutes per epoch and words/s are means over "
-            "the run's epochs (training only, not validation), measured on a shared machine: compare them within "
+            "One run per row (seed %d), %d-d features, context %d. Minutes per epoch is the mean over the run's "
+            "epochs (training only, not validation) and words/s the training tokens over that time, measured on a shared machine: compare them within "
             "this table only. 'cap N' = stopped by the epoch cap, not by early stopping. The paper's column is "
             "APNews, not comparable in absolute terms.\n" % (self.cfg.seed, self.cfg.dim, self.cfg.context))
         if missing:

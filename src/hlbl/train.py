@@ -89,7 +89,7 @@ class TrainConfig:
             raise ValueError("weight decays must be >= 0")
         if self.max_train_tokens is not None and self.max_train_tokens < 1:
             raise ValueError(f"max_train_tokens must be at least 1, got {self.max_train_tokens}")
-        if not 0 <= self.seed < 2**63:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in 0 .. 2^63-1, got {self.seed}")
 
     def to_json(self) -> dict:
@@ -99,6 +99,8 @@ class TrainConfig:
     def from_json(cls, obj: dict, **overrides) -> "TrainConfig":
         """The config :meth:`to_json` saved in a run's run.json, with ``overrides`` applied;
         ValueError for keys this version does not know or bad values."""
+        if not isinstance(obj, dict):
+            raise ValueError(f"training settings must be a JSON object, not {type(obj).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(obj) - known)
         if unknown:
@@ -209,6 +211,7 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
     returns holding the best weights.
     """
     run_dir = Path(run_dir)
+    model.to(torch.device(cfg.device))  # (the engine's choice depends on where the parameters are)
     epoch_runner(model, cfg)  # before the directory exists: a refused engine leaves no run behind
     if ddp.rank() != 0:  # only rank 0 writes run_dir
         return _fit(model, corpus, cfg, run_dir, resume, corpus_spec, lambda *a, **k: None)
@@ -260,25 +263,28 @@ def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bo
         line = {"epoch": epoch, "train_loss": loss, "train_ppl": math.exp(loss), "valid_ppl": ppl,
                 "words_per_sec": wps, "epoch_minutes": train_time / 60, "lr": state["lr"],
                 "elapsed_s": state["elapsed"], "improved": improved}
-        if rank == 0:
-            with open(run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(line) + "\n")
+        # The epoch's files (metrics line, best weights, checkpoint) are written as one: Ctrl-C or
+        # SIGTERM waits for all of them.
+        with atomic.interrupts_deferred():
+            if rank == 0:
+                with open(run_dir / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps(line) + "\n")
+                if improved:
+                    ckpt.save_weights(run_dir / "best.safetensors", model)
+            log(f"epoch {epoch}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state['lr']:g}")
+            state["epoch"] = epoch
             if improved:
-                ckpt.save_weights(run_dir / "best.safetensors", model)
-        log(f"epoch {epoch}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state['lr']:g}")
-        state["epoch"] = epoch
-        if improved:
-            state["best_valid_ppl"] = ppl
-        elif state["phase"] == 0 and cfg.lr_final > 0:
-            # Validation perplexity rose: go back to the best weights, continue at the low rate.
-            state["phase"], state["lr"] = 1, cfg.lr_final
-            _restore_best(model, run_dir)
-            optimizer = make_optimizer(model, cfg, state["lr"])
-            log(f"valid perplexity rose: best weights restored, learning rate now {cfg.lr_final:g}")
-        else:
-            state["done"] = True
-        if rank == 0:
-            _checkpoint(model, optimizer, state, run_dir)
+                state["best_valid_ppl"] = ppl
+            elif state["phase"] == 0 and cfg.lr_final > 0:
+                # Validation perplexity rose: go back to the best weights, continue at the low rate.
+                state["phase"], state["lr"] = 1, cfg.lr_final
+                _restore_best(model, run_dir)
+                optimizer = make_optimizer(model, cfg, state["lr"])
+                log(f"valid perplexity rose: best weights restored, learning rate now {cfg.lr_final:g}")
+            else:
+                state["done"] = True
+            if rank == 0:
+                _checkpoint(model, optimizer, state, run_dir)
     _restore_best(model, run_dir)
     return state
 
@@ -304,6 +310,8 @@ def _start_or_resume(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path
         ckpt.check_epoch(run_dir / "optimizer.safetensors", meta, state["epoch"])
         optimizer = make_optimizer(model, cfg, state["lr"])
         ckpt.restore_optimizer(optimizer, tensors, state["optimizer"])
+        if ddp.rank() == 0:  # lines of an epoch that ended after its checkpoint (a kill) are run again
+            _keep_metrics_until(run_dir / "metrics.jsonl", state["epoch"])
         log(f"resuming after epoch {state['epoch']} (best valid perplexity {state['best_valid_ppl']:.2f})")
     elif ddp.rank() == 0:
         ckpt.save_run_files(run_dir, model, corpus.vocab, cfg.to_json(), corpus_spec,
@@ -311,6 +319,20 @@ def _start_or_resume(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path
         (run_dir / "metrics.jsonl").write_text("")
     ddp.broadcast_parameters(model)
     return state, optimizer
+
+
+def _keep_metrics_until(path: Path, epoch: int) -> None:
+    """Drop the metrics lines of epochs after ``epoch`` (and any torn last line)."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["epoch"] <= epoch:
+                keep.append(line)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    atomic.write_text(path, "".join(x + "\n" for x in keep))
 
 
 def _checkpoint(model: LBL, optimizer: torch.optim.Optimizer, state: dict, run_dir: Path) -> None:
