@@ -53,8 +53,10 @@ without locks: Hogwild (Recht et al. 2011) at the granularity of exact minibatch
 no barrier between steps, so a thread never waits for another (the reason for this design: on a
 loaded machine, per-step barriers between threads cost a scheduler time slice each). Steps of
 different threads overlap, so a step may read rows another is writing, and results are not
-bit-reproducible. Each step's decay and momentum still reach each row once: a step whose row
-another thread has already caught up past it adds only its gradient (``kernels._update_words``). With ``threads=1`` the engine is deterministic: a seed fixes the result to the
+bit-reproducible. Each step's decay and momentum still reach each row once: the rows' step
+stamps are claimed by compare-and-swap (``kernels._claim``), and a step whose row another thread
+has already caught up past it adds only its gradient (``kernels._row_step``); only the values
+are written without locks (two threads writing one row at once can lose an element's update). With ``threads=1`` the engine is deterministic: a seed fixes the result to the
 bit, and it equals the PyTorch path up to float32 rounding. ``fit`` (``engine="fast"``/"auto")
 uses ``TrainConfig.hogwild`` threads, 1 by default, so a seed fixes a run; Hogwild is for callers
 that ask for it (``hlbl train --hogwild N``, the benchmarks).
