@@ -263,28 +263,28 @@ def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bo
         line = {"epoch": epoch, "train_loss": loss, "train_ppl": math.exp(loss), "valid_ppl": ppl,
                 "words_per_sec": wps, "epoch_minutes": train_time / 60, "lr": state["lr"],
                 "elapsed_s": state["elapsed"], "improved": improved}
-        # The epoch's files (metrics line, best weights, checkpoint) are written as one: Ctrl-C or
-        # SIGTERM waits for all of them.
-        with atomic.interrupts_deferred():
-            if rank == 0:
+        if rank == 0:
+            # Ctrl-C waits for these two; a run stopped before its checkpoint below runs the epoch
+            # again at resume, which drops this line. (No collective runs while signals wait.)
+            with atomic.interrupts_deferred():
                 with open(run_dir / "metrics.jsonl", "a") as f:
                     f.write(json.dumps(line) + "\n")
                 if improved:
                     ckpt.save_weights(run_dir / "best.safetensors", model)
-            log(f"epoch {epoch}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state['lr']:g}")
-            state["epoch"] = epoch
-            if improved:
-                state["best_valid_ppl"] = ppl
-            elif state["phase"] == 0 and cfg.lr_final > 0:
-                # Validation perplexity rose: go back to the best weights, continue at the low rate.
-                state["phase"], state["lr"] = 1, cfg.lr_final
-                _restore_best(model, run_dir)
-                optimizer = make_optimizer(model, cfg, state["lr"])
-                log(f"valid perplexity rose: best weights restored, learning rate now {cfg.lr_final:g}")
-            else:
-                state["done"] = True
-            if rank == 0:
-                _checkpoint(model, optimizer, state, run_dir)
+        log(f"epoch {epoch}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state['lr']:g}")
+        state["epoch"] = epoch
+        if improved:
+            state["best_valid_ppl"] = ppl
+        elif state["phase"] == 0 and cfg.lr_final > 0:
+            # Validation perplexity rose: go back to the best weights, continue at the low rate.
+            state["phase"], state["lr"] = 1, cfg.lr_final
+            _restore_best(model, run_dir)
+            optimizer = make_optimizer(model, cfg, state["lr"])
+            log(f"valid perplexity rose: best weights restored, learning rate now {cfg.lr_final:g}")
+        else:
+            state["done"] = True
+        if rank == 0:
+            _checkpoint(model, optimizer, state, run_dir)
     _restore_best(model, run_dir)
     return state
 
