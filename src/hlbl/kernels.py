@@ -414,7 +414,7 @@ def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
 
     With one thread a row is at step t-1 here (``_catch_up``). With Hogwild threads another
     thread's later step may already have caught it up past t-1, through step t's decay and
-    momentum; step t then adds only its gradient (``_late_row``), so that no step's decay or
+    momentum; step t then adds only its gradient (``_row_step``), so that no step's decay or
     momentum is applied to a row twice (a plain step here would: a systematic extra decay, not
     just a stale read).
     """

@@ -32,7 +32,6 @@ unchanged file is then loaded in a fraction of a second. ``cache=False`` turns t
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from pathlib import Path
 
