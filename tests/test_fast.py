@@ -92,6 +92,49 @@ def test_many_steps_lazy_momentum_is_exact(tree_name):
         assert torch.allclose(b_t, b_f, atol=2e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("tree_name", list(TREES))
+def test_blocks_do_not_change_the_step(tree_name):
+    """A step runs in blocks of examples (each row caught up before its first reader, stepped after
+    its last): any block size gives the same parameters and momentum, to the bit."""
+    tree = TREES[tree_name]()
+    model = make_model(tree)
+    cfg = TrainConfig(lr=0.05, batch_size=60, optimizer="momentum", momentum=0.9, weight_decay_words=0.1,
+                      weight_decay_other=0.03, seed=7, progress=False)
+    stream = stream_for(tree.num_words, 500, 11)
+    results = []
+    for block in (60, 1, 7, 64):  # one block; one example each; uneven blocks; larger than the batch
+        m = copy.deepcopy(model)
+        opt = make_optimizer(m, cfg, cfg.lr)
+        loss, _ = fast.train_epoch(m, opt, stream, 0, cfg, 1, False, threads=1, block=block)
+        results.append((loss, [p.detach().clone() for p in m.parameters()],
+                        [opt.state[p]["momentum_buffer"].clone() for p in m.parameters()]))
+    loss0, params0, bufs0 = results[0]
+    assert not torch.equal(params0[0], model.R.weight)
+    for loss, params, bufs in results[1:]:
+        assert loss == loss0
+        assert all(torch.equal(a, b) for a, b in zip(params, params0))
+        assert all(torch.equal(a, b) for a, b in zip(bufs, bufs0))
+    with pytest.raises(ValueError, match="block"):
+        fast.train_epoch(model, make_optimizer(model, cfg, cfg.lr), stream, 0, cfg, 1, False, block=0)
+
+
+def test_by_block_schedules_each_row_between_its_first_and_last_reader():
+    """kernels._by_block on a hand-made grouping: rows are caught up before the block of their first
+    entry and stepped after the block of their last."""
+    from hlbl import kernels
+    keys = np.array([5, 3, 5, 9, 3, 7, 8, 5], np.int32)  # 2 entries per example, 4 examples
+    slot = np.full(10, -1, np.int32)
+    uniq, start, ent, cursor = (np.empty(len(keys) + 1, np.int64) for _ in range(4))
+    nu = kernels._csr(keys, slot, uniq, start, cursor, ent)
+    assert list(uniq[:nu]) == [5, 3, 9, 7, 8]
+    first, off, order = np.empty(5, np.int64), np.empty(5, np.int64), np.empty(nu, np.int64)
+    kernels._by_block(uniq, nu, start, ent, 4, 2, first, off, order)  # blocks: examples {0, 1}, {2, 3}
+    caught = [list(uniq[first[s]:first[s + 1]]) for s in range(2)]
+    stepped = [list(uniq[order[off[s]:off[s + 1]]]) for s in range(2)]
+    assert caught == [[5, 3, 9], [7, 8]]
+    assert stepped == [[9], [5, 3, 7, 8]]
+
+
 def test_gradient_is_split_by_path_posterior():
     """Every word of doubled_tree(V, V) has two codes; a one-path (or averaged) gradient would not match torch."""
     (m_t, _), (m_f, _), _, start = run_both(doubled_tree(20, 20, 2), "sgd", n_tokens=60, batch=60, wd=(0.0, 0.0))

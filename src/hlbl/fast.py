@@ -19,15 +19,24 @@ One step (number t) on a batch of B positions (context n words, dimension d, pat
 K x D), ``_step`` (the numba kernels are in :mod:`hlbl.kernels`; this module drives them):
 
 1. ``_gather``: the context words, straight from the token stream, and the tree nodes on the
-   target's paths -- the rows this step reads and writes.
+   target's paths (with their directions) -- the rows this step reads and writes.
 2. ``_csr``: groups the (example, node) and (example, context word) pairs by row (compressed
-   sparse rows, pairs in example order).
-3. ``_catch_up``: brings those rows to their step t-1 values (see laziness below).
-4. ``_forward_backward``: ``h_b = sum_i C_i * R[ctx_bi]`` (diagonal C), node scores, per-node
-   loss gradients ``gs (B, K*D)``, ``dh_b = dLoss/dh_b``, the NLL, and the gradient of C
-   (``sum_b R[ctx_bi] * dh_b``). Reads parameters only.
-5. ``_update_nodes`` / ``_update_words``: each touched row sums its gradient in example order
-   and takes its optimiser step; then C takes its (dense) step.
+   sparse rows, pairs in example order); ``_by_block`` finds, for blocks of S = ``BLOCK``
+   consecutive examples, which rows each block reads first and which it reads last.
+3. Then block by block:
+
+   a. ``_catch_up``: brings the rows the block reads first to their step t-1 values (see
+      laziness below).
+   b. ``_forward_backward``: ``h_b = sum_i C_i * R[ctx_bi]`` (diagonal C), node scores, per-node
+      loss gradients ``gs (B, K*D)``, ``dh_b = dLoss/dh_b``, the NLL, and the gradient of C
+      (``sum_b R[ctx_bi] * dh_b``). Reads parameters only.
+   c. ``_update_nodes`` / ``_update_words``: each row the block reads last sums its gradient in
+      example order (over the whole batch) and takes its optimiser step.
+
+   No row changes before the last example that reads it, so this is the minibatch step of
+   the whole batch, the same to the bit for any S; blocks only keep a row in cache from its
+   catch-up to its step (at V = 1M, 80% of rows are read by a single example).
+4. C takes its (dense) step.
 
 Optimiser semantics and laziness. ``torch.optim.SGD`` with momentum ``mu``, weight decay ``wd``
 and learning rate ``lr`` does, for *every* row every step (rows a batch does not touch get a
@@ -111,9 +120,12 @@ import torch
 from tqdm import tqdm
 
 from .data import epoch_order
-from .kernels import _catch_up, _score, _train_steps
+from .kernels import PHASES, _catch_up, _score, _train_steps
 from .memory import prefer_huge_pages
 from .output import TreeSoftmax
+
+
+BLOCK = 64  # examples per block of a step (kernels._step): a speed setting, the step is the same
 
 
 def _tree_tables(layer: TreeSoftmax) -> tuple[np.ndarray, ...]:
@@ -245,13 +257,14 @@ def _workspace(B: int, n: int, d: int, K: int, D: int, V: int, N: int) -> tuple:
             np.empty((B, d), np.float32), np.empty((B, d), np.float32), np.zeros((B, KD), np.float32),
             np.empty((B, K)), np.empty(B), np.empty((n, d), np.float32),
             np.full(N, -1, np.int32), np.full(V, -1, np.int32),  # slot_*: -1 between steps (see _csr)
-            *(np.empty(E + 1, np.int64) for _ in range(7)),
+            *(np.empty(E + 1, np.int64) for _ in range(9)),  # uniq, start, ent (x2), cursor, order (x2)
+            *(np.empty(B + 2, np.int64) for _ in range(4)),  # first, off (x2): see kernels._by_block
             np.empty(d, np.float32), np.empty(0, np.float32))
 
 
 def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg, epoch: int,
                 show: bool, threads: int | None = None, max_batches: int | None = None,
-                stats: dict | None = None) -> tuple[float, float]:
+                stats: dict | None = None, block: int = BLOCK) -> tuple[float, float]:
     """Drop-in for :func:`hlbl.train.train_epoch`: one pass in the same seeded order.
 
     Returns (mean NLL, words/s). ``threads`` defaults to ``cfg.hogwild`` (1 unless asked). With ``threads=1`` the steps
@@ -260,7 +273,9 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     each step is still an exact minibatch step, but it may read rows another thread is
     writing, so results vary slightly from run to run. ``max_batches`` stops early (benchmarks).
     ``stats``, if given, receives the seconds spent in steps and in the end-of-epoch catch-up of
-    every row (O(V d), split over the threads).
+    every row (O(V d), split over the threads), the steps' seconds split by phase
+    (``kernels.PHASES``) and the mean number of distinct rows a step touches.
+    ``block``: examples per block of a step (a speed setting only: the step is the same).
     Parameters and optimiser state are caught up (exact) at return.
     """
     why = unsupported(model, optimizer, cfg)
@@ -270,6 +285,9 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     stream = _check_stream(stream, pad, model.config.vocab_size)
     order = epoch_order(cfg.seed, epoch, len(stream))
     B = int(cfg.batch_size)
+    if block < 1:
+        raise ValueError(f"block must be at least 1, got {block}")
+    S = min(int(block), B)
     steps = (len(order) + B - 1) // B
     if max_batches is not None:
         steps = min(steps, max_batches)
@@ -287,9 +305,10 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     K, D = tables[3].shape[1], tables[0].shape[1]
     T = min(T, steps) or 1
     works = [_workspace(B, n, d, K, D, V, N) for _ in range(T)]
+    clocks = np.zeros((T, len(PHASES)), np.int64)
     # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
     # cache before the progress bar and the clock start, so neither counts compilation.
-    _train_steps(np.empty(0, np.int64), order, B, stream, pad, params, tables, state, works[0])
+    _train_steps(np.empty(0, np.int64), order, B, stream, pad, params, tables, state, works[0], S, clocks[0])
     bar = tqdm(total=min(len(order), steps * B), unit="w", unit_scale=True, desc=f"epoch {epoch}",
                disable=None if show else True,  # None: no bar when stderr is not a terminal
                leave=False, file=sys.stderr, mininterval=1.0)
@@ -300,7 +319,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
         total = 0.0
         for c0 in range(0, len(mine), chunk):
             part = mine[c0 : c0 + chunk]
-            total += _train_steps(part, order, B, stream, pad, params, tables, state, works[r])
+            total += _train_steps(part, order, B, stream, pad, params, tables, state, works[r], S, clocks[r])
             bar.update(int(sum(min(B, len(order) - (t - 1) * B) for t in part)))
         return total
 
@@ -321,7 +340,12 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
         list(pool.map(catch_up_all, range(T)))
     elapsed = time.perf_counter() - begin
     if stats is not None:
-        stats.update(steps_s=steps_done - begin, catch_up_s=elapsed - (steps_done - begin), threads=T)
+        cycles = clocks.sum(axis=0)
+        spent = max(int(cycles[:-1].sum()), 1)
+        stats.update(steps_s=steps_done - begin, catch_up_s=elapsed - (steps_done - begin), threads=T,
+                     # the steps' time split in proportion to each phase's cycles (all threads)
+                     phases_s={p: (steps_done - begin) * int(c) / spent for p, c in zip(PHASES, cycles[:-1])},
+                     rows_per_step=int(cycles[-1]) / max(steps, 1))
     bar.close()
     seen = min(len(order), steps * B)
     if not math.isfinite(total):

@@ -1,8 +1,9 @@
 """The numba kernels of the fast CPU engine (:mod:`hlbl.fast` says what they compute and why).
 
 One training step is ``_step``: ``_gather`` (the rows a batch reads), ``_csr`` (its entries grouped
-by row), ``_catch_up`` (lazy momentum and decay of those rows), ``_forward_backward``, then
-``_update_nodes`` / ``_update_words`` and C's step. ``_train_steps`` runs a thread's steps with
+by row), ``_by_block`` (when each row is first and last read), then per block of examples
+``_catch_up`` (lazy momentum and decay of the rows the block reads first), ``_forward_backward``
+and ``_update_nodes`` / ``_update_words`` (the rows the block reads last); then C's step. ``_train_steps`` runs a thread's steps with
 the GIL released; ``_score`` is the parallel scorer. Shapes are given in each docstring.
 """
 
@@ -76,6 +77,19 @@ def _claim(typingctx, arr, idx, seen, new):
     return sig, codegen
 
 
+@intrinsic
+def _cycles(typingctx):
+    """The CPU's cycle counter (LLVM's ``readcyclecounter``: rdtsc on x86; 0 where there is none),
+    for the per-phase profile of a step (``_step``'s ``clock``; ``bench/phases.py``)."""
+    sig = types.int64()
+
+    def codegen(context, builder, signature, args):
+        fn = builder.module.declare_intrinsic("llvm.readcyclecounter", fnty=ir.FunctionType(ir.IntType(64), []))
+        return builder.call(fn, [])
+
+    return sig, codegen
+
+
 @njit(inline="always", cache=True)
 def _prefetch_row(W, j):
     """Prefetch row j of a float32 (., d) array."""
@@ -122,12 +136,17 @@ def _context(stream, p, pad, n, i):
 
 # ---- training kernels (sequential; threads run them side by side, see train_epoch) ----------
 
+# What a step's ``clock`` holds: cycles per phase, then the distinct rows the steps touched.
+PHASES = ("gather_group", "catch_up", "forward_backward", "update_nodes", "update_words", "rows")
+
 
 @njit(fastmath=_FM, cache=True)
-def _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys):
+def _gather(stream, pos, pad, pnodes, psign, pdepth, wleaves, ctx, keys, sign):
     """The rows example b reads: context words ctx[b] (n,) and tree nodes keys[b] (K*D,).
 
-    ``keys[b, k*D + t]`` is the node at step t of the target's path k, -1 where there is none.
+    ``keys[b, k*D + t]`` is the node at step t of the target's path k, -1 where there is none;
+    ``sign[b, k*D + t]`` its direction (+1 left, -1 right; 0 where there is none), gathered here
+    with the node so that the forward pass reads no table row that is not in cache.
     """
     n = ctx.shape[1]
     K = wleaves.shape[1]
@@ -143,11 +162,15 @@ def _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys):
             if la >= 0:
                 _prefetch(pnodes, la, 0)
                 _prefetch(pnodes, la, 64)
+                _prefetch(psign, la, 0)
+                _prefetch(psign, la, 64)
+                _prefetch(pdepth, la, 0)
         p = pos[b]
         for i in range(n):
             ctx[b, i] = _context(stream, p, pad, n, i)
         for e in range(K * D):
             keys[b, e] = -1
+            sign[b, e] = 0.0
         target = stream[p]
         for c in range(K):
             lf = wleaves[target, c]
@@ -155,14 +178,15 @@ def _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys):
                 continue
             for t in range(pdepth[lf]):
                 keys[b, c * D + t] = pnodes[lf, t]
+                sign[b, c * D + t] = psign[lf, t]
 
 
 @njit(fastmath=_FM, cache=True)
-def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC):
+def _forward_backward(stream, pos, R, C, Q, qb, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC):
     """Per example b: h (B, d), dh (B, d) = dLoss/dh, gs (B, K*D), plp (B, K), nll (B,); gC (n, d).
 
-    ``gs[b, k*D + t]`` is the loss gradient w.r.t. the score of node keys[b, k*D + t];
-    ``gC[i] = sum_b R[ctx[b, i]] * dh[b]`` (in example order) is the gradient of C_i; summed here,
+    On entry ``gs[b, k*D + t]`` holds that node's sign (``_gather``); on return, the loss
+    gradient w.r.t. the score of node keys[b, k*D + t]. ``gC[i] += sum_b R[ctx[b, i]] * dh[b]`` (in example order) is the gradient of C_i; summed here,
     while the rows are in cache, rather than from a (B, n, d) array that would not fit in L2.
     """
     n, d = C.shape
@@ -170,7 +194,6 @@ def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, key
     D = keys.shape[1] // K
     B = pos.shape[0]
     zs = np.empty(D)  # one path's scores
-    gC[:] = 0.0
     for b in range(B):
         if b + 1 < B:  # the next example's rows, while this one computes
             for i in range(n):
@@ -197,13 +220,13 @@ def _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, key
                 s = np.float32(0.0)
                 for k in range(d):
                     s += hb[k] * Q[j, k]
-                zs[t] = psign[lf, t] * (np.float64(s) + qb[j])
+                zs[t] = gs[b, c * D + t] * (np.float64(s) + qb[j])
             acc, prod = 0.0, 1.0
             for t in range(pdepth[lf]):
                 z = zs[t]
                 sz, snz, e = _sigmoids(z)
                 acc, prod = _accumulate(z, sz, e, acc, prod)
-                gs[b, c * D + t] = psign[lf, t] * snz  # d log P(path) / d score = sign * sigmoid(-z)
+                gs[b, c * D + t] *= snz  # d log P(path) / d score = sign * sigmoid(-z)
             lp = acc + math.log(prod)
             plp[b, c] = lp
             best = max(best, lp)
@@ -356,6 +379,11 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
             _prefetch_row(W, ja)
             if mu != 0.0:
                 _prefetch_row(Wbuf, ja)
+            _prefetch(last, ja, 0)
+            if has_bias:
+                _prefetch(bias, ja, 0)
+                if mub != 0.0:
+                    _prefetch(bbuf, ja, 0)
         j = rows[r]
         L = last[j]
         while L < S and not _claim(last, j, L, S):  # Hogwild: one thread applies a row's gap
@@ -384,19 +412,21 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
 
 
 @njit(fastmath=_FM, cache=True)
-def _update_nodes(uniq, nu, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, last, t, g):
-    """Each touched node sums its gradient (in example order) and takes its step (see _update_words)."""
+def _update_nodes(us, uniq, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, last, t, g):
+    """Nodes uniq[us] each sum their gradient (in example order) and take their step (see _update_words)."""
     d = Q.shape[1]
-    for u in range(nu):
-        if u + _AHEAD < nu:
-            _prefetch_row(Q, uniq[u + _AHEAD])
-            _prefetch_row(Qbuf, uniq[u + _AHEAD])
+    nu = us.shape[0]
+    for x in range(nu):
+        if x + _AHEAD < nu:
+            _prefetch_row(Q, uniq[us[x + _AHEAD]])
+            _prefetch_row(Qbuf, uniq[us[x + _AHEAD]])
+        u = us[x]
         j = uniq[u]
         for k in range(d):
             g[k] = 0.0
         gb = 0.0
-        for x in range(start[u], start[u + 1]):
-            e = ent[x]
+        for y in range(start[u], start[u + 1]):
+            e = ent[y]
             c = gs[e]
             hb = h[e // KD]
             gb += c
@@ -409,8 +439,8 @@ def _update_nodes(uniq, nu, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, la
 
 
 @njit(fastmath=_FM, cache=True)
-def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
-    """Each touched context word sums its gradient sum_(b,i) C_i * dh_b and takes its step.
+def _update_words(us, uniq, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
+    """Context words uniq[us] each sum their gradient sum_(b,i) C_i * dh_b and take their step.
 
     With one thread a row is at step t-1 here (``_catch_up``). With Hogwild threads another
     thread's later step may already have caught it up past t-1, through step t's decay and
@@ -419,15 +449,17 @@ def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
     just a stale read).
     """
     n, d = C.shape
-    for u in range(nu):
-        if u + _AHEAD < nu:
-            _prefetch_row(R, uniq[u + _AHEAD])
-            _prefetch_row(Rbuf, uniq[u + _AHEAD])
+    nu = us.shape[0]
+    for x in range(nu):
+        if x + _AHEAD < nu:
+            _prefetch_row(R, uniq[us[x + _AHEAD]])
+            _prefetch_row(Rbuf, uniq[us[x + _AHEAD]])
+        u = us[x]
         j = uniq[u]
         for k in range(d):
             g[k] = 0.0
-        for x in range(start[u], start[u + 1]):
-            e = ent[x]
+        for y in range(start[u], start[u + 1]):
+            e = ent[y]
             b = e // n
             ci = C[e - b * n]
             db = dh[b]
@@ -436,41 +468,104 @@ def _update_words(uniq, nu, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
         _row_step(R[j], Rbuf[j], g, hyper[0, 0], hyper[0, 1], hyper[0, 2], last, j, t)
 
 
+@njit(cache=True)
+def _by_block(uniq, nu, start, ent, per_block, nb, first, off, order):
+    """Schedule a step's rows into ``nb`` blocks of examples.
+
+    A block is ``per_block`` consecutive entries (S examples). Row u (= uniq[u]) is first read in
+    block ``fb(u)`` and last read in block ``lb(u)``: it must be caught up before block fb(u)
+    and can take its step as soon as block lb(u) is done, as no later example reads it and its
+    gradient is then complete. Out: the rows to catch up before block s are uniq[first[s]:
+    first[s+1]] (uniq is in order of first appearance, so they are consecutive); the rows to step
+    after block s are uniq[order[off[s]:off[s+1]]], in increasing u.
+    """
+    for s in range(nb + 2):
+        first[s] = 0
+        off[s] = 0
+    for u in range(nu):
+        first[ent[start[u]] // per_block + 1] += 1
+        off[ent[start[u + 1] - 1] // per_block + 1] += 1
+    for s in range(nb):
+        first[s + 1] += first[s]
+        off[s + 1] += off[s]
+    for u in range(nu):
+        lb = ent[start[u + 1] - 1] // per_block
+        order[off[lb]] = u  # off[lb] is the cursor here ...
+        off[lb] += 1
+    for s in range(nb, 0, -1):  # ... and back to block starts
+        off[s] = off[s - 1]
+    off[0] = 0
+
+
 @njit(fastmath=_FM, cache=True)
-def _step(t, pos, stream, pad, params, tables, opt, work):
-    """One exact minibatch step (step number t >= 1); returns the summed NLL of the batch."""
+def _step(t, pos, stream, pad, params, tables, opt, work, S, clock):
+    """One exact minibatch step (step number t >= 1) in blocks of S examples; returns the summed NLL.
+    Adds the cycles spent in each phase to ``clock`` (PHASES; a few dozen cycles per block).
+
+    Every row the batch reads is caught up just before the first block that reads it and takes
+    its step just after the last one (``_by_block``). At V = 1M most rows are read by one
+    example only, so a row is fetched from memory once and then served from L2 while its
+    block computes and steps it, instead of once per phase over the whole batch (whose ~6 MB
+    of rows fit no per-core cache). The step is the same for any S, to the bit: each row still
+    sums its gradient in example order, and no row changes before the last example reading it.
+    """
     R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf = params
     pnodes, psign, pdepth, wleaves = tables
     hyper, P_words, P_other, P_bias, last_w, last_n = opt
-    ctx, keys, h, dh, gs, plp, nll, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor, g, empty = work
+    (ctx, keys, h, dh, gs, plp, nll, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor,
+     order_n, order_w, first_n, off_n, first_w, off_w, g, empty) = work
     B = pos.shape[0]  # work arrays have room for a full batch; rows >= B are stale
     n, d = C.shape
     KD = keys.shape[1]
-    _gather(stream, pos, pad, pnodes, pdepth, wleaves, ctx, keys)
+    c0 = _cycles()
+    _gather(stream, pos, pad, pnodes, psign, pdepth, wleaves, ctx, keys, gs)  # gs: the signs, for now
     nu_n = _csr(keys.ravel()[: B * KD], slot_n, uniq_n, start_n, cursor, ent_n)
     nu_w = _csr(ctx.ravel()[: B * n], slot_w, uniq_w, start_w, cursor, ent_w)
-    # The rows this batch reads must hold their step t-1 values: decay and momentum moved them
-    # while no batch touched them.
-    _catch_up(uniq_n[:nu_n], Q, Qbuf, qb, qbbuf, last_n, t - 1, P_other, hyper[1, 1], P_bias, hyper[2, 1])
-    _catch_up(uniq_w[:nu_w], R, Rbuf, empty, empty, last_w, t - 1, P_words, hyper[0, 1], P_bias, 0.0)
-    _forward_backward(stream, pos, R, C, Q, qb, psign, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC)
-    _update_nodes(uniq_n, nu_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb, qbbuf, hyper, last_n, t, g)
-    _update_words(uniq_w, nu_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)  # reads C before its step
+    nb = (B + S - 1) // S
+    _by_block(uniq_n, nu_n, start_n, ent_n, S * KD, nb, first_n, off_n, order_n)
+    _by_block(uniq_w, nu_w, start_w, ent_w, S * n, nb, first_w, off_w, order_w)
+    gC[:] = 0.0
+    c1 = _cycles()
+    clock[0] += c1 - c0
+    for s in range(nb):
+        b0, b1 = s * S, min(B, (s + 1) * S)
+        # The rows this block reads first must hold their step t-1 values: decay and momentum
+        # moved them while no batch touched them.
+        _catch_up(uniq_n[first_n[s] : first_n[s + 1]], Q, Qbuf, qb, qbbuf, last_n, t - 1, P_other,
+                  hyper[1, 1], P_bias, hyper[2, 1])
+        _catch_up(uniq_w[first_w[s] : first_w[s + 1]], R, Rbuf, empty, empty, last_w, t - 1, P_words,
+                  hyper[0, 1], P_bias, 0.0)
+        c2 = _cycles()
+        _forward_backward(stream, pos[b0:b1], R, C, Q, qb, pdepth, wleaves, ctx[b0:b1], keys[b0:b1],
+                          h[b0:b1], dh[b0:b1], gs[b0:b1], plp[b0:b1], nll[b0:b1], gC)
+        c3 = _cycles()
+        _update_nodes(order_n[off_n[s] : off_n[s + 1]], uniq_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb,
+                      qbbuf, hyper, last_n, t, g)
+        c4 = _cycles()
+        _update_words(order_w[off_w[s] : off_w[s + 1]], uniq_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)
+        c5 = _cycles()
+        clock[1] += c2 - c1
+        clock[2] += c3 - c2
+        clock[3] += c4 - c3
+        clock[4] += c5 - c4
+        c1 = c5
     for i in range(n):
         _sgd_row(C[i], Cbuf[i], gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
+    clock[5] += nu_n + nu_w
     return nll[:B].sum()
 
 
 @njit(nogil=True, cache=True)
-def _train_steps(steps, order, B, stream, pad, params, tables, opt, work):
-    """Steps ``steps`` (step t trains on order[(t-1)B : tB]) in sequence; returns the summed NLL.
+def _train_steps(steps, order, B, stream, pad, params, tables, opt, work, S, clock):
+    """Steps ``steps`` (step t trains on order[(t-1)B : tB], in blocks of S) in sequence; returns the
+    summed NLL. ``clock`` (6,) int64 accumulates the cycles of each phase and the rows touched (PHASES).
 
     Releases the GIL, so several Python threads can run it on disjoint steps (Hogwild).
     """
     total = 0.0
     for x in range(steps.shape[0]):
         t = steps[x]
-        total += _step(t, order[(t - 1) * B : t * B], stream, pad, params, tables, opt, work)
+        total += _step(t, order[(t - 1) * B : t * B], stream, pad, params, tables, opt, work, S, clock)
     return total
 
 
