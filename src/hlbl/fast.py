@@ -129,16 +129,17 @@ BLOCK = 64  # examples per block of a step (kernels._step): a speed setting, the
 
 
 def _tree_tables(layer: TreeSoftmax) -> tuple[np.ndarray, ...]:
-    """The tree's path tables as the kernels read them: nodes (L, D) int32, sign (L, D) float32
-    (+1 left, -1 right, 0 past the leaf's depth), depth (L,) int32, leaves (V, K) int32.
+    """The tree's path tables as the kernels read them: nodes (L, D) int32, bits (L, D) int8
+    (1 left, 0 right; meaningless past the leaf's depth), depth (L,) int32, leaves (V, K) int32.
 
-    The sign table is the layer's own buffer (no copy: 80 MB at V = 1M)."""
+    Bits rather than the layer's float32 signs: a quarter of the bytes (20 MB at V = 1M), and one
+    cache line per path instead of two when a step gathers its paths."""
     tree = layer.tree
     pnodes = np.ascontiguousarray(tree.path_nodes, dtype=np.int32)
-    psign = layer.path_sign.numpy()
+    pbits = np.ascontiguousarray(tree.path_bits, dtype=np.int8)
     pdepth = np.ascontiguousarray(tree.leaf_depth, dtype=np.int32)
     wleaves = np.ascontiguousarray(tree.word_leaves, dtype=np.int32)
-    return pnodes, psign, pdepth, wleaves
+    return pnodes, pbits, pdepth, wleaves
 
 
 def _check_stream(stream: np.ndarray, pad: int, V: int) -> np.ndarray:

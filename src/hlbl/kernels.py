@@ -141,7 +141,7 @@ PHASES = ("gather_group", "catch_up", "forward_backward", "update_nodes", "updat
 
 
 @njit(fastmath=_FM, cache=True)
-def _gather(stream, pos, pad, pnodes, psign, pdepth, wleaves, ctx, keys, sign):
+def _gather(stream, pos, pad, pnodes, pbits, pdepth, wleaves, ctx, keys, sign):
     """The rows example b reads: context words ctx[b] (n,) and tree nodes keys[b] (K*D,).
 
     ``keys[b, k*D + t]`` is the node at step t of the target's path k, -1 where there is none;
@@ -153,8 +153,10 @@ def _gather(stream, pos, pad, pnodes, psign, pdepth, wleaves, ctx, keys, sign):
     D = pnodes.shape[1]
     B = pos.shape[0]
     for b in range(B):
-        # Three dependent random reads per example (token -> its leaves -> the leaf's path): each
-        # is fetched a few examples ahead, as the path table alone is 80 MB at V = 1M.
+        # Four dependent random reads per example (position -> token -> its leaves -> the leaf's
+        # path): each is fetched a few examples ahead, as the path table alone is 80 MB at V = 1M.
+        if b + 16 < B:
+            _prefetch(stream, pos[b + 16], 0)
         if b + 8 < B:
             _prefetch(wleaves, stream[pos[b + 8]], 0)
         if b + 4 < B:
@@ -162,8 +164,7 @@ def _gather(stream, pos, pad, pnodes, psign, pdepth, wleaves, ctx, keys, sign):
             if la >= 0:
                 _prefetch(pnodes, la, 0)
                 _prefetch(pnodes, la, 64)
-                _prefetch(psign, la, 0)
-                _prefetch(psign, la, 64)
+                _prefetch(pbits, la, 0)
                 _prefetch(pdepth, la, 0)
         p = pos[b]
         for i in range(n):
@@ -178,7 +179,7 @@ def _gather(stream, pos, pad, pnodes, psign, pdepth, wleaves, ctx, keys, sign):
                 continue
             for t in range(pdepth[lf]):
                 keys[b, c * D + t] = pnodes[lf, t]
-                sign[b, c * D + t] = psign[lf, t]
+                sign[b, c * D + t] = 2 * pbits[lf, t] - 1
 
 
 @njit(fastmath=_FM, cache=True)
@@ -510,7 +511,7 @@ def _step(t, pos, stream, pad, params, tables, opt, work, S, clock):
     sums its gradient in example order, and no row changes before the last example reading it.
     """
     R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf = params
-    pnodes, psign, pdepth, wleaves = tables
+    pnodes, pbits, pdepth, wleaves = tables
     hyper, P_words, P_other, P_bias, last_w, last_n = opt
     (ctx, keys, h, dh, gs, plp, nll, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor,
      order_n, order_w, first_n, off_n, first_w, off_w, g, empty) = work
@@ -518,7 +519,7 @@ def _step(t, pos, stream, pad, params, tables, opt, work, S, clock):
     n, d = C.shape
     KD = keys.shape[1]
     c0 = _cycles()
-    _gather(stream, pos, pad, pnodes, psign, pdepth, wleaves, ctx, keys, gs)  # gs: the signs, for now
+    _gather(stream, pos, pad, pnodes, pbits, pdepth, wleaves, ctx, keys, gs)  # gs: the signs, for now
     nu_n = _csr(keys.ravel()[: B * KD], slot_n, uniq_n, start_n, cursor, ent_n)
     nu_w = _csr(ctx.ravel()[: B * n], slot_w, uniq_w, start_w, cursor, ent_w)
     nb = (B + S - 1) // S
@@ -573,7 +574,7 @@ def _train_steps(steps, order, B, stream, pad, params, tables, opt, work, S, clo
 
 
 @njit(parallel=True, fastmath=_FM, cache=True)
-def _score(stream, pad, R, C, Q, qb, pnodes, psign, pdepth, wleaves, out):
+def _score(stream, pad, R, C, Q, qb, pnodes, pbits, pdepth, wleaves, out):
     """out[p] = log P(stream[p] | its n preceding tokens), float64, for every position p."""
     N = stream.shape[0]
     n, d = C.shape
@@ -608,7 +609,7 @@ def _score(stream, pad, R, C, Q, qb, pnodes, psign, pdepth, wleaves, out):
                     s = np.float32(0.0)
                     for k in range(d):
                         s += h[k] * Q[j, k]
-                    zs[t] = psign[lf, t] * (np.float64(s) + qb[j])
+                    zs[t] = (2 * pbits[lf, t] - 1) * (np.float64(s) + qb[j])
                 acc, prod = 0.0, 1.0
                 for t in range(pdepth[lf]):
                     sz, _, e = _sigmoids(zs[t])
