@@ -125,7 +125,7 @@ from .memory import prefer_huge_pages
 from .output import TreeSoftmax
 
 
-BLOCK = 64  # examples per block of a step (kernels._step): a speed setting, the step is the same
+BLOCK = 32  # examples per block of a step (kernels._step): a speed setting, the step is the same
 
 
 def _tree_tables(layer: TreeSoftmax) -> tuple[np.ndarray, ...]:
@@ -254,7 +254,7 @@ def set_cpu_threads(threads: int) -> None:
 def _workspace(B: int, n: int, d: int, K: int, D: int, V: int, N: int) -> tuple:
     """One thread's scratch arrays (the kernels allocate nothing per step); see _step."""
     KD, E = K * D, max(B * K * D, B * n)
-    return (np.empty((B, n), np.int32), np.full((B, KD), -1, np.int32),
+    return (np.empty((B, n), np.int32), np.full((B, KD), -1, np.int32), np.empty((B, K), np.int32),
             np.empty((B, d), np.float32), np.empty((B, d), np.float32), np.zeros((B, KD), np.float32),
             np.empty((B, K)), np.empty(B), np.empty((n, d), np.float32),
             np.full(N, -1, np.int32), np.full(V, -1, np.int32),  # slot_*: -1 between steps (see _csr)

@@ -141,12 +141,13 @@ PHASES = ("gather_group", "catch_up", "forward_backward", "update_nodes", "updat
 
 
 @njit(fastmath=_FM, cache=True)
-def _gather(stream, pos, pad, pnodes, pbits, pdepth, wleaves, ctx, keys, sign):
+def _gather(stream, pos, pad, pnodes, pbits, pdepth, wleaves, ctx, keys, sign, plen):
     """The rows example b reads: context words ctx[b] (n,) and tree nodes keys[b] (K*D,).
 
     ``keys[b, k*D + t]`` is the node at step t of the target's path k, -1 where there is none;
-    ``sign[b, k*D + t]`` its direction (+1 left, -1 right; 0 where there is none), gathered here
-    with the node so that the forward pass reads no table row that is not in cache.
+    ``sign[b, k*D + t]`` its direction (+1 left, -1 right; 0 where there is none); ``plen[b, k]``
+    the path's length (-1: no path k). Gathered here, once, so that the forward pass reads no
+    table (stream, leaves, depths: 14 MB at V = 1M) whose lines the catch-ups have evicted since.
     """
     n = ctx.shape[1]
     K = wleaves.shape[1]
@@ -175,6 +176,7 @@ def _gather(stream, pos, pad, pnodes, pbits, pdepth, wleaves, ctx, keys, sign):
         target = stream[p]
         for c in range(K):
             lf = wleaves[target, c]
+            plen[b, c] = pdepth[lf] if lf >= 0 else -1
             if lf < 0:
                 continue
             for t in range(pdepth[lf]):
@@ -183,17 +185,17 @@ def _gather(stream, pos, pad, pnodes, pbits, pdepth, wleaves, ctx, keys, sign):
 
 
 @njit(fastmath=_FM, cache=True)
-def _forward_backward(stream, pos, R, C, Q, qb, pdepth, wleaves, ctx, keys, h, dh, gs, plp, nll, gC):
-    """Per example b: h (B, d), dh (B, d) = dLoss/dh, gs (B, K*D), plp (B, K), nll (B,); gC (n, d).
+def _forward_backward(R, C, Q, qb, ctx, keys, plen, h, dh, gs, plp, nll, gC):
+    """Per example b (its rows and paths from ``_gather``): h (B, d), dh (B, d) = dLoss/dh,
+    gs (B, K*D), plp (B, K), nll (B,); gC (n, d).
 
     On entry ``gs[b, k*D + t]`` holds that node's sign (``_gather``); on return, the loss
     gradient w.r.t. the score of node keys[b, k*D + t]. ``gC[i] += sum_b R[ctx[b, i]] * dh[b]`` (in example order) is the gradient of C_i; summed here,
     while the rows are in cache, rather than from a (B, n, d) array that would not fit in L2.
     """
     n, d = C.shape
-    K = wleaves.shape[1]
+    B, K = plen.shape
     D = keys.shape[1] // K
-    B = pos.shape[0]
     zs = np.empty(D)  # one path's scores
     for b in range(B):
         if b + 1 < B:  # the next example's rows, while this one computes
@@ -209,21 +211,19 @@ def _forward_backward(stream, pos, R, C, Q, qb, pdepth, wleaves, ctx, keys, h, d
             w = ctx[b, i]
             for k in range(d):
                 hb[k] += C[i, k] * R[w, k]
-        target = stream[pos[b]]
         best = -np.inf
         for c in range(K):
-            lf = wleaves[target, c]
-            if lf < 0:
+            if plen[b, c] < 0:
                 plp[b, c] = -np.inf
                 continue
-            for t in range(pdepth[lf]):  # dot products first: independent, they overlap
+            for t in range(plen[b, c]):  # dot products first: independent, they overlap
                 j = keys[b, c * D + t]
                 s = np.float32(0.0)
                 for k in range(d):
                     s += hb[k] * Q[j, k]
                 zs[t] = gs[b, c * D + t] * (np.float64(s) + qb[j])
             acc, prod = 0.0, 1.0
-            for t in range(pdepth[lf]):
+            for t in range(plen[b, c]):
                 z = zs[t]
                 sz, snz, e = _sigmoids(z)
                 acc, prod = _accumulate(z, sz, e, acc, prod)
@@ -244,8 +244,7 @@ def _forward_backward(stream, pos, R, C, Q, qb, pdepth, wleaves, ctx, keys, h, d
             if plp[b, c] == -np.inf:
                 continue
             share = math.exp(plp[b, c] - logp)  # posterior P(path c | target, h)
-            lf = wleaves[target, c]
-            for t in range(pdepth[lf]):
+            for t in range(plen[b, c]):
                 j = keys[b, c * D + t]
                 g = np.float32(-share * gs[b, c * D + t])  # d loss / d score
                 gs[b, c * D + t] = g
@@ -513,13 +512,13 @@ def _step(t, pos, stream, pad, params, tables, opt, work, S, clock):
     R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf = params
     pnodes, pbits, pdepth, wleaves = tables
     hyper, P_words, P_other, P_bias, last_w, last_n = opt
-    (ctx, keys, h, dh, gs, plp, nll, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor,
+    (ctx, keys, plen, h, dh, gs, plp, nll, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor,
      order_n, order_w, first_n, off_n, first_w, off_w, g, empty) = work
     B = pos.shape[0]  # work arrays have room for a full batch; rows >= B are stale
     n, d = C.shape
     KD = keys.shape[1]
     c0 = _cycles()
-    _gather(stream, pos, pad, pnodes, pbits, pdepth, wleaves, ctx, keys, gs)  # gs: the signs, for now
+    _gather(stream, pos, pad, pnodes, pbits, pdepth, wleaves, ctx, keys, gs, plen)  # gs: the signs, for now
     nu_n = _csr(keys.ravel()[: B * KD], slot_n, uniq_n, start_n, cursor, ent_n)
     nu_w = _csr(ctx.ravel()[: B * n], slot_w, uniq_w, start_w, cursor, ent_w)
     nb = (B + S - 1) // S
@@ -537,8 +536,8 @@ def _step(t, pos, stream, pad, params, tables, opt, work, S, clock):
         _catch_up(uniq_w[first_w[s] : first_w[s + 1]], R, Rbuf, empty, empty, last_w, t - 1, P_words,
                   hyper[0, 1], P_bias, 0.0)
         c2 = _cycles()
-        _forward_backward(stream, pos[b0:b1], R, C, Q, qb, pdepth, wleaves, ctx[b0:b1], keys[b0:b1],
-                          h[b0:b1], dh[b0:b1], gs[b0:b1], plp[b0:b1], nll[b0:b1], gC)
+        _forward_backward(R, C, Q, qb, ctx[b0:b1], keys[b0:b1], plen[b0:b1], h[b0:b1], dh[b0:b1], gs[b0:b1],
+                          plp[b0:b1], nll[b0:b1], gC)
         c3 = _cycles()
         _update_nodes(order_n[off_n[s] : off_n[s + 1]], uniq_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb,
                       qbbuf, hyper, last_n, t, g)
