@@ -251,13 +251,32 @@ def set_cpu_threads(threads: int) -> None:
     set_numba_threads(threads)
 
 
-def _workspace(B: int, n: int, d: int, K: int, D: int, V: int, N: int) -> tuple:
-    """One thread's scratch arrays (the kernels allocate nothing per step); see _step."""
+def _row_records(rows: int, threads: int, floats: int) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    """A table's per-row bookkeeping, one small record a row: the row's step stamp (0), each
+    thread's CSR slot (-1 between steps, see kernels._csr) and ``floats`` float32 values (the
+    node biases and their momentum, copied in and out by train_epoch).
+
+    Why one record: at V = 1M the first touch of a cold row in a step is its slot lookup; with
+    the stamp (read by the catch-up) and the bias in the same record, that one cache line serves
+    all three, where separate arrays cost a memory access each. Records are a power of two of
+    4-byte fields, so that none straddles two cache lines.
+    Returns (stamps (rows,) int32, [slots (rows,) int32] * threads, [values (rows,) float32] * floats),
+    all strided views of the records.
+    """
+    width = 1 << (threads + floats).bit_length()  # >= 1 + threads + floats
+    rec = np.zeros((rows, width), np.int32)
+    rec[:, 1 : 1 + threads] = -1
+    as_float = rec.view(np.float32)
+    return rec[:, 0], [rec[:, 1 + r] for r in range(threads)], [as_float[:, 1 + threads + i] for i in range(floats)]
+
+
+def _workspace(B: int, n: int, d: int, K: int, D: int, slot_n: np.ndarray, slot_w: np.ndarray) -> tuple:
+    """One thread's scratch arrays (the kernels allocate nothing per step), with its CSR slots
+    of the nodes and of the words (see _row_records); see _step."""
     KD, E = K * D, max(B * K * D, B * n)
     return (np.empty((B, n), np.int32), np.full((B, KD), -1, np.int32), np.empty((B, K), np.int32),
             np.empty((B, d), np.float32), np.empty((B, d), np.float32), np.zeros((B, KD), np.float32),
-            np.empty((B, K)), np.empty(B), np.empty((n, d), np.float32),
-            np.full(N, -1, np.int32), np.full(V, -1, np.int32),  # slot_*: -1 between steps (see _csr)
+            np.empty((B, K)), np.empty(B), np.empty((n, d), np.float32), slot_n, slot_w,
             *(np.empty(E + 1, np.int64) for _ in range(9)),  # uniq, start, ent (x2), cursor, order (x2)
             *(np.empty(B + 2, np.int64) for _ in range(4)),  # first, off (x2): see kernels._by_block
             np.empty(d, np.float32), np.empty(0, np.float32))
@@ -292,20 +311,26 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     steps = (len(order) + B - 1) // B
     if max_batches is not None:
         steps = min(steps, max_batches)
+    T = min(T, steps) or 1
     opt = _Optim(model, optimizer)
     P = opt.powers(steps)
     R, C, Q, qb = _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias)
-    params = (R, opt.buf["R"], C, opt.buf["C"], Q, opt.buf["Q"], qb, opt.buf["qb"])
     _huge_pages_once(model, R, Q, *(opt.buf[k] for k in ("R", "Q") if opt.hyper[k][1] != 0.0))
     tables = _tree_tables(model.out)
     V, d = R.shape
     N, n = Q.shape[0], C.shape[0]
-    # last_*: the step each row is up to date with (0 = start of epoch).
-    last_w, last_n = np.zeros(V, np.int32), np.zeros(N, np.int32)  # int32: half the cache footprint
+    # last_*: the step each row is up to date with (0 = start of epoch); the node biases and their
+    # momentum live beside the nodes' stamps during the epoch (_row_records).
+    last_w, slots_w, _ = _row_records(V, T, 0)
+    last_n, slots_n, (bias, bias_buf) = _row_records(N, T, 2)
+    bias[:] = qb
+    bias_mu = opt.hyper["qb"][1] != 0.0
+    if bias_mu:
+        bias_buf[:] = opt.buf["qb"]
+    params = (R, opt.buf["R"], C, opt.buf["C"], Q, opt.buf["Q"], bias, bias_buf)
     state = (opt.matrix, P["R"], P["Q"], P["qb"], last_w, last_n)
     K, D = tables[3].shape[1], tables[0].shape[1]
-    T = min(T, steps) or 1
-    works = [_workspace(B, n, d, K, D, V, N) for _ in range(T)]
+    works = [_workspace(B, n, d, K, D, slots_n[r], slots_w[r]) for r in range(T)]
     clocks = np.zeros((T, len(PHASES)), np.int64)
     # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
     # cache before the progress bar and the clock start, so neither counts compilation.
@@ -330,15 +355,20 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
         """Thread r's share of the end-of-epoch catch-up (rows are independent)."""
         _catch_up(np.arange(r * V // T, (r + 1) * V // T), R, opt.buf["R"], empty, empty, last_w, steps, P["R"],
                   opt.hyper["R"][1], P["qb"], 0.0)
-        _catch_up(np.arange(r * N // T, (r + 1) * N // T), Q, opt.buf["Q"], qb, opt.buf["qb"], last_n, steps, P["Q"],
+        _catch_up(np.arange(r * N // T, (r + 1) * N // T), Q, opt.buf["Q"], bias, bias_buf, last_n, steps, P["Q"],
                   opt.hyper["Q"][1], P["qb"], opt.hyper["qb"][1])
 
     begin = time.perf_counter()
-    with torch.no_grad(), ThreadPoolExecutor(T) as pool:
-        total = run(0) if T == 1 else sum(pool.map(run, range(T)))
-        steps_done = time.perf_counter()
-        # Catch every row up to the last step: parameters and momentum buffers are now exact.
-        list(pool.map(catch_up_all, range(T)))
+    try:
+        with torch.no_grad(), ThreadPoolExecutor(T) as pool:
+            total = run(0) if T == 1 else sum(pool.map(run, range(T)))
+            steps_done = time.perf_counter()
+            # Catch every row up to the last step: parameters and momentum buffers are now exact.
+            list(pool.map(catch_up_all, range(T)))
+    finally:  # (after an interruption too: the biases' progress is not lost)
+        qb[:] = bias
+        if bias_mu:
+            opt.buf["qb"][:] = bias_buf
     elapsed = time.perf_counter() - begin
     if stats is not None:
         cycles = clocks.sum(axis=0)
