@@ -422,10 +422,13 @@ def _update_nodes(us, uniq, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, la
             _prefetch_row(Qbuf, uniq[us[x + _AHEAD]])
         u = us[x]
         j = uniq[u]
+        y0 = start[u]
+        e = ent[y0]
+        gb = gs[e]
+        hb = h[e // KD]
         for k in range(d):
-            g[k] = 0.0
-        gb = 0.0
-        for y in range(start[u], start[u + 1]):
+            g[k] = gb * hb[k]
+        for y in range(y0 + 1, start[u + 1]):
             e = ent[y]
             c = gs[e]
             hb = h[e // KD]
@@ -456,9 +459,14 @@ def _update_words(us, uniq, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
             _prefetch_row(Rbuf, uniq[us[x + _AHEAD]])
         u = us[x]
         j = uniq[u]
+        y0 = start[u]
+        e = ent[y0]
+        b = e // n
+        ci = C[e - b * n]
+        db = dh[b]
         for k in range(d):
-            g[k] = 0.0
-        for y in range(start[u], start[u + 1]):
+            g[k] = ci[k] * db[k]
+        for y in range(y0 + 1, start[u + 1]):
             e = ent[y]
             b = e // n
             ci = C[e - b * n]
