@@ -50,13 +50,14 @@ def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tok
     model.init_unigram(np.bincount(stream, minlength=V).astype(np.float64))
     cfg = TrainConfig(progress=False)
     opt = make_optimizer(model, cfg, cfg.lr)
-    tables = fast._tree_tables(model.out)
+    paths = fast._word_paths(model.out)
     if fold:
         stream = stream % fold
-        pnodes = tables[0] % fold  # the paths keep their depths; -1 never occurs inside a depth
-        tables = (pnodes, *tables[1:])
-    real_tables = fast._tree_tables
-    fast._tree_tables = lambda layer: tables
+        paths = paths.copy()
+        steps = paths[..., 1:]  # 2 * node + bit; the paths keep their lengths and directions
+        steps[...] = (steps >> 1) % fold * 2 + (steps & 1)
+    real_paths = fast._word_paths
+    fast._word_paths = lambda layer: paths
     try:
         fast.train_epoch(model, opt, stream, 0, cfg, 1, False, threads=1, max_batches=warm)
         best = {}
@@ -70,13 +71,13 @@ def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tok
                 if S not in best or st["steps_s"] < best[S]["steps_s"]:
                     best[S] = st
     finally:
-        fast._tree_tables = real_tables
+        fast._word_paths = real_paths
     out = {}
     for S, st in best.items():
         ms = {p: round(st["phases_s"][p] * 1e3 / batches, 3) for p in PHASES[:-1]}
         out[S] = {"ms_per_batch": ms, "total_ms": round(st["steps_s"] * 1e3 / batches, 3),
                   "distinct_rows_per_batch": round(st["rows_per_step"])}
-    return {"V": V, "depth": int(tables[2].max()), "blocks": out}
+    return {"V": V, "depth": int(paths[:, :, 0].max()), "blocks": out}
 
 
 def main(argv=None) -> int:

@@ -128,18 +128,35 @@ from .output import TreeSoftmax
 BLOCK = 32  # examples per block of a step (kernels._step): a speed setting, the step is the same
 
 
-def _tree_tables(layer: TreeSoftmax) -> tuple[np.ndarray, ...]:
-    """The tree's path tables as the kernels read them: nodes (L, D) int32, bits (L, D) int8
-    (1 left, 0 right; meaningless past the leaf's depth), depth (L,) int32, leaves (V, K) int32.
+def _word_paths(layer: TreeSoftmax) -> np.ndarray:
+    """(V, K, W) int32: the tree's paths as the kernels read them, by word and code.
 
-    Bits rather than the layer's float32 signs: a quarter of the bytes (20 MB at V = 1M), and one
-    cache line per path instead of two when a step gathers its paths."""
+    ``paths[w, k, 0]`` is the length of word w's k-th code (-1: w has fewer codes), and
+    ``paths[w, k, 1 + t] = 2 * node + bit`` its step t (bit 1: left, 0: right).
+    W = the longest path + 1, rounded up to 16 (64-byte records that never straddle a cache line
+    more than they must): a step's gather then reads one record a target where separate tables
+    of leaves, nodes, bits and depths cost four random memory accesses (V = 1M: 128 MB).
+    Built once per tree and kept on the layer.
+    """
     tree = layer.tree
-    pnodes = np.ascontiguousarray(tree.path_nodes, dtype=np.int32)
-    pbits = np.ascontiguousarray(tree.path_bits, dtype=np.int8)
-    pdepth = np.ascontiguousarray(tree.leaf_depth, dtype=np.int32)
-    wleaves = np.ascontiguousarray(tree.word_leaves, dtype=np.int32)
-    return pnodes, pbits, pdepth, wleaves
+    cached = layer.__dict__.get("_fast_word_paths")
+    if cached is not None and cached[0] is tree:
+        return cached[1]
+    if tree.num_nodes >= 2**30:
+        raise ValueError(f"the fast engine handles trees of fewer than 2**30 nodes, not {tree.num_nodes}")
+    leaves = tree.word_leaves  # (V, K), -1 padded
+    V, K = leaves.shape
+    D = int(tree.leaf_depth.max())
+    W = -(-(D + 1) // 16) * 16
+    paths = np.zeros((V, K, W), np.int32)
+    has = leaves >= 0
+    lf = leaves[has]
+    paths[..., 0] = -1
+    paths[has, 0] = tree.leaf_depth[lf]
+    steps = 2 * tree.path_nodes[lf].astype(np.int64) + tree.path_bits[lf]
+    paths[has, 1 : D + 1] = np.where(tree.path_mask[lf], steps, 0)
+    layer.__dict__["_fast_word_paths"] = (tree, paths)
+    return paths
 
 
 def _check_stream(stream: np.ndarray, pad: int, V: int) -> np.ndarray:
@@ -316,7 +333,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     P = opt.powers(steps)
     R, C, Q, qb = _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias)
     _huge_pages_once(model, R, Q, *(opt.buf[k] for k in ("R", "Q") if opt.hyper[k][1] != 0.0))
-    tables = _tree_tables(model.out)
+    paths = _word_paths(model.out)
     V, d = R.shape
     N, n = Q.shape[0], C.shape[0]
     # last_*: the step each row is up to date with (0 = start of epoch); the node biases and their
@@ -329,12 +346,12 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
         bias_buf[:] = opt.buf["qb"]
     params = (R, opt.buf["R"], C, opt.buf["C"], Q, opt.buf["Q"], bias, bias_buf)
     state = (opt.matrix, P["R"], P["Q"], P["qb"], last_w, last_n)
-    K, D = tables[3].shape[1], tables[0].shape[1]
+    K, D = paths.shape[1], int(model.out.tree.leaf_depth.max())
     works = [_workspace(B, n, d, K, D, slots_n[r], slots_w[r]) for r in range(T)]
     clocks = np.zeros((T, len(PHASES)), np.int64)
     # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
     # cache before the progress bar and the clock start, so neither counts compilation.
-    _train_steps(np.empty(0, np.int64), order, B, stream, pad, params, tables, state, works[0], S, clocks[0])
+    _train_steps(np.empty(0, np.int64), order, B, stream, pad, params, paths, state, works[0], S, clocks[0])
     bar = tqdm(total=min(len(order), steps * B), unit="w", unit_scale=True, desc=f"epoch {epoch}",
                disable=None if show else True,  # None: no bar when stderr is not a terminal
                leave=False, file=sys.stderr, mininterval=1.0)
@@ -345,7 +362,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
         total = 0.0
         for c0 in range(0, len(mine), chunk):
             part = mine[c0 : c0 + chunk]
-            total += _train_steps(part, order, B, stream, pad, params, tables, state, works[r], S, clocks[r])
+            total += _train_steps(part, order, B, stream, pad, params, paths, state, works[r], S, clocks[r])
             bar.update(int(sum(min(B, len(order) - (t - 1) * B) for t in part)))
         return total
 
@@ -395,7 +412,7 @@ def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = N
     _huge_pages_once(model, _np(model.R.weight), _np(model.out.weight))
     with torch.no_grad():
         _score(stream, pad, _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias),
-               *_tree_tables(model.out), out)
+               _word_paths(model.out), out)
     return out
 
 

@@ -140,33 +140,35 @@ def _context(stream, p, pad, n, i):
 PHASES = ("gather_group", "catch_up", "forward_backward", "update_nodes", "update_words", "rows")
 
 
+@njit(inline="always", cache=True)
+def _step_of(x):
+    """(node, sign) of a path step stored as 2 * node + bit (bit 1 = left: sign +1; 0 = right: -1)."""
+    return x >> 1, np.float32(2 * (x & 1) - 1)
+
+
 @njit(fastmath=_FM, cache=True)
-def _gather(stream, pos, pad, pnodes, pbits, pdepth, wleaves, ctx, keys, sign, plen):
+def _gather(stream, pos, pad, paths, ctx, keys, sign, plen):
     """The rows example b reads: context words ctx[b] (n,) and tree nodes keys[b] (K*D,).
 
+    ``paths`` (V, K, W) int32: the paths of each word's codes (``hlbl.fast._word_paths``).
     ``keys[b, k*D + t]`` is the node at step t of the target's path k, -1 where there is none;
     ``sign[b, k*D + t]`` its direction (+1 left, -1 right; 0 where there is none); ``plen[b, k]``
     the path's length (-1: no path k). Gathered here, once, so that the forward pass reads no
-    table (stream, leaves, depths: 14 MB at V = 1M) whose lines the catch-ups have evicted since.
+    table (the stream, the paths) whose lines the catch-ups have evicted since.
     """
     n = ctx.shape[1]
-    K = wleaves.shape[1]
-    D = pnodes.shape[1]
     B = pos.shape[0]
+    K, W = paths.shape[1], paths.shape[2]
+    D = keys.shape[1] // K
     for b in range(B):
-        # Four dependent random reads per example (position -> token -> its leaves -> the leaf's
-        # path): each is fetched a few examples ahead, as the path table alone is 80 MB at V = 1M.
+        # Two dependent random reads per example (position -> token -> its paths, 128 bytes a
+        # code): each is fetched a few examples ahead, as the path table is 128 MB at V = 1M.
         if b + 16 < B:
             _prefetch(stream, pos[b + 16], 0)
-        if b + 8 < B:
-            _prefetch(wleaves, stream[pos[b + 8]], 0)
-        if b + 4 < B:
-            la = wleaves[stream[pos[b + 4]], 0]
-            if la >= 0:
-                _prefetch(pnodes, la, 0)
-                _prefetch(pnodes, la, 64)
-                _prefetch(pbits, la, 0)
-                _prefetch(pdepth, la, 0)
+        if b + 6 < B:
+            wa = stream[pos[b + 6]]
+            for off in range(0, K * W * 4, 64):
+                _prefetch(paths, wa, off)
         p = pos[b]
         for i in range(n):
             ctx[b, i] = _context(stream, p, pad, n, i)
@@ -175,13 +177,10 @@ def _gather(stream, pos, pad, pnodes, pbits, pdepth, wleaves, ctx, keys, sign, p
             sign[b, e] = 0.0
         target = stream[p]
         for c in range(K):
-            lf = wleaves[target, c]
-            plen[b, c] = pdepth[lf] if lf >= 0 else -1
-            if lf < 0:
-                continue
-            for t in range(pdepth[lf]):
-                keys[b, c * D + t] = pnodes[lf, t]
-                sign[b, c * D + t] = 2 * pbits[lf, t] - 1
+            dep = paths[target, c, 0]
+            plen[b, c] = dep
+            for t in range(dep):
+                keys[b, c * D + t], sign[b, c * D + t] = _step_of(paths[target, c, 1 + t])
 
 
 @njit(fastmath=_FM, cache=True)
@@ -267,8 +266,8 @@ def _csr(keys, slot, uniq, start, cursor, ent):
     nu = 0
     start[0] = 0
     for e in range(keys.shape[0]):
-        if e + 16 < keys.shape[0] and keys[e + 16] >= 0:  # slot[] is random access into V or N entries
-            _prefetch(slot, keys[e + 16], 0)
+        if e + 64 < keys.shape[0] and keys[e + 64] >= 0:  # slot[] is random access into V or N records
+            _prefetch(slot, keys[e + 64], 0)
         key = keys[e]
         if key < 0:
             continue
@@ -506,7 +505,7 @@ def _by_block(uniq, nu, start, ent, per_block, nb, first, off, order):
 
 
 @njit(fastmath=_FM, cache=True)
-def _step(t, pos, stream, pad, params, tables, opt, work, S, clock):
+def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
     """One exact minibatch step (step number t >= 1) in blocks of S examples; returns the summed NLL.
     Adds the cycles spent in each phase to ``clock`` (PHASES; a few dozen cycles per block).
 
@@ -518,7 +517,6 @@ def _step(t, pos, stream, pad, params, tables, opt, work, S, clock):
     sums its gradient in example order, and no row changes before the last example reading it.
     """
     R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf = params
-    pnodes, pbits, pdepth, wleaves = tables
     hyper, P_words, P_other, P_bias, last_w, last_n = opt
     (ctx, keys, plen, h, dh, gs, plp, nll, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor,
      order_n, order_w, first_n, off_n, first_w, off_w, g, empty) = work
@@ -526,7 +524,7 @@ def _step(t, pos, stream, pad, params, tables, opt, work, S, clock):
     n, d = C.shape
     KD = keys.shape[1]
     c0 = _cycles()
-    _gather(stream, pos, pad, pnodes, pbits, pdepth, wleaves, ctx, keys, gs, plen)  # gs: the signs, for now
+    _gather(stream, pos, pad, paths, ctx, keys, gs, plen)  # gs: the signs, for now
     nu_n = _csr(keys.ravel()[: B * KD], slot_n, uniq_n, start_n, cursor, ent_n)
     nu_w = _csr(ctx.ravel()[: B * n], slot_w, uniq_w, start_w, cursor, ent_w)
     nb = (B + S - 1) // S
@@ -564,7 +562,7 @@ def _step(t, pos, stream, pad, params, tables, opt, work, S, clock):
 
 
 @njit(nogil=True, cache=True)
-def _train_steps(steps, order, B, stream, pad, params, tables, opt, work, S, clock):
+def _train_steps(steps, order, B, stream, pad, params, paths, opt, work, S, clock):
     """Steps ``steps`` (step t trains on order[(t-1)B : tB], in blocks of S) in sequence; returns the
     summed NLL. ``clock`` (6,) int64 accumulates the cycles of each phase and the rows touched (PHASES).
 
@@ -573,7 +571,7 @@ def _train_steps(steps, order, B, stream, pad, params, tables, opt, work, S, clo
     total = 0.0
     for x in range(steps.shape[0]):
         t = steps[x]
-        total += _step(t, order[(t - 1) * B : t * B], stream, pad, params, tables, opt, work, S, clock)
+        total += _step(t, order[(t - 1) * B : t * B], stream, pad, params, paths, opt, work, S, clock)
     return total
 
 
@@ -581,21 +579,22 @@ def _train_steps(steps, order, B, stream, pad, params, tables, opt, work, S, clo
 
 
 @njit(parallel=True, fastmath=_FM, cache=True)
-def _score(stream, pad, R, C, Q, qb, pnodes, pbits, pdepth, wleaves, out):
-    """out[p] = log P(stream[p] | its n preceding tokens), float64, for every position p."""
+def _score(stream, pad, R, C, Q, qb, paths, out):
+    """out[p] = log P(stream[p] | its n preceding tokens), float64, for every position p;
+    ``paths`` as in ``_gather``."""
     N = stream.shape[0]
     n, d = C.shape
-    K = wleaves.shape[1]
+    K = paths.shape[1]
     chunk = 256
     for c in prange((N + chunk - 1) // chunk):
         h = np.empty(d, dtype=np.float32)
         plp = np.empty(K)
-        zs = np.empty(pnodes.shape[1])
+        zs = np.empty(paths.shape[2])
         for p in range(c * chunk, min(N, (c + 1) * chunk)):
             if p + 1 < N:  # the next target's first path, while this one computes
-                lf = wleaves[stream[p + 1], 0]
-                for t in range(pdepth[lf]):
-                    _prefetch_row(Q, pnodes[lf, t])
+                w1 = stream[p + 1]
+                for t in range(paths[w1, 0, 0]):
+                    _prefetch_row(Q, paths[w1, 0, 1 + t] >> 1)
             for k in range(d):
                 h[k] = 0.0
             for i in range(n):
@@ -605,20 +604,20 @@ def _score(stream, pad, R, C, Q, qb, pnodes, pbits, pdepth, wleaves, out):
             target = stream[p]
             best = -np.inf
             for cc in range(K):
-                lf = wleaves[target, cc]
-                if lf < 0:
+                dep = paths[target, cc, 0]
+                if dep < 0:
                     plp[cc] = -np.inf
                     continue
                 # All the path's dot products first (independent, so they overlap in the CPU),
                 # then the scalar chain: faster than one latency-bound node after the other.
-                for t in range(pdepth[lf]):
-                    j = pnodes[lf, t]
+                for t in range(dep):
+                    j, sgn = _step_of(paths[target, cc, 1 + t])
                     s = np.float32(0.0)
                     for k in range(d):
                         s += h[k] * Q[j, k]
-                    zs[t] = (2 * pbits[lf, t] - 1) * (np.float64(s) + qb[j])
+                    zs[t] = sgn * (np.float64(s) + qb[j])
                 acc, prod = 0.0, 1.0
-                for t in range(pdepth[lf]):
+                for t in range(dep):
                     sz, _, e = _sigmoids(zs[t])
                     acc, prod = _accumulate(zs[t], sz, e, acc, prod)
                 lp = acc + math.log(prod)
