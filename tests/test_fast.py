@@ -135,6 +135,22 @@ def test_by_block_schedules_each_row_between_its_first_and_last_reader():
     assert stepped == [[9], [5, 3, 7, 8]]
 
 
+@pytest.mark.parametrize("tree_name", list(TREES))
+def test_word_paths_hold_every_code(tree_name):
+    """The kernels' path table: per word and code, the length, then 2 * node + bit per step."""
+    tree = TREES[tree_name]()
+    model = make_model(tree)
+    paths = fast._word_paths(model.out)
+    assert paths.shape[2] % 16 == 0 and paths.shape[2] > tree.leaf_depth.max()
+    for w in range(tree.num_words):
+        codes = tree.codes(w)
+        assert (paths[w, len(codes):, 0] == -1).all()
+        for k, (nodes, bits) in enumerate(codes):
+            steps = paths[w, k, 1 : 1 + paths[w, k, 0]]
+            assert (steps >> 1).tolist() == nodes and (steps & 1).tolist() == bits
+    assert fast._word_paths(model.out) is paths  # built once, kept on the layer
+
+
 def test_gradient_is_split_by_path_posterior():
     """Every word of doubled_tree(V, V) has two codes; a one-path (or averaged) gradient would not match torch."""
     (m_t, _), (m_f, _), _, start = run_both(doubled_tree(20, 20, 2), "sgd", n_tokens=60, batch=60, wd=(0.0, 0.0))
