@@ -83,7 +83,10 @@ def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tok
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="10000,1000000")
-    ap.add_argument("--blocks", default="1000,64", help="examples per block of a step, comma-separated")
+    from hlbl.fast import BLOCK
+
+    ap.add_argument("--blocks", default=f"1000,{BLOCK}", help="examples per block of a step, comma-separated "
+                    f"(default: 1000 = unblocked, and the engine's {BLOCK})")
     ap.add_argument("--batches", type=int, default=100, help="steps per timed round")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per block size (the fastest counts)")
     ap.add_argument("--warm", type=int, default=200, help="ordinary steps first")

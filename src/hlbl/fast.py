@@ -76,30 +76,38 @@ decay and momentum); per CPU-second they are as efficient as one thread (so they
 second core is actually free).
 
 Memory-level tuning (profiled per phase by ``bench/phases.py`` at V = 10k and 1M, d = 100,
-batch 1000). At 10k the 15 MB of parameters and momentum live in the L3 cache and a step is
-arithmetic; at 1M a batch touches ~7,800 distinct rows (~3,600 at 10k), most of them in no cache,
-and a step waits for memory. So: the row loops prefetch rows a few iterations ahead
-(``_prefetch``, LLVM's prefetch intrinsic); the path and slot tables are prefetched in
-``_gather`` / ``_csr``; step stamps are int32; the big tables sit on 2 MiB pages
-(:mod:`hlbl.memory`; +10% at 1M, ``bench/hugepages.py``). The catch-up then runs near the
-machine's rate for cold rows (~150 ns a row at 1M; ``bench/memfloor.py`` measures ~104 ns to read a random 400-byte row and
-its momentum row alone, ~116 ns to update them, ~9 ns per 64-byte line: the core's miss
-throughput, whatever the prefetch distance; ~45 ns to update them again once a step's worth of
-rows has been through the caches). At 1M the catch-up alone is ~1.2 ms per batch of 1,000 (0.2 at
-10k). With row ids folded into a cache-sized range (``bench/phases.py --fold``) the 1M step's
-arithmetic is 2.0 ms against 4.7: memory is the other 2.7, about three cold visits per row
-(catch-up, forward/backward, update). Two visits (before the forward pass and after the backward
-pass) are the minimum for an exact minibatch step; with no other loss they would give
-``ratio_1m_vs_10k`` ~0.49 (README, Speed).
+batch 1000; the step counts its cycles per phase). At 10k the 15 MB of parameters and momentum
+live in the L3 cache and a step is arithmetic; at 1M a batch touches ~7,700 distinct rows (~3,600
+at 10k), most of them in no cache, and a step waits for memory. So:
+
+- Blocks (step 3 above): each row is fetched from memory once, by its catch-up, and is still in
+  the core's caches when its block reads it and steps it. Without blocks a row was fetched three
+  times (catch-up, forward/backward, update), with the batch's ~6 MB of rows in between: at 1M the
+  step takes 3.0 ms instead of 3.4 (at 10k, where every row is in L3 anyway, blocks cost ~2%).
+- A cold row costs as few cache lines as it can: its step stamp, CSR slots and (for nodes) bias
+  and bias momentum share one small record (:func:`_row_records`), and a target's paths are one
+  record of :func:`_word_paths`; the forward pass reads only what ``_gather`` collected.
+- Row loops prefetch rows a few iterations ahead (``_prefetch``, LLVM's prefetch intrinsic),
+  ``_gather`` and ``_csr`` their tables and records; the big tables sit on 2 MiB pages
+  (:mod:`hlbl.memory`; +10% at 1M, ``bench/hugepages.py``).
+
+The catch-up then runs at the machine's rate for cold rows: ~1.0 ms a batch at 1M, ~130 ns a row,
+where ``bench/memfloor.py`` measures ~116 ns to update a random 400-byte row and its momentum row
+(~8 ns per 64-byte line: one core's miss throughput, whatever the prefetch distance). With row
+ids folded into a cache-sized range (``bench/phases.py --fold``) the 1M step is 1.65 ms of
+arithmetic (paths of depth 20 against 14 at 10k): memory costs the rest, ~1.4 ms, nearly all of
+it that one cold visit per row.
 
 Tried and dropped, as no faster: catching rows up inside the forward pass; sorting a batch's
 examples by leaf; prefetching the next step's rows during this one (gathered a step ahead, or
-chained through the token: 8-15% slower at 1M, as the forward pass then competes for the same
-miss buffers); two-stage L2/L1 prefetches; longer or shorter prefetch distances; storing each
-row's parameters, momentum and stamp in one record (~10% faster alone in ``bench/memfloor.py``,
-not worth parameters that torch could only see as strided views); stepping the rows a single
-example uses inside the forward pass (80% of rows at 1M; 5-10% slower, the forward loops
-vectorise worse).
+chained through the token: 8-15% slower at 1M), and the next block's rows during this block's
+forward pass (all, half or a quarter of them, into L1 or L2: 1-4% slower): a core's miss buffers
+are the limit, and the forward pass needs them too; two-stage L2/L1 prefetches; longer or shorter
+prefetch distances; storing each row's parameters and momentum in one record (~10% faster alone
+in ``bench/memfloor.py``, not worth parameters that torch could only see as strided views);
+stepping the rows a single example uses inside the forward pass (80% of rows at 1M; 5-10%
+slower, the forward loops vectorise worse); plain stores instead of the stamps' compare-and-swap
+with one thread (within 1%).
 
 Scoring (``token_log_probs``) is one parallel pass over the stream, O(K D d) per token.
 
@@ -149,12 +157,15 @@ def _word_paths(layer: TreeSoftmax) -> np.ndarray:
     D = int(tree.leaf_depth.max())
     W = -(-(D + 1) // 16) * 16
     paths = np.zeros((V, K, W), np.int32)
-    has = leaves >= 0
-    lf = leaves[has]
     paths[..., 0] = -1
-    paths[has, 0] = tree.leaf_depth[lf]
-    steps = 2 * tree.path_nodes[lf].astype(np.int64) + tree.path_bits[lf]
-    paths[has, 1 : D + 1] = np.where(tree.path_mask[lf], steps, 0)
+    for w0 in range(0, V, 1 << 16):  # in slices: whole-vocabulary temporaries would double peak memory at V = 1M
+        lw = leaves[w0 : w0 + (1 << 16)]
+        has = lw >= 0
+        lf = lw[has]
+        out = paths[w0 : w0 + (1 << 16)]
+        out[has, 0] = tree.leaf_depth[lf]
+        steps = 2 * tree.path_nodes[lf] + tree.path_bits[lf]
+        out[has, 1 : D + 1] = np.where(tree.path_mask[lf], steps, 0)
     layer.__dict__["_fast_word_paths"] = (tree, paths)
     return paths
 

@@ -3,8 +3,9 @@
 One training step is ``_step``: ``_gather`` (the rows a batch reads), ``_csr`` (its entries grouped
 by row), ``_by_block`` (when each row is first and last read), then per block of examples
 ``_catch_up`` (lazy momentum and decay of the rows the block reads first), ``_forward_backward``
-and ``_update_nodes`` / ``_update_words`` (the rows the block reads last); then C's step. ``_train_steps`` runs a thread's steps with
-the GIL released; ``_score`` is the parallel scorer. Shapes are given in each docstring.
+and ``_update_nodes`` / ``_update_words`` (the rows the block reads last); then C's step.
+``_train_steps`` runs a thread's steps with the GIL released; ``_score`` is the parallel scorer.
+Shapes are given in each docstring.
 """
 
 from __future__ import annotations
@@ -189,8 +190,9 @@ def _forward_backward(R, C, Q, qb, ctx, keys, plen, h, dh, gs, plp, nll, gC):
     gs (B, K*D), plp (B, K), nll (B,); gC (n, d).
 
     On entry ``gs[b, k*D + t]`` holds that node's sign (``_gather``); on return, the loss
-    gradient w.r.t. the score of node keys[b, k*D + t]. ``gC[i] += sum_b R[ctx[b, i]] * dh[b]`` (in example order) is the gradient of C_i; summed here,
-    while the rows are in cache, rather than from a (B, n, d) array that would not fit in L2.
+    gradient w.r.t. the score of node keys[b, k*D + t]. ``gC[i] += sum_b R[ctx[b, i]] * dh[b]``
+    (in example order) adds to the gradient of C_i; summed here, while the rows are in cache,
+    rather than from a (B, n, d) array that would not fit in L2.
     """
     n, d = C.shape
     B, K = plen.shape
