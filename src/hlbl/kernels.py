@@ -374,6 +374,11 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
     Hogwild threads, a thread that reaches the same row then finds nothing left to apply.
     """
     has_bias = bias.shape[0] > 0
+    for r in range(min(_AHEAD, rows.shape[0])):  # the first rows: the loop prefetches _AHEAD on
+        _prefetch_row(W, rows[r])
+        if mu != 0.0:
+            _prefetch_row(Wbuf, rows[r])
+        _prefetch(last, rows[r], 0)
     for r in range(rows.shape[0]):
         if r + _AHEAD < rows.shape[0]:
             ja = rows[r + _AHEAD]
