@@ -70,10 +70,10 @@ bit, and it equals the PyTorch path up to float32 rounding. ``fit`` (``engine="f
 uses ``TrainConfig.hogwild`` threads, 1 by default, so a seed fixes a run; Hogwild is for callers
 that ask for it (``hlbl train --hogwild N``, the benchmarks).
 Measured trade-offs (PTB, V = 10k, shared 2-core machine): two Hogwild threads learn about as
-much per epoch as the exact path (``bash bench/hogwild.sh``: valid perplexity 226.2 and 230.0
+much per epoch as the exact path (``bash bench/hogwild.sh``: valid perplexity 224.3 and 222.8
 after 3 epochs in two runs, against 232.3; 239.4 and 243.4 before steps stopped re-applying
-decay and momentum); per CPU-second they are as efficient as one thread (so they pay off only when a
-second core is actually free).
+decay and momentum); per CPU-second they are as efficient as one thread (so they pay off only
+when a second core is actually free).
 
 Memory-level tuning (profiled per phase by ``bench/phases.py`` at V = 10k and 1M, d = 100,
 batch 1000; the step counts its cycles per phase). At 10k the 15 MB of parameters and momentum
