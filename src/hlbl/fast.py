@@ -93,7 +93,7 @@ at 10k), most of them in no cache, and a step waits for memory. So:
 
 The catch-up then runs at the machine's rate for cold rows: ~1.0 ms a batch at 1M, ~130 ns a row,
 where ``bench/memfloor.py`` measures ~116 ns to update a random 400-byte row and its momentum row
-(~8 ns per 64-byte line: one core's miss throughput, whatever the prefetch distance). With row
+(~9 ns per 64-byte line: one core's miss throughput, whatever the prefetch distance). With row
 ids folded into a cache-sized range (``bench/phases.py --fold``) the 1M step is 1.65 ms of
 arithmetic (paths of depth 20 against 14 at 10k): memory costs the rest, ~1.4 ms, nearly all of
 it that one cold visit per row.
