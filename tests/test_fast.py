@@ -151,6 +151,26 @@ def test_word_paths_hold_every_code(tree_name):
     assert fast._word_paths(model.out) is paths  # built once, kept on the layer
 
 
+def test_interrupted_epoch_keeps_the_bias_steps(monkeypatch):
+    """The node biases live in the engine's row records during an epoch; an epoch stopped by an
+    exception still copies them back (like the rows, which the steps update in place)."""
+    model = make_model(TREES["single"]())
+    start = model.out.bias.detach().clone()
+    cfg = TrainConfig(lr=0.05, batch_size=10, optimizer="momentum", seed=7, progress=False)
+    real, calls = fast._train_steps, []
+
+    def stop_after_first_chunk(steps, *args):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        calls.append(len(steps))
+        return real(steps, *args)
+
+    monkeypatch.setattr(fast, "_train_steps", stop_after_first_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        fast.train_epoch(model, make_optimizer(model, cfg, cfg.lr), stream_for(41, 1000, 3), 0, cfg, 1, False)
+    assert calls[1] > 0 and not torch.equal(model.out.bias, start)
+
+
 def test_gradient_is_split_by_path_posterior():
     """Every word of doubled_tree(V, V) has two codes; a one-path (or averaged) gradient would not match torch."""
     (m_t, _), (m_f, _), _, start = run_both(doubled_tree(20, 20, 2), "sgd", n_tokens=60, batch=60, wd=(0.0, 0.0))
