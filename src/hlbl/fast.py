@@ -89,7 +89,7 @@ at 10k), most of them in no cache, and a step waits for memory. So:
   record of :func:`_word_paths`; the forward pass reads only what ``_gather`` collected.
 - Row loops prefetch rows a few iterations ahead (``_prefetch``, LLVM's prefetch intrinsic),
   ``_gather`` and ``_csr`` their tables and records; the big tables sit on 2 MiB pages
-  (:mod:`hlbl.memory`; +10% at 1M, ``bench/hugepages.py``).
+  (:mod:`hlbl.memory`; +10% at 1M before blocks, ``bench/hugepages.py``).
 
 The catch-up then runs at the machine's rate for cold rows: ~1.0 ms a batch at 1M, ~130 ns a row,
 where ``bench/memfloor.py`` measures ~116 ns to update a random 400-byte row and its momentum row
