@@ -6,12 +6,14 @@ At V = 1M a training step meets thousands of rows that are in no cache (README, 
 times, on one thread, what bringing such a row up to date costs with nothing else going on: V = 1M
 rows of d = 100 float32 parameters and their momentum rows (2 x 400 MB, on huge pages where the
 kernel allows, as in the engine), 7,700 random rows a round (a step's worth), each row
-prefetched ``--ahead`` rows in advance as the engine's loops do:
+prefetched ``--ahead`` rows in advance into the L2 cache as the engine's loops do (prefetcht1):
 
 - ``read``: read the parameter row and the momentum row (the least any exact lazy step can do);
 - ``update``: the catch-up's read-modify-write of both rows and the row's step stamp;
 - ``update_one_record``: the same with parameters, momentum and stamp stored together in one
   832-byte record (a layout the engine does not use: torch parameters would be strided views);
+- ``update_prefetchw``, ``update_one_record_prefetchw``: the same two with write prefetches into
+  L1 (prefetchw, what the engine used before; each holds an L1 miss buffer until its line comes);
 - ``update_second_visit``: ``update`` on rows that the same kind of update touched just before
   (untimed, in another order): what a step's second pass over its rows costs once the first has
   brought them in (they no longer fit the L2 cache, so this is mostly the L3's cost).
@@ -31,7 +33,7 @@ import numpy as np
 from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from hlbl.kernels import _prefetch, _prefetch_row  # noqa: E402
+from hlbl.kernels import _prefetch, _prefetch_row, prefetch_intrinsic  # noqa: E402
 from hlbl.memory import prefer_huge_pages  # noqa: E402
 
 
@@ -48,34 +50,41 @@ def _read(rows, W, M, ahead):
     return acc
 
 
-@njit(fastmath=True, cache=True)
-def _update(rows, W, M, last, step, ahead):
-    for r in range(rows.shape[0]):
-        if r + ahead < rows.shape[0]:
-            _prefetch_row(W, rows[r + ahead])
-            _prefetch_row(M, rows[r + ahead])
-            _prefetch(last, rows[r + ahead], 0)
-        j = rows[r]
-        a = np.float32(1.0 - 1e-6 * (step - last[j]))
-        for k in range(W.shape[1]):
-            p, m = W[j, k], M[j, k]
-            W[j, k] = a * p - np.float32(1e-3) * m
-            M[j, k] = np.float32(0.9) * m + np.float32(1e-5) * p
-        last[j] = step
+def _kernels(prefetch):
+    """(update, update_record) prefetching with ``prefetch`` (an intrinsic of kernels.prefetch_intrinsic)."""
 
+    @njit(fastmath=True)
+    def update(rows, W, M, last, step, ahead):
+        for r in range(rows.shape[0]):
+            if r + ahead < rows.shape[0]:
+                ja = rows[r + ahead]
+                for off in range(0, W.shape[1] * 4, 64):
+                    prefetch(W, ja, off)
+                    prefetch(M, ja, off)
+                prefetch(last, ja, 0)
+            j = rows[r]
+            a = np.float32(1.0 - 1e-6 * (step - last[j]))
+            for k in range(W.shape[1]):
+                p, m = W[j, k], M[j, k]
+                W[j, k] = a * p - np.float32(1e-3) * m
+                M[j, k] = np.float32(0.9) * m + np.float32(1e-5) * p
+            last[j] = step
 
-@njit(fastmath=True, cache=True)
-def _update_record(rows, X, d, step, ahead):
-    for r in range(rows.shape[0]):
-        if r + ahead < rows.shape[0]:
-            _prefetch_row(X, rows[r + ahead])
-        j = rows[r]
-        a = np.float32(1.0 - 1e-6 * (step - np.int32(X[j, 2 * d])))
-        for k in range(d):
-            p, m = X[j, k], X[j, d + k]
-            X[j, k] = a * p - np.float32(1e-3) * m
-            X[j, d + k] = np.float32(0.9) * m + np.float32(1e-5) * p
-        X[j, 2 * d] = step
+    @njit(fastmath=True)
+    def update_record(rows, X, d, step, ahead):
+        for r in range(rows.shape[0]):
+            if r + ahead < rows.shape[0]:
+                for off in range(0, X.shape[1] * 4, 64):
+                    prefetch(X, rows[r + ahead], off)
+            j = rows[r]
+            a = np.float32(1.0 - 1e-6 * (step - np.int32(X[j, 2 * d])))
+            for k in range(d):
+                p, m = X[j, k], X[j, d + k]
+                X[j, k] = a * p - np.float32(1e-3) * m
+                X[j, d + k] = np.float32(0.9) * m + np.float32(1e-5) * p
+            X[j, 2 * d] = step
+
+    return update, update_record
 
 
 def main(argv=None) -> int:
@@ -94,10 +103,14 @@ def main(argv=None) -> int:
     X = np.zeros((V, 2 * d + 8), np.float32)  # parameters | momentum | stamp, padded to 64 bytes
     prefer_huge_pages(W, M, X)
     X[:, : 2 * d] = rng.random((V, 2 * d), dtype=np.float32)
+    _update, _update_record = _kernels(_prefetch)  # the engine's prefetch: a read into L2
+    _update_w, _update_record_w = _kernels(prefetch_intrinsic(write=True, locality=3))  # prefetchw (into L1)
     kinds = {
         "read": lambda rows, s: _read(rows, W, M, args.ahead),
         "update": lambda rows, s: _update(rows, W, M, last, s, args.ahead),
         "update_one_record": lambda rows, s: _update_record(rows, X, d, s, args.ahead),
+        "update_prefetchw": lambda rows, s: _update_w(rows, W, M, last, s, args.ahead),
+        "update_one_record_prefetchw": lambda rows, s: _update_record_w(rows, X, d, s, args.ahead),
         "update_second_visit": lambda rows, s: _update(rows, W, M, last, s, args.ahead),
     }
     first_visit = {"update_second_visit": lambda rows, s: _update(rng.permutation(rows), W, M, last, s - 1, args.ahead)}
@@ -114,7 +127,7 @@ def main(argv=None) -> int:
             times[k].append((time.perf_counter() - t) / len(rows) * 1e9)
     best = {k: float(np.median(v)) for k, v in times.items()}
     for k, v in best.items():
-        print(f"{k:<18} {v:6.1f} ns per row ({v / ((2 * d * 4) / 64):.1f} ns per 64-byte line)", file=sys.stderr)
+        print(f"{k:<28} {v:6.1f} ns per row ({v / ((2 * d * 4) / 64):.1f} ns per 64-byte line)", file=sys.stderr)
     print(json.dumps({"rows": V, "dim": d, "ns_per_row": {k: round(v, 1) for k, v in best.items()}}))
     return 0
 
