@@ -11,7 +11,7 @@ prefetched ``--ahead`` rows in advance into the L2 cache as the engine's loops d
 - ``read``: read the parameter row and the momentum row (the least any exact lazy step can do);
 - ``update``: the catch-up's read-modify-write of both rows and the row's step stamp;
 - ``update_one_record``: the same with parameters, momentum and stamp stored together in one
-  832-byte record (a layout the engine does not use: torch parameters would be strided views);
+  832-byte record (a layout the engine does not use: no faster there, see ``hlbl.fast``);
 - ``update_prefetchw``, ``update_one_record_prefetchw``: the same two with write prefetches into
   L1 (prefetchw, what the engine used before; each holds an L1 miss buffer until its line comes);
 - ``update_second_visit``: ``update`` on rows that the same kind of update touched just before

@@ -83,28 +83,33 @@ at 10k), most of them in no cache, and a step waits for memory. So:
 - Blocks (step 3 above): each row is fetched from memory once, by its catch-up, and is still in
   the core's caches when its block reads it and steps it. Without blocks a row was fetched three
   times (catch-up, forward/backward, update), with the batch's ~6 MB of rows in between: at 1M the
-  step takes 3.0 ms instead of 3.4 (at 10k, where every row is in L3 anyway, blocks cost ~2%).
+  step takes 2.8 ms instead of 3.1 (at 10k, where every row is in L3 anyway, blocks cost ~2%).
 - A cold row costs as few cache lines as it can: its step stamp, CSR slots and (for nodes) bias
   and bias momentum share one small record (:func:`_row_records`), and a target's paths are one
   record of :func:`_word_paths`; the forward pass reads only what ``_gather`` collected.
-- Row loops prefetch rows a few iterations ahead (``_prefetch``, LLVM's prefetch intrinsic),
-  ``_gather`` and ``_csr`` their tables and records; the big tables sit on 2 MiB pages
+- Row loops prefetch rows a few iterations ahead (``kernels._prefetch``, LLVM's prefetch
+  intrinsic), ``_gather`` and ``_csr`` their tables and records; the big tables sit on 2 MiB pages
   (:mod:`hlbl.memory`; +10% at 1M before blocks, ``bench/hugepages.py``).
+- Prefetches are reads into L2 (prefetcht1), not write prefetches into L1 (prefetchw): these
+  hold one of the core's few L1 miss buffers each until the line comes, the L2 tracks more
+  misses in flight. The step is 11% faster at 1M (3% at 10k); ``bench/memfloor.py`` updates a
+  cold row and its momentum row in ~93 ns against ~122.
 
-The catch-up then runs at the machine's rate for cold rows: ~1.0 ms a batch at 1M, ~130 ns a row,
-where ``bench/memfloor.py`` measures ~116 ns to update a random 400-byte row and its momentum row
-(~9 ns per 64-byte line: one core's miss throughput, whatever the prefetch distance). With row
-ids folded into a cache-sized range (``bench/phases.py --fold``) the 1M step is 1.65 ms of
-arithmetic (paths of depth 20 against 14 at 10k): memory costs the rest, ~1.4 ms, nearly all of
-it that one cold visit per row.
+The catch-up then runs near the machine's rate for cold rows: ~0.8 ms a batch at 1M, ~100 ns a
+row, against ~93 ns in ``bench/memfloor.py`` (~7 ns per 64-byte line, whatever the prefetch
+distance). With row ids folded into a cache-sized range (``bench/phases.py --fold``) the 1M step
+is 1.55 ms of arithmetic (paths of depth 20 against 14 at 10k): memory costs the rest, ~1.2 ms,
+most of it that one cold visit per row.
 
 Tried and dropped, as no faster: catching rows up inside the forward pass; sorting a batch's
 examples by leaf; prefetching the next step's rows during this one (gathered a step ahead, or
 chained through the token: 8-15% slower at 1M), and the next block's rows during this block's
 forward pass (all, half or a quarter of them, into L1 or L2: 1-4% slower): a core's miss buffers
-are the limit, and the forward pass needs them too; two-stage L2/L1 prefetches; longer or shorter
-prefetch distances; storing each row's parameters and momentum in one record (~10% faster alone
-in ``bench/memfloor.py``, not worth parameters that torch could only see as strided views);
+are the limit, and the forward pass needs them too (1% either way with L2 prefetches); L1
+prefetches in the forward pass and the updates, whose rows are in L2 by then; longer or shorter
+prefetch distances; storing each row's parameters and momentum in one record (~15% faster alone
+in ``bench/memfloor.py``, but the same speed in the engine, measured side by side, and torch
+could only see the parameters as strided views);
 stepping the rows a single example uses inside the forward pass (80% of rows at 1M; 5-10%
 slower, the forward loops vectorise worse); plain stores instead of the stamps' compare-and-swap
 with one thread (within 1%).
