@@ -409,7 +409,11 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
         if L >= S:  # up to date (or, with Hogwild threads, already moved on by another thread)
             continue
         gap = S - L
-        a00, a01, a10, a11 = P[gap, 0, 0], P[gap, 0, 1], P[gap, 1, 0], P[gap, 1, 1]
+        # A^gap is exact to float64 rounding; its entries are rounded to float32 once per row, as
+        # the row is float32: float64 arithmetic over the row (widen, multiply, narrow) made the
+        # whole step ~6% slower at V = 1M and 2% at 10k (torch's own steps are float32 too).
+        a00, a01 = np.float32(P[gap, 0, 0]), np.float32(P[gap, 0, 1])
+        a10, a11 = np.float32(P[gap, 1, 0]), np.float32(P[gap, 1, 1])
         if mu != 0.0:
             for k in range(W.shape[1]):
                 pk = W[j, k]
