@@ -70,8 +70,8 @@ bit, and it equals the PyTorch path up to float32 rounding. ``fit`` (``engine="f
 uses ``TrainConfig.hogwild`` threads, 1 by default, so a seed fixes a run; Hogwild is for callers
 that ask for it (``hlbl train --hogwild N``, the benchmarks).
 Measured trade-offs (PTB, V = 10k, shared 2-core machine): two Hogwild threads learn about as
-much per epoch as the exact path (``bash bench/hogwild.sh``: valid perplexity 224.3 and 222.8
-after 3 epochs in two runs, against 232.3; 239.4 and 243.4 before steps stopped re-applying
+much per epoch as the exact path (``bash bench/hogwild.sh``: valid perplexity 229.7 and 231.3
+after 3 epochs in two runs, against 232.3 (224.3 and 222.8 in an earlier pair of runs); 239.4 and 243.4 before steps stopped re-applying
 decay and momentum); per CPU-second they are as efficient as one thread (so they pay off only
 when a second core is actually free).
 
