@@ -83,7 +83,7 @@ at 10k), most of them in no cache, and a step waits for memory. So:
 - Blocks (step 3 above): each row is fetched from memory once, by its catch-up, and is still in
   the core's caches when its block reads it and steps it. Without blocks a row was fetched three
   times (catch-up, forward/backward, update), with the batch's ~6 MB of rows in between: at 1M the
-  step takes 2.8 ms instead of 3.1 (at 10k, where every row is in L3 anyway, blocks cost ~2%).
+  step takes 2.7 ms instead of 3.0 (at 10k, where every row is in L3 anyway, blocks cost ~2%).
 - A cold row costs as few cache lines as it can: its step stamp, CSR slots and (for nodes) bias
   and bias momentum share one small record (:func:`_row_records`), and a target's paths are one
   record of :func:`_word_paths`; the forward pass reads only what ``_gather`` collected.
@@ -94,18 +94,20 @@ at 10k), most of them in no cache, and a step waits for memory. So:
   hold one of the core's few L1 miss buffers each until the line comes, the L2 tracks more
   misses in flight. The step is 11% faster at 1M (3% at 10k); ``bench/memfloor.py`` updates a
   cold row and its momentum row in ~93 ns against ~122.
+- The catch-up's coefficients A^gap (float64) are rounded to float32 once per row, the row being
+  float32: float64 arithmetic over the row made the step 6% slower at 1M (2% at 10k).
 
-The catch-up then runs near the machine's rate for cold rows: ~0.8 ms a batch at 1M, ~100 ns a
+The catch-up then runs near the machine's rate for cold rows: ~0.65 ms a batch at 1M, ~85 ns a
 row, against ~93 ns in ``bench/memfloor.py`` (~7 ns per 64-byte line, whatever the prefetch
 distance). With row ids folded into a cache-sized range (``bench/phases.py --fold``) the 1M step
-is 1.55 ms of arithmetic (paths of depth 20 against 14 at 10k): memory costs the rest, ~1.2 ms,
+is 1.55 ms of arithmetic (paths of depth 20 against 14 at 10k): memory costs the rest, ~1.1 ms,
 most of it that one cold visit per row.
 
 Tried and dropped, as no faster: catching rows up inside the forward pass; sorting a batch's
 examples by leaf; prefetching the next step's rows during this one (gathered a step ahead, or
 chained through the token: 8-15% slower at 1M), and the next block's rows during this block's
-forward pass (all, half or a quarter of them, into L1 or L2: 1-4% slower): a core's miss buffers
-are the limit, and the forward pass needs them too (1% either way with L2 prefetches); L1
+forward pass (all, half or a quarter of them: 1-4% slower with write prefetches, within 1% with
+L2 read prefetches): a core's miss buffers are the limit, and the forward pass needs them too; L1
 prefetches in the forward pass and the updates, whose rows are in L2 by then; longer or shorter
 prefetch distances; storing each row's parameters and momentum in one record (~15% faster alone
 in ``bench/memfloor.py``, but the same speed in the engine, measured side by side, and torch
