@@ -89,7 +89,7 @@ at 10k), most of them in no cache, and a step waits for memory. So:
   record of :func:`_word_paths`; the forward pass reads only what ``_gather`` collected.
 - Row loops prefetch rows a few iterations ahead (``kernels._prefetch``, LLVM's prefetch
   intrinsic), ``_gather`` and ``_csr`` their tables and records; the big tables sit on 2 MiB pages
-  (:mod:`hlbl.memory`; +10% at 1M before blocks, ``bench/hugepages.py``).
+  (:mod:`hlbl.memory`; +7% at 1M, ``bench/hugepages.py``).
 - Prefetches are reads into L2 (prefetcht1), not write prefetches into L1 (prefetchw): these
   hold one of the core's few L1 miss buffers each until the line comes, the L2 tracks more
   misses in flight. The step is 11% faster at 1M (3% at 10k); ``bench/memfloor.py`` updates a
