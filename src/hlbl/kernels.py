@@ -63,9 +63,10 @@ def prefetch_intrinsic(write: bool, locality: int):
 # Every prefetch of the engine is a read into L2 (prefetcht1). Without prefetches a loop over
 # random rows of a big table (V = 1M: 400 MB) waits for memory row after row. Why L2: a prefetch
 # into L1 or for writing (prefetcht0, prefetchw) holds one of the core's few L1 miss buffers
-# until its line arrives, which caps a loop over cold rows at ~12 lines in flight; the L2 tracks
-# more misses. bench/memfloor.py: a cold row and its momentum row are updated in ~92 ns against
-# ~122 with prefetchw (Zen 4); the training step at V = 1M is 11% faster, at 10k 3%.
+# until its line arrives (our reading of why: with them a loop over cold rows gets no more than
+# ~9 ns a line, whatever the prefetch distance); the L2 tracks more misses. bench/memfloor.py: a
+# cold row and its momentum row are updated in ~93 ns against ~122 with prefetchw (Zen 4); the
+# training step at V = 1M is 11% faster, at 10k 3%.
 _prefetch = prefetch_intrinsic(write=False, locality=2)
 
 
