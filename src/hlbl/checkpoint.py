@@ -35,6 +35,7 @@ from safetensors.torch import save_file
 
 from . import atomic
 from .data import DataError, Vocab
+from .errors import CheckpointError
 from .model import LBL, LBLConfig
 from .output import takes_tree
 from .tree import TreeError, WordTree
@@ -43,10 +44,6 @@ RUN_FORMAT = "hlbl-run"
 WEIGHTS_FORMAT = "hlbl-weights"
 STATE_FORMAT = "hlbl-train-state"
 FORMAT_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A run directory or checkpoint file that cannot be used; one line for the user."""
 
 
 def write_json(path: Path, obj: Any) -> None:

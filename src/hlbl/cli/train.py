@@ -1,0 +1,238 @@
+"""``hlbl train`` and ``hlbl eval``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .. import distributed
+from ..checkpoint import load_model, read_run, read_state
+from ..data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus, stream_fingerprint
+from ..evaluate import evaluate
+from ..model import LBL, LBLConfig
+from ..output import OUTPUT_KINDS, takes_tree
+from ..train import ENGINES, OPTIMIZERS, TrainConfig, fit
+from ..tree import build_tree
+from .common import corpus_args, pick_device, run_args, seed_arg, set_threads, with_oov
+
+
+def _differing_split(corpus, vocab, info: dict) -> str | None:
+    """Which split of ``corpus`` is not the text the run was trained on (None: both match).
+
+    Paths may move; the text is what must match. Runs record fingerprints of their encoded train
+    and valid splits; for older runs the vocabulary's exact training counts (cut words summed
+    into ``<unk>``) are compared with the encoded train split instead."""
+    recorded = info.get("data_sha256")
+    if recorded:
+        return next((s for s in ("train", "valid") if stream_fingerprint(corpus[s]) != recorded.get(s)), None)
+    same = np.array_equal(np.bincount(corpus["train"], minlength=len(vocab)), np.asarray(vocab.counts))
+    return None if same else "train"
+
+
+def cmd_train(args) -> int:
+    """Train (under torchrun: one data-parallel process of several; see hlbl.distributed)."""
+    set_threads(args.threads)
+    # 0 is a value, not "unset": --epochs 0 must not mean the default.
+    for flag, value in (("--epochs", args.epochs), ("--max-train-tokens", args.max_train_tokens),
+                        ("--hogwild", args.hogwild)):
+        if value is not None and value < 1:
+            raise DataError(f"{flag} must be at least 1, got {value}")
+    if args.hogwild is not None and args.hogwild > 1 and args.engine == "torch":
+        raise DataError("--hogwild runs threads of the fast engine; --engine torch has none (use --threads)")
+    device = distributed.init_from_env(pick_device(args.device))  # torchrun: join the group, one GPU each
+    if distributed.world_size() > 1 and args.hogwild is not None and args.hogwild > 1:
+        distributed.cleanup(finished=False)
+        raise DataError("--hogwild runs threads of the fast engine, which trains in one process; under torchrun the "
+                        "torch engine runs (use --threads)")
+    try:
+        rc = _train(args, device)
+    except BaseException:
+        distributed.cleanup(finished=False)
+        raise
+    distributed.cleanup()
+    return rc
+
+
+def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple[LBL, Corpus, TrainConfig]:
+    """The run's own model (last weights), vocabulary and recipe; only --epochs may change."""
+    model, vocab, info = load_model(out, which="last")
+    corpus = load_corpus(args.data, vocab=vocab, splits=splits)  # the run's own vocabulary, whatever the flags say now
+    differs = _differing_split(corpus, vocab, info)
+    if differs:
+        raise DataError(f"the {differs} split of --data {args.data} is not the one {out} was trained on "
+                        f"({info['corpus']}); resume with the same corpus")
+    try:
+        cfg = TrainConfig.from_json(info["train"], **({"max_epochs": args.epochs} if args.epochs else {}))
+    except ValueError as e:
+        raise DataError(f"{out / 'run.json'}: bad training config ({e})") from None
+    done = read_state(out / "state.json")
+    if first and done["done"]:
+        print(f"note: {out} had already stopped early (after epoch {done['epoch']}): nothing to train; "
+              "reporting its best weights", file=sys.stderr)
+    elif first and done["epoch"] >= cfg.max_epochs:
+        print(f"note: {out} has {done['epoch']} epochs and --epochs is {cfg.max_epochs}: nothing to train; "
+              "pass a larger --epochs to continue", file=sys.stderr)
+    if first:
+        print(f"resuming {out}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
+              "--hogwild, --device and --threads apply)", file=sys.stderr)
+    return model, corpus, cfg
+
+
+def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, TrainConfig]:
+    """A new model and recipe from the flags; the vocabulary comes from the training split."""
+    if args.tree is not None and not takes_tree(args.output):
+        raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
+    if args.momentum is not None and args.optimizer != "momentum":
+        raise DataError(f"--momentum applies to --optimizer momentum only, not {args.optimizer}")
+    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits)
+    V = len(corpus.vocab)
+    try:
+        mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
+                         output=args.output, init_std=args.init_std)
+        cfg = TrainConfig(lr=args.lr, lr_final=args.lr_final, batch_size=args.batch_size,
+                          max_epochs=args.epochs or TrainConfig.max_epochs, optimizer=args.optimizer,
+                          momentum=TrainConfig.momentum if args.momentum is None else args.momentum,
+                          weight_decay_words=args.weight_decay_words,
+                          weight_decay_other=args.weight_decay, hogwild=args.hogwild,
+                          seed=args.seed, device=device, max_train_tokens=args.max_train_tokens,
+                          progress=not args.quiet)
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    tree = build_tree(args.tree or "random", V, corpus.vocab.counts, args.seed) if takes_tree(args.output) else None
+    model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
+    model.init_unigram(corpus.vocab.counts)
+    return model, corpus, cfg
+
+
+def _train(args, device: str) -> int:
+    first = distributed.rank() == 0  # under torchrun only process 0 prints
+    if args.data is None:
+        if not (args.resume and (Path(args.out) / "run.json").is_file()):
+            raise DataError("--data is needed (it may be left out to --resume a run, which records its corpus)")
+        args.data = read_run(args.out)["corpus"]
+    # A corpus without a test split can still be trained on (the final report skips test).
+    splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file, not a run directory")
+    if out.exists() and any(out.iterdir()) and not args.resume:
+        raise DataError(f"{out} is not empty; choose a new --out, pass --resume, or delete it")
+    resuming = args.resume and (out / "run.json").exists() and (out / "state.json").exists()
+    if args.resume and not resuming and first:
+        why = "has no finished epoch" if (out / "run.json").exists() else "holds no run"
+        print(f"note: {out} {why}: nothing to resume, starting a new run", file=sys.stderr)
+    if resuming:
+        model, corpus, cfg = _resumed_run(args, out, splits, first)
+    else:
+        model, corpus, cfg = _new_run(args, splits, device)
+    cfg.device = device
+    cfg.engine = args.engine  # like the device, a choice of how to run, not of what is learned
+    cfg.hogwild = args.hogwild
+    if cfg.hogwild > 1:
+        from ..fast import unsupported  # lazily: numba
+
+        why = unsupported(model, cfg=cfg)
+        if why:  # --engine auto would train on the torch engine, which has no Hogwild threads
+            raise DataError(f"--hogwild runs threads of the fast engine, which cannot train this model: {why}")
+    log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    if first:
+        print(f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
+              f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, "
+              f"device {device}", file=sys.stderr)
+    state = fit(model, corpus, cfg, out, resume=resuming, corpus_spec=corpus_record(args.data), log=log)
+    if not first:
+        return 0
+    report = {"valid_perplexity": state["best_valid_ppl"]}
+    if "test" in corpus.splits:
+        test = evaluate(model, corpus["test"], corpus.vocab.eos, device=device)  # fit left the best weights in
+        test = with_oov(test, corpus["test"], corpus.vocab, "test")
+        report.update(test_perplexity=test["perplexity"], test_tokens=test["tokens"], test_oov=test["oov"])
+    else:
+        print("note: the corpus has no test.txt: no test perplexity", file=sys.stderr)
+    print(json.dumps({**report, "run": str(out)}))
+    show_sample(model, corpus, device, args.seed)
+    return 0
+
+
+def show_sample(model: LBL, corpus, device: str, seed: int) -> None:
+    """Print the top next words for a test (else valid) context and a short sample continuing it."""
+    vocab, n = corpus.vocab, model.config.context
+    test = corpus["test" if "test" in corpus.splits else "valid"]
+    prompt = [vocab.eos] * max(0, n - len(test)) + [int(i) for i in test[:n]]  # a test split may be shorter
+    lp, idx = model.topk(torch.tensor([prompt], device=device), 5)
+    nxt = ", ".join(f"{vocab.words[i]} {p:.3f}" for p, i in zip(lp[0].exp().tolist(), idx[0].tolist()))
+    print(f"context: {' '.join(vocab.decode(prompt))} -> {nxt}")
+    sample = model.generate(prompt, 20, vocab.eos, torch.Generator().manual_seed(seed))
+    print(f"sample: {' '.join(vocab.decode(prompt))} | {' '.join(vocab.decode(sample))}")
+
+
+def cmd_eval(args) -> int:
+    set_threads(args.threads)
+    device = pick_device(args.device)
+    model, vocab, info = load_model(args.run, which=args.which, device=device)
+    if args.weight != "auto" and not args.interpolate:
+        raise DataError("--weight is the mixture weight of --interpolate; give the n-gram model with --interpolate")
+    tune = args.interpolate and str(args.weight).strip().lower() == "auto"
+    needed = {args.split} | ({"valid"} if tune else set())  # valid: to tune the mixture weight
+    corpus = load_corpus(args.data or info["corpus"], vocab=vocab, splits=tuple(needed))
+    if args.interpolate:  # mixture with an n-gram model (hlbl.ngram)
+        from ..ngram.commands import interpolated_report
+
+        report = interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device)
+    else:
+        report = evaluate(model, corpus[args.split], vocab.eos, device=device)
+    print(json.dumps(with_oov(report, corpus[args.split], vocab, args.split)))
+    return 0
+
+
+def add_commands(sub) -> None:
+
+    d = TrainConfig()
+    m = {f.name: f.default for f in fields(LBLConfig) if f.name != "vocab_size"}
+    t = sub.add_parser("train", help="train a model and report valid/test perplexity")
+    corpus_args(t, "; with --resume, the run's own by default")
+    t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
+    t.add_argument("--output", choices=OUTPUT_KINDS, default="tree", help="output layer: tree = HLBL, flat = LBL")
+    t.add_argument("--tree", default=None, help="random (the default), huffman, or a tree file (JSON/npz); tree output only")
+    t.add_argument("--dim", type=int, default=m["dim"], help="feature vector size")
+    t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
+    t.add_argument("--full-context", action="store_true", help="full d x d context matrices C_i")
+    t.add_argument("--init-std", type=float, default=m["init_std"], help="std of the Gaussian initial weights")
+    t.add_argument("--epochs", type=int, default=None, help=f"maximum epochs (default {d.max_epochs}; early stopping ends sooner)")
+    t.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per SGD step")
+    t.add_argument("--lr", type=float, default=d.lr, help="learning rate per example (gradients are summed over a batch)")
+    t.add_argument("--lr-final", type=float, default=d.lr_final, help="learning rate after validation perplexity first rises")
+    t.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer,
+                   help="momentum = SGD with momentum (the recipe), sgd = plain SGD; adam/adagrad use the torch engine")
+    t.add_argument("--momentum", type=float, default=None, help=f"with --optimizer momentum (default {d.momentum})")
+    t.add_argument("--weight-decay-words", type=float, default=d.weight_decay_words,
+                   help="L2 penalty per example on the word feature vectors R")
+    t.add_argument("--weight-decay", type=float, default=d.weight_decay_other,
+                   help="L2 penalty per example on the other weights (C, node vectors; never biases)")
+    t.add_argument("--engine", choices=ENGINES, default=d.engine,
+                   help="fast = numba CPU kernels (tree output, SGD/momentum), torch = autograd (GPU, any model); auto picks fast where it applies")
+    t.add_argument("--hogwild", type=int, default=d.hogwild,
+                   help="threads of the fast engine; 1 is bit-reproducible, more run lock-free Hogwild steps")
+    t.add_argument("--seed", type=seed_arg, default=0, help="initial weights and example order")
+    t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    t.add_argument("--threads", type=int, default=None, help="CPU threads (PyTorch and numba)")
+    t.add_argument("--max-train-tokens", type=int, default=None, help="train on this many tokens only")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint "
+                   "(a new run if it has no finished epoch yet)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
+    t.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", help="perplexity of a trained run on a split (one JSON line)")
+    run_args(e)
+    e.add_argument("--split", choices=("train", "valid", "test"), default="test", help="split to score")
+    e.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
+    e.add_argument("--interpolate", metavar="ARPA", default=None,
+                   help="also mix with this n-gram model: W p_model + (1-W) p_ngram, per token")
+    e.add_argument("--weight", default="auto", help="with --interpolate: W in [0, 1], or auto (tuned on valid)")
+    e.set_defaults(func=cmd_eval)
+

@@ -1,0 +1,105 @@
+"""``hlbl tree stats|make|build``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from ..checkpoint import read_run, read_vocab
+from ..data import DataError, load_corpus, min_count_arg
+from ..tree import TreeError, WordTree, build_tree
+from ..treebuild import DEFAULT_EM_ITERS, DEFAULT_MAX_LEAVES_PER_WORD
+from .common import corpus_args, make_parent, seed_arg, set_threads
+
+
+def cmd_tree_stats(args) -> int:
+    path = Path(args.tree)
+    if path.is_dir():  # a run directory: its own tree (and, without --data, its own counts)
+        if not (path / "tree.json").is_file():
+            raise TreeError(f"{path} is a directory without a tree.json; give a tree file or a run directory")
+        path = path / "tree.json"
+    tree = WordTree.load(path)
+    counts = None
+    if args.data:
+        corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",))
+        if len(corpus.vocab) != tree.num_words:
+            raise TreeError(f"{args.tree}: tree has {tree.num_words} words, the corpus vocabulary {len(corpus.vocab)} "
+                            "(build the vocabulary as for the tree: --min-count / --max-vocab)")
+        counts = corpus.vocab.counts
+    elif path != Path(args.tree):  # a run directory: its vocabulary's training counts
+        counts = read_vocab(path.parent).counts
+        if len(counts) != tree.num_words:
+            raise TreeError(f"{path}: tree has {tree.num_words} words, the run's vocabulary {len(counts)}")
+    print(json.dumps(tree.stats(counts)))
+    return 0
+
+
+def cmd_tree_make(args) -> int:
+    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",))
+    tree = build_tree(args.kind, len(corpus.vocab), corpus.vocab.counts, args.seed)
+    make_parent(args.out)
+    tree.save(args.out)
+    print(json.dumps({"out": args.out, **tree.stats(corpus.vocab.counts)}))
+    return 0
+
+
+def cmd_tree_build(args) -> int:
+    """A learned tree (the paper's Section 5) from the word features of a trained run."""
+    import time
+
+    from ..treebuild import BuildReport, build_tree_from_features, features_from_run, parse_policy
+
+    set_threads(args.threads)
+    if args.max_leaves_per_word is not None and not args.max_leaves_per_word >= 1:
+        raise DataError(f"--max-leaves-per-word must be at least 1 (every word has a leaf), got {args.max_leaves_per_word}")
+    parse_policy(args.policy)  # fail on a bad policy before the feature pass
+    vocab, info = read_vocab(args.run), read_run(args.run)  # the model itself is loaded once, below
+    corpus = load_corpus(args.data or info["corpus"], vocab=vocab, splits=("train",))
+    t0 = time.perf_counter()
+    X, n = features_from_run(args.run, corpus)
+    t1 = time.perf_counter()
+    if (n == 0).mean() > 0.5:
+        print(f"hlbl: warning: {int((n == 0).sum()):,} of {len(n):,} words never occur as a target in the training "
+              "text, so they share one feature vector (the overall mean): is --data the run's corpus?", file=sys.stderr)
+    rep = BuildReport()
+    tree = build_tree_from_features(X, args.policy, args.seed, args.copies, args.em_iters,
+                                    weights=corpus.vocab.counts if args.weighted else None,
+                                    max_leaves=None if args.max_leaves_per_word is None
+                                    else int(args.max_leaves_per_word * len(X)), report=rep)
+    make_parent(args.out)
+    tree.save(args.out)
+    print(json.dumps({"out": args.out, "feature_seconds": round(t1 - t0, 2),
+                      "build_seconds": round(time.perf_counter() - t1, 2), "unseen_words": int((n == 0).sum()),
+                      **rep.to_json(), **tree.stats(corpus.vocab.counts)}))
+    return 0
+
+
+def add_commands(sub) -> None:
+    tr = sub.add_parser("tree", help="word trees: statistics, builders")
+    tsub = tr.add_subparsers(dest="tree_command", required=True)
+    ts = tsub.add_parser("stats", help="Table 1 statistics of a tree (one JSON line)")
+    ts.add_argument("tree", help="tree file (JSON or npz), or a run directory (its tree and training counts)")
+    ts.add_argument("--data", default=None, help="corpus whose training counts weight the averages")
+    ts.add_argument("--max-vocab", type=int, default=None, help="as for hlbl train")
+    ts.add_argument("--min-count", type=min_count_arg, default="auto", help="as for hlbl train")
+    ts.set_defaults(func=cmd_tree_stats)
+    tm = tsub.add_parser("make", help="build a RANDOM or Huffman tree for a corpus")
+    corpus_args(tm)
+    tm.add_argument("--kind", choices=("random", "huffman"), default="random",
+                    help="random permutation halved recursively, or Huffman codes from the training counts")
+    tm.add_argument("--seed", type=seed_arg, default=0, help="the random tree's permutation")
+    tm.add_argument("--out", required=True, help="tree file (.json or .npz)")
+    tm.set_defaults(func=cmd_tree_make)
+    tb = tsub.add_parser("build", help="learned tree from a trained run's word features (paper, Section 5)")
+    tb.add_argument("--from", dest="run", required=True, help="run directory of a trained model (normally HLBL on a RANDOM tree)")
+    tb.add_argument("--policy", default="adaptive", help="balanced, adaptive, or adaptive:EPS (e.g. adaptive:0.4)")
+    tb.add_argument("--copies", type=int, default=1, help="K trees from different seeds joined under new top nodes (xK)")
+    tb.add_argument("--seed", type=seed_arg, default=0, help="EM initialisation (trees differ run to run)")
+    tb.add_argument("--em-iters", type=int, default=DEFAULT_EM_ITERS, help="EM iterations per split")
+    tb.add_argument("--weighted", action="store_true", help="weight words by training frequency in the EM")
+    tb.add_argument("--max-leaves-per-word", type=float, default=None, help=f"leaf budget per tree, in units of V (default {DEFAULT_MAX_LEAVES_PER_WORD})")
+    tb.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
+    tb.add_argument("--threads", type=int, default=None, help="CPU threads")
+    tb.add_argument("--out", required=True, help="tree file (.json or .npz)")
+    tb.set_defaults(func=cmd_tree_build)
