@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from hlbl.kernels import _prefetch, _prefetch_row, prefetch_intrinsic  # noqa: E402
+from hlbl.intrinsics import prefetch as _prefetch, prefetch_intrinsic, prefetch_row as _prefetch_row  # noqa: E402
 from hlbl.memory import prefer_huge_pages  # noqa: E402
 
 

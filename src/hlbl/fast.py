@@ -135,7 +135,7 @@ import torch
 from tqdm import tqdm
 
 from .data import epoch_order
-from .kernels import PHASES, _catch_up, _score, _train_steps
+from .kernels import PHASES, OptState, Params, Workspace, _catch_up, _score, _train_steps
 from .memory import prefer_huge_pages
 from .output import TreeSoftmax
 
@@ -305,16 +305,25 @@ def _row_records(rows: int, threads: int, floats: int) -> tuple[np.ndarray, list
     return rec[:, 0], [rec[:, 1 + r] for r in range(threads)], [as_float[:, 1 + threads + i] for i in range(floats)]
 
 
-def _workspace(B: int, n: int, d: int, K: int, D: int, slot_n: np.ndarray, slot_w: np.ndarray) -> tuple:
+def _workspace(B: int, n: int, d: int, K: int, D: int, slot_n: np.ndarray, slot_w: np.ndarray) -> Workspace:
     """One thread's scratch arrays (the kernels allocate nothing per step), with its CSR slots
-    of the nodes and of the words (see _row_records); see _step."""
+    of the nodes and of the words (see _row_records); shapes in kernels.Workspace."""
     KD, E = K * D, max(B * K * D, B * n)
-    return (np.empty((B, n), np.int32), np.full((B, KD), -1, np.int32), np.empty((B, K), np.int32),
-            np.empty((B, d), np.float32), np.empty((B, d), np.float32), np.zeros((B, KD), np.float32),
-            np.empty((B, K)), np.empty(B), np.empty((n, d), np.float32), slot_n, slot_w,
-            *(np.empty(E + 1, np.int64) for _ in range(9)),  # uniq, start, ent (x2), cursor, order (x2)
-            *(np.empty(B + 2, np.int64) for _ in range(4)),  # first, off (x2): see kernels._by_block
-            np.empty(d, np.float32), np.empty(0, np.float32))
+
+    def entries() -> np.ndarray:
+        return np.empty(E + 1, np.int64)
+
+    def blocks() -> np.ndarray:
+        return np.empty(B + 2, np.int64)
+
+    return Workspace(
+        ctx=np.empty((B, n), np.int32), keys=np.full((B, KD), -1, np.int32), plen=np.empty((B, K), np.int32),
+        h=np.empty((B, d), np.float32), dh=np.empty((B, d), np.float32), gs=np.zeros((B, KD), np.float32),
+        plp=np.empty((B, K)), nll=np.empty(B), gC=np.empty((n, d), np.float32), slot_n=slot_n, slot_w=slot_w,
+        uniq_n=entries(), start_n=entries(), ent_n=entries(), uniq_w=entries(), start_w=entries(), ent_w=entries(),
+        cursor=entries(), order_n=entries(), order_w=entries(),
+        first_n=blocks(), off_n=blocks(), first_w=blocks(), off_w=blocks(),
+        g=np.empty(d, np.float32), empty=np.empty(0, np.float32))
 
 
 def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg, epoch: int,
@@ -362,8 +371,8 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     bias_mu = opt.hyper["qb"][1] != 0.0
     if bias_mu:
         bias_buf[:] = opt.buf["qb"]
-    params = (R, opt.buf["R"], C, opt.buf["C"], Q, opt.buf["Q"], bias, bias_buf)
-    state = (opt.matrix, P["R"], P["Q"], P["qb"], last_w, last_n)
+    params = Params(R=R, Rbuf=opt.buf["R"], C=C, Cbuf=opt.buf["C"], Q=Q, Qbuf=opt.buf["Q"], qb=bias, qbbuf=bias_buf)
+    state = OptState(hyper=opt.matrix, P_words=P["R"], P_other=P["Q"], P_bias=P["qb"], last_w=last_w, last_n=last_n)
     K, D = paths.shape[1], int(model.out.tree.leaf_depth.max())
     works = [_workspace(B, n, d, K, D, slots_n[r], slots_w[r]) for r in range(T)]
     clocks = np.zeros((T, len(PHASES)), np.int64)
@@ -384,7 +393,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
             bar.update(int(sum(min(B, len(order) - (t - 1) * B) for t in part)))
         return total
 
-    empty = works[0][-1]
+    empty = works[0].empty
 
     def catch_up_all(r: int) -> None:
         """Thread r's share of the end-of-epoch catch-up (rows are independent)."""

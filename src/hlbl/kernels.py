@@ -11,105 +11,89 @@ Shapes are given in each docstring.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit, prange
+
+from .intrinsics import CACHE_LINE
+from .intrinsics import claim as _claim
+from .intrinsics import cycles as _cycles
+from .intrinsics import prefetch as _prefetch
+from .intrinsics import prefetch_row as _prefetch_row
 
 # Vectorised float reductions and FMAs; never approximate functions ('afn') or assume no NaN/inf.
 _FM = {"reassoc", "contract", "nsz"}
 
 
-# ---- helpers -------------------------------------------------------------------------------
-
-_AHEAD = 6  # rows prefetched ahead in row loops: random rows of a large table miss the caches
+# ---- bundles and constants -------------------------------------------------------------------
 
 
-def prefetch_intrinsic(write: bool, locality: int):
-    """A numba intrinsic ``f(arr, row, off)`` hinting the CPU to fetch the cache line at byte ``off``
-    of ``arr[row]`` (any ndim >= 1): LLVM's ``llvm.prefetch`` (opaque-pointer name, as in the LLVM
-    of the pinned numba; numba has no prefetch). ``locality`` 3..0 is prefetcht0 (into L1), t1
-    (L2), t2, nta on x86; ``write`` asks for the line in writable state (prefetchw, whatever
-    the locality)."""
+class Params(NamedTuple):
+    """The parameters a step updates and their momentum buffers (a buffer is the parameter itself,
+    never touched, where its group has no momentum). float32, C-contiguous; shared by threads."""
 
-    @intrinsic
-    def prefetch(typingctx, arr, row, off):
-        sig = types.void(arr, row, off)
-
-        def codegen(context, builder, signature, args):
-            aryty = signature.args[0]
-            ary = context.make_array(aryty)(context, builder, args[0])
-            zero = context.get_constant(types.intp, 0)
-            row = context.cast(builder, args[1], signature.args[1], types.intp)
-            off = context.cast(builder, args[2], signature.args[2], types.intp)
-            ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
-                                            strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
-                                            inds=[row] + [zero] * (aryty.ndim - 1))
-            i8p = ir.IntType(8).as_pointer()
-            i32 = ir.IntType(32)
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                                "llvm.prefetch.p0")
-            addr = builder.gep(builder.bitcast(ptr, i8p), [off])
-            builder.call(fn, [addr, ir.Constant(i32, int(write)), ir.Constant(i32, locality), ir.Constant(i32, 1)])
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return prefetch
+    R: np.ndarray  # (V, d) context word vectors
+    Rbuf: np.ndarray  # (V, d)
+    C: np.ndarray  # (n, d) diagonal context weights, one row per context position
+    Cbuf: np.ndarray  # (n, d)
+    Q: np.ndarray  # (N, d) tree node vectors
+    Qbuf: np.ndarray  # (N, d)
+    qb: np.ndarray  # (N,) node biases (strided views of the node records, see fast._row_records)
+    qbbuf: np.ndarray  # (N,)
 
 
-# Every prefetch of the engine is a read into L2 (prefetcht1). Without prefetches a loop over
-# random rows of a big table (V = 1M: 400 MB) waits for memory row after row. Why L2: a prefetch
-# into L1 or for writing (prefetcht0, prefetchw) holds one of the core's few L1 miss buffers
-# until its line arrives (our reading of why: with them a loop over cold rows gets no more than
-# ~9 ns a line, whatever the prefetch distance); the L2 tracks more misses. bench/memfloor.py: a
-# cold row and its momentum row are updated in ~93 ns against ~122 with prefetchw (Zen 4); the
-# training step at V = 1M is 11% faster, at 10k 3%.
-_prefetch = prefetch_intrinsic(write=False, locality=2)
+class OptState(NamedTuple):
+    """The optimiser's hyperparameters and lazy-update state (``hlbl.fast`` module docstring)."""
+
+    hyper: np.ndarray  # (3, 3) float64: (lr, momentum, weight decay) of the groups R, (C and Q), qb
+    P_words: np.ndarray  # (steps+1, 2, 2) float64: A^k, the gradient-free step of R's group
+    P_other: np.ndarray  # (steps+1, 2, 2): the same for C and Q's group
+    P_bias: np.ndarray  # (steps+1, 2, 2): the same for the node biases
+    last_w: np.ndarray  # (V,) int32: the step each word row is up to date with (strided view)
+    last_n: np.ndarray  # (N,) int32: the same for node rows
 
 
-@intrinsic
-def _claim(typingctx, arr, idx, seen, new):
-    """Atomically set ``arr[idx]`` to ``new`` if it still holds ``seen``; True if it did (LLVM's
-    ``cmpxchg``, which numba does not expose). Hogwild threads claim a row's step stamp with it,
-    so that only one of them applies the steps the row skipped."""
-    sig = types.boolean(arr, idx, seen, new)
+class Workspace(NamedTuple):
+    """One thread's scratch arrays for a step of up to B examples (the kernels allocate nothing per
+    step); KD = K * D path slots per example, E = max(B * KD, B * n) (example, row) entries."""
 
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        i = context.cast(builder, args[1], signature.args[1], types.intp)
-        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
-                                        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
-                                        inds=[i])
-        old = context.cast(builder, args[2], signature.args[2], aryty.dtype)
-        val = context.cast(builder, args[3], signature.args[3], aryty.dtype)
-        return builder.extract_value(builder.cmpxchg(ptr, old, val, "monotonic"), 1)
-
-    return sig, codegen
-
-
-@intrinsic
-def _cycles(typingctx):
-    """The CPU's cycle counter (LLVM's ``readcyclecounter``: rdtsc on x86; 0 where there is none),
-    for the per-phase profile of a step (``_step``'s ``clock``; ``bench/phases.py``)."""
-    sig = types.int64()
-
-    def codegen(context, builder, signature, args):
-        fn = builder.module.declare_intrinsic("llvm.readcyclecounter", fnty=ir.FunctionType(ir.IntType(64), []))
-        return builder.call(fn, [])
-
-    return sig, codegen
+    ctx: np.ndarray  # (B, n) int32: context word ids (_gather)
+    keys: np.ndarray  # (B, KD) int32: node ids on the target's paths, -1 where none (_gather)
+    plen: np.ndarray  # (B, K) int32: path lengths, -1 where no path (_gather)
+    h: np.ndarray  # (B, d) float32: predicted vectors
+    dh: np.ndarray  # (B, d) float32: dLoss/dh
+    gs: np.ndarray  # (B, KD) float32: node signs, then dLoss/dscore (_forward_backward)
+    plp: np.ndarray  # (B, K) float64: log P of each path
+    nll: np.ndarray  # (B,) float64: each example's NLL
+    gC: np.ndarray  # (n, d) float32: gradient of C
+    slot_n: np.ndarray  # (N,) int32: this thread's CSR slots of the nodes (fast._row_records)
+    slot_w: np.ndarray  # (V,) int32: the same for the words
+    uniq_n: np.ndarray  # (E+1,) int64: _csr's output for the nodes ...
+    start_n: np.ndarray  # (E+1,) int64
+    ent_n: np.ndarray  # (E+1,) int64
+    uniq_w: np.ndarray  # (E+1,) int64: ... and for the context words
+    start_w: np.ndarray  # (E+1,) int64
+    ent_w: np.ndarray  # (E+1,) int64
+    cursor: np.ndarray  # (E+1,) int64: _csr's scratch
+    order_n: np.ndarray  # (E+1,) int64: _by_block's output for the nodes ...
+    order_w: np.ndarray  # (E+1,) int64: ... and for the words
+    first_n: np.ndarray  # (B+2,) int64
+    off_n: np.ndarray  # (B+2,) int64
+    first_w: np.ndarray  # (B+2,) int64
+    off_w: np.ndarray  # (B+2,) int64
+    g: np.ndarray  # (d,) float32: one row's summed gradient
+    empty: np.ndarray  # (0,) float32: "no bias" for _catch_up
 
 
-@njit(inline="always", cache=True)
-def _prefetch_row(W, j):
-    """Prefetch row j of a float32 (., d) array."""
-    for off in range(0, W.shape[1] * 4, 64):
-        _prefetch(W, j, off)
-
+# Prefetch distances: how far ahead of the loop's current item the rows it will read are
+# prefetched. Far enough that a cold row arrives before it is needed, near enough that it is
+# not evicted again (and that the core's miss buffers are not all taken): docs/engine.md.
+ROWS_AHEAD = 6  # rows, in the loops over a step's rows (catch-up, updates)
+POSITIONS_AHEAD = 16  # examples, for a position's token (_gather: first of two dependent reads)
+PATHS_AHEAD = 6  # examples, for the target's path record (_gather: the second read)
+ENTRIES_AHEAD = 64  # (example, row) entries, for a row's CSR slot (_csr)
+SCORE_CHUNK = 256  # positions per parallel task of _score
 
 # A path's log-probability is accumulated as a float64 product of sigmoids, with one log per
 # path (and whenever the product gets small), instead of a log1p per node: the same value to
@@ -140,6 +124,37 @@ def _accumulate(z, sz, e, acc, prod):
     else:
         acc += z - math.log1p(e)  # exact log sigmoid(z) for very negative z
     return acc, prod
+
+
+@njit(inline="always", cache=True)
+def _path_log_prob(zs, dep, derivative):
+    """log P(path) = sum_{t < dep} log sigmoid(zs[t]) for the signed scores zs[t] = sign_t * (h . q_t
+    + b_t) (float64) of the path's nodes. If ``derivative`` (a constant at each call site), zs[t]
+    is overwritten with sigmoid(-zs[t]), the derivative of log sigmoid at zs[t], which training
+    multiplies into the node's gradient. The one path log-probability of the engine, for training
+    and scoring. (Scoring passes False rather than ignoring the stores: with them LLVM rounds the
+    scorer's float64 chain differently, by an ulp.)"""
+    acc, prod = 0.0, 1.0
+    for t in range(dep):
+        z = zs[t]
+        sz, snz, e = _sigmoids(z)
+        acc, prod = _accumulate(z, sz, e, acc, prod)
+        if derivative:
+            zs[t] = snz
+    return acc + math.log(prod)
+
+
+@njit(inline="always", cache=True)
+def _log_sum_exp(lp):
+    """log sum_k exp(lp[k]) over a target's paths, lp (K,) float64 (-inf: no path k): log P(word)."""
+    best = -np.inf
+    for k in range(lp.shape[0]):
+        best = max(best, lp[k])
+    tot = 0.0
+    for k in range(lp.shape[0]):
+        if lp[k] > -np.inf:
+            tot += math.exp(lp[k] - best)  # <= 1 each: no overflow
+    return best + math.log(tot)
 
 
 @njit(inline="always", fastmath=_FM, cache=True)
@@ -177,11 +192,11 @@ def _gather(stream, pos, pad, paths, ctx, keys, sign, plen):
     for b in range(B):
         # Two dependent random reads per example (position -> token -> its paths, 128 bytes a
         # code): each is fetched a few examples ahead, as the path table is 128 MB at V = 1M.
-        if b + 16 < B:
-            _prefetch(stream, pos[b + 16], 0)
-        if b + 6 < B:
-            wa = stream[pos[b + 6]]
-            for off in range(0, K * W * 4, 64):
+        if b + POSITIONS_AHEAD < B:
+            _prefetch(stream, pos[b + POSITIONS_AHEAD], 0)
+        if b + PATHS_AHEAD < B:
+            wa = stream[pos[b + PATHS_AHEAD]]
+            for off in range(0, K * W * 4, CACHE_LINE):
                 _prefetch(paths, wa, off)
         p = pos[b]
         for i in range(n):
@@ -225,7 +240,6 @@ def _forward_backward(R, C, Q, qb, ctx, keys, plen, h, dh, gs, plp, nll, gC):
             w = ctx[b, i]
             for k in range(d):
                 hb[k] += C[i, k] * R[w, k]
-        best = -np.inf
         for c in range(K):
             if plen[b, c] < 0:
                 plp[b, c] = -np.inf
@@ -236,20 +250,10 @@ def _forward_backward(R, C, Q, qb, ctx, keys, plen, h, dh, gs, plp, nll, gC):
                 for k in range(d):
                     s += hb[k] * Q[j, k]
                 zs[t] = gs[b, c * D + t] * (np.float64(s) + qb[j])
-            acc, prod = 0.0, 1.0
+            plp[b, c] = _path_log_prob(zs, plen[b, c], True)
             for t in range(plen[b, c]):
-                z = zs[t]
-                sz, snz, e = _sigmoids(z)
-                acc, prod = _accumulate(z, sz, e, acc, prod)
-                gs[b, c * D + t] *= snz  # d log P(path) / d score = sign * sigmoid(-z)
-            lp = acc + math.log(prod)
-            plp[b, c] = lp
-            best = max(best, lp)
-        tot = 0.0
-        for c in range(K):
-            if plp[b, c] > -np.inf:
-                tot += math.exp(plp[b, c] - best)
-        logp = best + math.log(tot)
+                gs[b, c * D + t] *= zs[t]  # d log P(path) / d score = sign * sigmoid(-z)
+        logp = _log_sum_exp(plp[b])
         nll[b] = -logp
         dhb = dh[b]
         for k in range(d):
@@ -281,8 +285,9 @@ def _csr(keys, slot, uniq, start, cursor, ent):
     nu = 0
     start[0] = 0
     for e in range(keys.shape[0]):
-        if e + 64 < keys.shape[0] and keys[e + 64] >= 0:  # slot[] is random access into V or N records
-            _prefetch(slot, keys[e + 64], 0)
+        # slot[] is random access into V or N records
+        if e + ENTRIES_AHEAD < keys.shape[0] and keys[e + ENTRIES_AHEAD] >= 0:
+            _prefetch(slot, keys[e + ENTRIES_AHEAD], 0)
         key = keys[e]
         if key < 0:
             continue
@@ -387,14 +392,14 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
     Hogwild threads, a thread that reaches the same row then finds nothing left to apply.
     """
     has_bias = bias.shape[0] > 0
-    for r in range(min(_AHEAD, rows.shape[0])):  # the first rows: the loop prefetches _AHEAD on
+    for r in range(min(ROWS_AHEAD, rows.shape[0])):  # the first rows: the loop prefetches ROWS_AHEAD on
         _prefetch_row(W, rows[r])
         if mu != 0.0:
             _prefetch_row(Wbuf, rows[r])
         _prefetch(last, rows[r], 0)
     for r in range(rows.shape[0]):
-        if r + _AHEAD < rows.shape[0]:
-            ja = rows[r + _AHEAD]
+        if r + ROWS_AHEAD < rows.shape[0]:
+            ja = rows[r + ROWS_AHEAD]
             _prefetch_row(W, ja)
             if mu != 0.0:
                 _prefetch_row(Wbuf, ja)
@@ -411,8 +416,8 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
             continue
         gap = S - L
         # A^gap is exact to float64 rounding; its entries are rounded to float32 once per row, as
-        # the row is float32: float64 arithmetic over the row (widen, multiply, narrow) made the
-        # whole step ~6% slower at V = 1M and 2% at 10k (torch's own steps are float32 too).
+        # the row is float32 (torch's own steps are float32 too): float64 arithmetic over the row
+        # (widen, multiply, narrow) costs more than it is worth (docs/engine.md).
         a00, a01 = np.float32(P[gap, 0, 0]), np.float32(P[gap, 0, 1])
         a10, a11 = np.float32(P[gap, 1, 0]), np.float32(P[gap, 1, 1])
         if mu != 0.0:
@@ -440,9 +445,9 @@ def _update_nodes(us, uniq, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, la
     d = Q.shape[1]
     nu = us.shape[0]
     for x in range(nu):
-        if x + _AHEAD < nu:
-            _prefetch_row(Q, uniq[us[x + _AHEAD]])
-            _prefetch_row(Qbuf, uniq[us[x + _AHEAD]])
+        if x + ROWS_AHEAD < nu:
+            _prefetch_row(Q, uniq[us[x + ROWS_AHEAD]])
+            _prefetch_row(Qbuf, uniq[us[x + ROWS_AHEAD]])
         u = us[x]
         j = uniq[u]
         y0 = start[u]
@@ -477,9 +482,9 @@ def _update_words(us, uniq, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
     n, d = C.shape
     nu = us.shape[0]
     for x in range(nu):
-        if x + _AHEAD < nu:
-            _prefetch_row(R, uniq[us[x + _AHEAD]])
-            _prefetch_row(Rbuf, uniq[us[x + _AHEAD]])
+        if x + ROWS_AHEAD < nu:
+            _prefetch_row(R, uniq[us[x + ROWS_AHEAD]])
+            _prefetch_row(Rbuf, uniq[us[x + ROWS_AHEAD]])
         u = us[x]
         j = uniq[u]
         y0 = start[u]
@@ -530,49 +535,50 @@ def _by_block(uniq, nu, start, ent, per_block, nb, first, off, order):
 
 @njit(fastmath=_FM, cache=True)
 def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
-    """One exact minibatch step (step number t >= 1) in blocks of S examples; returns the summed NLL.
-    Adds the cycles spent in each phase to ``clock`` (PHASES; a few dozen cycles per block).
+    """One exact minibatch step (step number t >= 1) on the examples at positions ``pos`` (B,) of
+    ``stream``, in blocks of S examples; returns the summed NLL. ``params`` (Params) and ``opt``
+    (OptState) are updated in place; ``work`` (Workspace) has room for a full batch (rows >= B are
+    stale). Adds the cycles spent in each phase to ``clock`` (PHASES; a few dozen cycles per block).
 
     Every row the batch reads is caught up just before the first block that reads it and takes
-    its step just after the last one (``_by_block``). At V = 1M most rows are read by one
+    its step just after the last one (``_by_block``). At large V most rows are read by one
     example only, so a row is fetched from memory once and then served from L2 while its
-    block computes and steps it, instead of once per phase over the whole batch (whose ~6 MB
-    of rows fit no per-core cache). The step is the same for any S, to the bit: each row still
-    sums its gradient in example order, and no row changes before the last example reading it.
+    block computes and steps it, instead of once per phase over the whole batch (whose rows
+    fit no per-core cache). The step is the same for any S, to the bit: each row still sums its
+    gradient in example order, and no row changes before the last example reading it.
     """
-    R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf = params
-    hyper, P_words, P_other, P_bias, last_w, last_n = opt
-    (ctx, keys, plen, h, dh, gs, plp, nll, gC, slot_n, slot_w, uniq_n, start_n, ent_n, uniq_w, start_w, ent_w, cursor,
-     order_n, order_w, first_n, off_n, first_w, off_w, g, empty) = work
-    B = pos.shape[0]  # work arrays have room for a full batch; rows >= B are stale
-    n, d = C.shape
-    KD = keys.shape[1]
+    P, O, W = params, opt, work  # short names for the bundles: P.R is params.R, W.ctx is work.ctx
+    hyper = O.hyper  # rows: R's group, C and Q's group, the biases; columns: lr, momentum, decay
+    B = pos.shape[0]
+    n, d = P.C.shape
+    KD = W.keys.shape[1]
     c0 = _cycles()
-    _gather(stream, pos, pad, paths, ctx, keys, gs, plen)  # gs: the signs, for now
-    nu_n = _csr(keys.ravel()[: B * KD], slot_n, uniq_n, start_n, cursor, ent_n)
-    nu_w = _csr(ctx.ravel()[: B * n], slot_w, uniq_w, start_w, cursor, ent_w)
+    _gather(stream, pos, pad, paths, W.ctx, W.keys, W.gs, W.plen)  # gs: the signs, for now
+    nu_n = _csr(W.keys.ravel()[: B * KD], W.slot_n, W.uniq_n, W.start_n, W.cursor, W.ent_n)
+    nu_w = _csr(W.ctx.ravel()[: B * n], W.slot_w, W.uniq_w, W.start_w, W.cursor, W.ent_w)
     nb = (B + S - 1) // S
-    _by_block(uniq_n, nu_n, start_n, ent_n, S * KD, nb, first_n, off_n, order_n)
-    _by_block(uniq_w, nu_w, start_w, ent_w, S * n, nb, first_w, off_w, order_w)
-    gC[:] = 0.0
+    _by_block(W.uniq_n, nu_n, W.start_n, W.ent_n, S * KD, nb, W.first_n, W.off_n, W.order_n)
+    _by_block(W.uniq_w, nu_w, W.start_w, W.ent_w, S * n, nb, W.first_w, W.off_w, W.order_w)
+    W.gC[:] = 0.0
     c1 = _cycles()
     clock[0] += c1 - c0
     for s in range(nb):
         b0, b1 = s * S, min(B, (s + 1) * S)
         # The rows this block reads first must hold their step t-1 values: decay and momentum
         # moved them while no batch touched them.
-        _catch_up(uniq_n[first_n[s] : first_n[s + 1]], Q, Qbuf, qb, qbbuf, last_n, t - 1, P_other,
-                  hyper[1, 1], P_bias, hyper[2, 1])
-        _catch_up(uniq_w[first_w[s] : first_w[s + 1]], R, Rbuf, empty, empty, last_w, t - 1, P_words,
-                  hyper[0, 1], P_bias, 0.0)
+        _catch_up(W.uniq_n[W.first_n[s] : W.first_n[s + 1]], P.Q, P.Qbuf, P.qb, P.qbbuf, O.last_n, t - 1,
+                  O.P_other, hyper[1, 1], O.P_bias, hyper[2, 1])
+        _catch_up(W.uniq_w[W.first_w[s] : W.first_w[s + 1]], P.R, P.Rbuf, W.empty, W.empty, O.last_w, t - 1,
+                  O.P_words, hyper[0, 1], O.P_bias, 0.0)
         c2 = _cycles()
-        _forward_backward(R, C, Q, qb, ctx[b0:b1], keys[b0:b1], plen[b0:b1], h[b0:b1], dh[b0:b1], gs[b0:b1],
-                          plp[b0:b1], nll[b0:b1], gC)
+        _forward_backward(P.R, P.C, P.Q, P.qb, W.ctx[b0:b1], W.keys[b0:b1], W.plen[b0:b1], W.h[b0:b1], W.dh[b0:b1],
+                          W.gs[b0:b1], W.plp[b0:b1], W.nll[b0:b1], W.gC)
         c3 = _cycles()
-        _update_nodes(order_n[off_n[s] : off_n[s + 1]], uniq_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb,
-                      qbbuf, hyper, last_n, t, g)
+        _update_nodes(W.order_n[W.off_n[s] : W.off_n[s + 1]], W.uniq_n, W.start_n, W.ent_n, KD, W.gs.ravel(), W.h,
+                      P.Q, P.Qbuf, P.qb, P.qbbuf, hyper, O.last_n, t, W.g)
         c4 = _cycles()
-        _update_words(order_w[off_w[s] : off_w[s + 1]], uniq_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)
+        _update_words(W.order_w[W.off_w[s] : W.off_w[s + 1]], W.uniq_w, W.start_w, W.ent_w, P.C, W.dh, P.R, P.Rbuf,
+                      hyper, O.last_w, t, W.g)
         c5 = _cycles()
         clock[1] += c2 - c1
         clock[2] += c3 - c2
@@ -580,15 +586,16 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
         clock[4] += c5 - c4
         c1 = c5
     for i in range(n):
-        _sgd_row(C[i], Cbuf[i], gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
+        _sgd_row(P.C[i], P.Cbuf[i], W.gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
     clock[5] += nu_n + nu_w
-    return nll[:B].sum()
+    return W.nll[:B].sum()
 
 
 @njit(nogil=True, cache=True)
 def _train_steps(steps, order, B, stream, pad, params, paths, opt, work, S, clock):
     """Steps ``steps`` (step t trains on order[(t-1)B : tB], in blocks of S) in sequence; returns the
-    summed NLL. ``clock`` (6,) int64 accumulates the cycles of each phase and the rows touched (PHASES).
+    summed NLL. ``params``, ``opt``, ``work``: see _step. ``clock`` (6,) int64 accumulates the
+    cycles of each phase and the rows touched (PHASES).
 
     Releases the GIL, so several Python threads can run it on disjoint steps (Hogwild).
     """
@@ -609,7 +616,7 @@ def _score(stream, pad, R, C, Q, qb, paths, out):
     N = stream.shape[0]
     n, d = C.shape
     K = paths.shape[1]
-    chunk = 256
+    chunk = SCORE_CHUNK
     for c in prange((N + chunk - 1) // chunk):
         h = np.empty(d, dtype=np.float32)
         plp = np.empty(K)
@@ -626,7 +633,6 @@ def _score(stream, pad, R, C, Q, qb, paths, out):
                 for k in range(d):
                     h[k] += C[i, k] * R[w, k]
             target = stream[p]
-            best = -np.inf
             for cc in range(K):
                 dep = paths[target, cc, 0]
                 if dep < 0:
@@ -640,15 +646,5 @@ def _score(stream, pad, R, C, Q, qb, paths, out):
                     for k in range(d):
                         s += h[k] * Q[j, k]
                     zs[t] = sgn * (np.float64(s) + qb[j])
-                acc, prod = 0.0, 1.0
-                for t in range(dep):
-                    sz, _, e = _sigmoids(zs[t])
-                    acc, prod = _accumulate(zs[t], sz, e, acc, prod)
-                lp = acc + math.log(prod)
-                plp[cc] = lp
-                best = max(best, lp)
-            tot = 0.0
-            for cc in range(K):
-                if plp[cc] > -np.inf:
-                    tot += math.exp(plp[cc] - best)
-            out[p] = best + math.log(tot)
+                plp[cc] = _path_log_prob(zs, dep, False)
+            out[p] = _log_sum_exp(plp)
