@@ -57,8 +57,7 @@ def prefetch_intrinsic(write: bool, locality: int):
 # random rows of a big table waits for memory row after row. Why L2 and not L1 or a write
 # prefetch (prefetcht0, prefetchw): those hold one of the core's few L1 miss buffers until the
 # line arrives, which caps how many cold rows a loop can have in flight; the L2 tracks more
-# misses. The measurements behind this choice (bench/memfloor.py, bench/phases.py) are in
-# docs/engine.md.
+# misses. bench/memfloor.py measures the two kinds of prefetch side by side (docs/engine.md).
 prefetch = prefetch_intrinsic(write=False, locality=2)
 
 CACHE_LINE = 64  # bytes

@@ -127,33 +127,32 @@ def _accumulate(z, sz, e, acc, prod):
 
 
 @njit(inline="always", cache=True)
-def _path_log_prob(zs, dep, derivative):
+def _path_log_prob(zs, dep, grad, b, off, derivative):
     """log P(path) = sum_{t < dep} log sigmoid(zs[t]) for the signed scores zs[t] = sign_t * (h . q_t
-    + b_t) (float64) of the path's nodes. If ``derivative`` (a constant at each call site), zs[t]
-    is overwritten with sigmoid(-zs[t]), the derivative of log sigmoid at zs[t], which training
-    multiplies into the node's gradient. The one path log-probability of the engine, for training
-    and scoring. (Scoring passes False rather than ignoring the stores: with them LLVM rounds the
-    scorer's float64 chain differently, by an ulp.)"""
+    + b_t) (float64) of the path's nodes: the one path log-probability of the engine, for training
+    and scoring. If ``derivative`` (a constant at each call site), also grad[b, off + t] *=
+    sigmoid(-zs[t]), the derivative of log sigmoid at zs[t]: training holds the node's sign there
+    and gets d log P(path) / d score, in the same loop (a second pass over the path would cost
+    the step time); scoring passes False, so its code has no such stores. (Arrays and row indices
+    rather than row views: a view made per example costs reference counting in the hot loop.)"""
     acc, prod = 0.0, 1.0
     for t in range(dep):
         z = zs[t]
         sz, snz, e = _sigmoids(z)
         acc, prod = _accumulate(z, sz, e, acc, prod)
         if derivative:
-            zs[t] = snz
+            grad[b, off + t] *= snz
     return acc + math.log(prod)
 
 
 @njit(inline="always", cache=True)
-def _log_sum_exp(lp):
-    """log sum_k exp(lp[k]) over a target's paths, lp (K,) float64 (-inf: no path k): log P(word)."""
-    best = -np.inf
-    for k in range(lp.shape[0]):
-        best = max(best, lp[k])
+def _log_sum_exp(lp, b, best):
+    """log sum_k exp(lp[b, k]) over a target's paths, lp (., K) float64 (-inf: no path k), given
+    ``best`` = max_k lp[b, k] (its callers have it from their path loop): log P(word)."""
     tot = 0.0
-    for k in range(lp.shape[0]):
-        if lp[k] > -np.inf:
-            tot += math.exp(lp[k] - best)  # <= 1 each: no overflow
+    for k in range(lp.shape[1]):
+        if lp[b, k] > -np.inf:
+            tot += math.exp(lp[b, k] - best)  # <= 1 each: no overflow
     return best + math.log(tot)
 
 
@@ -240,6 +239,7 @@ def _forward_backward(R, C, Q, qb, ctx, keys, plen, h, dh, gs, plp, nll, gC):
             w = ctx[b, i]
             for k in range(d):
                 hb[k] += C[i, k] * R[w, k]
+        best = -np.inf
         for c in range(K):
             if plen[b, c] < 0:
                 plp[b, c] = -np.inf
@@ -250,10 +250,11 @@ def _forward_backward(R, C, Q, qb, ctx, keys, plen, h, dh, gs, plp, nll, gC):
                 for k in range(d):
                     s += hb[k] * Q[j, k]
                 zs[t] = gs[b, c * D + t] * (np.float64(s) + qb[j])
-            plp[b, c] = _path_log_prob(zs, plen[b, c], True)
-            for t in range(plen[b, c]):
-                gs[b, c * D + t] *= zs[t]  # d log P(path) / d score = sign * sigmoid(-z)
-        logp = _log_sum_exp(plp[b])
+            # gs[b, c*D + t]: the sign, times sigmoid(-z) = d log P(path) / d score
+            lp = _path_log_prob(zs, plen[b, c], gs, b, c * D, True)
+            plp[b, c] = lp
+            best = max(best, lp)
+        logp = _log_sum_exp(plp, b, best)
         nll[b] = -logp
         dhb = dh[b]
         for k in range(d):
@@ -417,7 +418,8 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
         gap = S - L
         # A^gap is exact to float64 rounding; its entries are rounded to float32 once per row, as
         # the row is float32 (torch's own steps are float32 too): float64 arithmetic over the row
-        # (widen, multiply, narrow) costs more than it is worth (docs/engine.md).
+        # would widen and narrow every element, a cost on the hottest loop for precision that the
+        # float32 row cannot keep.
         a00, a01 = np.float32(P[gap, 0, 0]), np.float32(P[gap, 0, 1])
         a10, a11 = np.float32(P[gap, 1, 0]), np.float32(P[gap, 1, 1])
         if mu != 0.0:
@@ -547,38 +549,49 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
     fit no per-core cache). The step is the same for any S, to the bit: each row still sums its
     gradient in example order, and no row changes before the last example reading it.
     """
-    P, O, W = params, opt, work  # short names for the bundles: P.R is params.R, W.ctx is work.ctx
-    hyper = O.hyper  # rows: R's group, C and Q's group, the biases; columns: lr, momentum, decay
+    # The bundles' arrays as locals, each read from its bundle once per step: numba takes and drops
+    # a reference for every read of a tuple's field, which the block loop below would otherwise
+    # pay on every use.
+    R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf = (params.R, params.Rbuf, params.C, params.Cbuf, params.Q, params.Qbuf,
+                                             params.qb, params.qbbuf)
+    hyper, last_w, last_n = opt.hyper, opt.last_w, opt.last_n  # hyper rows: R, (C and Q), qb; cols: lr, mu, wd
+    P_words, P_other, P_bias = opt.P_words, opt.P_other, opt.P_bias
+    ctx, keys, plen, h, dh, gs, plp, nll, gC = (work.ctx, work.keys, work.plen, work.h, work.dh, work.gs, work.plp,
+                                                 work.nll, work.gC)
+    uniq_n, start_n, ent_n, order_n, first_n, off_n = (work.uniq_n, work.start_n, work.ent_n, work.order_n,
+                                                       work.first_n, work.off_n)
+    uniq_w, start_w, ent_w, order_w, first_w, off_w = (work.uniq_w, work.start_w, work.ent_w, work.order_w,
+                                                       work.first_w, work.off_w)
+    g, empty = work.g, work.empty
     B = pos.shape[0]
-    n, d = P.C.shape
-    KD = W.keys.shape[1]
+    n, d = C.shape
+    KD = keys.shape[1]
     c0 = _cycles()
-    _gather(stream, pos, pad, paths, W.ctx, W.keys, W.gs, W.plen)  # gs: the signs, for now
-    nu_n = _csr(W.keys.ravel()[: B * KD], W.slot_n, W.uniq_n, W.start_n, W.cursor, W.ent_n)
-    nu_w = _csr(W.ctx.ravel()[: B * n], W.slot_w, W.uniq_w, W.start_w, W.cursor, W.ent_w)
+    _gather(stream, pos, pad, paths, ctx, keys, gs, plen)  # gs: the signs, for now
+    nu_n = _csr(keys.ravel()[: B * KD], work.slot_n, uniq_n, start_n, work.cursor, ent_n)
+    nu_w = _csr(ctx.ravel()[: B * n], work.slot_w, uniq_w, start_w, work.cursor, ent_w)
     nb = (B + S - 1) // S
-    _by_block(W.uniq_n, nu_n, W.start_n, W.ent_n, S * KD, nb, W.first_n, W.off_n, W.order_n)
-    _by_block(W.uniq_w, nu_w, W.start_w, W.ent_w, S * n, nb, W.first_w, W.off_w, W.order_w)
-    W.gC[:] = 0.0
+    _by_block(uniq_n, nu_n, start_n, ent_n, S * KD, nb, first_n, off_n, order_n)
+    _by_block(uniq_w, nu_w, start_w, ent_w, S * n, nb, first_w, off_w, order_w)
+    gC[:] = 0.0
     c1 = _cycles()
     clock[0] += c1 - c0
     for s in range(nb):
         b0, b1 = s * S, min(B, (s + 1) * S)
         # The rows this block reads first must hold their step t-1 values: decay and momentum
         # moved them while no batch touched them.
-        _catch_up(W.uniq_n[W.first_n[s] : W.first_n[s + 1]], P.Q, P.Qbuf, P.qb, P.qbbuf, O.last_n, t - 1,
-                  O.P_other, hyper[1, 1], O.P_bias, hyper[2, 1])
-        _catch_up(W.uniq_w[W.first_w[s] : W.first_w[s + 1]], P.R, P.Rbuf, W.empty, W.empty, O.last_w, t - 1,
-                  O.P_words, hyper[0, 1], O.P_bias, 0.0)
+        _catch_up(uniq_n[first_n[s] : first_n[s + 1]], Q, Qbuf, qb, qbbuf, last_n, t - 1, P_other,
+                  hyper[1, 1], P_bias, hyper[2, 1])
+        _catch_up(uniq_w[first_w[s] : first_w[s + 1]], R, Rbuf, empty, empty, last_w, t - 1, P_words,
+                  hyper[0, 1], P_bias, 0.0)
         c2 = _cycles()
-        _forward_backward(P.R, P.C, P.Q, P.qb, W.ctx[b0:b1], W.keys[b0:b1], W.plen[b0:b1], W.h[b0:b1], W.dh[b0:b1],
-                          W.gs[b0:b1], W.plp[b0:b1], W.nll[b0:b1], W.gC)
+        _forward_backward(R, C, Q, qb, ctx[b0:b1], keys[b0:b1], plen[b0:b1], h[b0:b1], dh[b0:b1], gs[b0:b1],
+                          plp[b0:b1], nll[b0:b1], gC)
         c3 = _cycles()
-        _update_nodes(W.order_n[W.off_n[s] : W.off_n[s + 1]], W.uniq_n, W.start_n, W.ent_n, KD, W.gs.ravel(), W.h,
-                      P.Q, P.Qbuf, P.qb, P.qbbuf, hyper, O.last_n, t, W.g)
+        _update_nodes(order_n[off_n[s] : off_n[s + 1]], uniq_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb,
+                      qbbuf, hyper, last_n, t, g)
         c4 = _cycles()
-        _update_words(W.order_w[W.off_w[s] : W.off_w[s + 1]], W.uniq_w, W.start_w, W.ent_w, P.C, W.dh, P.R, P.Rbuf,
-                      hyper, O.last_w, t, W.g)
+        _update_words(order_w[off_w[s] : off_w[s + 1]], uniq_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)
         c5 = _cycles()
         clock[1] += c2 - c1
         clock[2] += c3 - c2
@@ -586,9 +599,9 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
         clock[4] += c5 - c4
         c1 = c5
     for i in range(n):
-        _sgd_row(P.C[i], P.Cbuf[i], W.gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
+        _sgd_row(C[i], Cbuf[i], gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
     clock[5] += nu_n + nu_w
-    return W.nll[:B].sum()
+    return nll[:B].sum()
 
 
 @njit(nogil=True, cache=True)
@@ -619,7 +632,7 @@ def _score(stream, pad, R, C, Q, qb, paths, out):
     chunk = SCORE_CHUNK
     for c in prange((N + chunk - 1) // chunk):
         h = np.empty(d, dtype=np.float32)
-        plp = np.empty(K)
+        plp = np.empty((1, K))  # 2-d for _log_sum_exp
         zs = np.empty(paths.shape[2])
         for p in range(c * chunk, min(N, (c + 1) * chunk)):
             if p + 1 < N:  # the next target's first path, while this one computes
@@ -633,10 +646,11 @@ def _score(stream, pad, R, C, Q, qb, paths, out):
                 for k in range(d):
                     h[k] += C[i, k] * R[w, k]
             target = stream[p]
+            best = -np.inf
             for cc in range(K):
                 dep = paths[target, cc, 0]
                 if dep < 0:
-                    plp[cc] = -np.inf
+                    plp[0, cc] = -np.inf
                     continue
                 # All the path's dot products first (independent, so they overlap in the CPU),
                 # then the scalar chain: faster than one latency-bound node after the other.
@@ -646,5 +660,7 @@ def _score(stream, pad, R, C, Q, qb, paths, out):
                     for k in range(d):
                         s += h[k] * Q[j, k]
                     zs[t] = sgn * (np.float64(s) + qb[j])
-                plp[cc] = _path_log_prob(zs, dep, False)
-            out[p] = _log_sum_exp(plp)
+                lp = _path_log_prob(zs, dep, plp, 0, 0, False)  # (plp: a stand-in, never written)
+                plp[0, cc] = lp
+                best = max(best, lp)
+            out[p] = _log_sum_exp(plp, 0, best)
