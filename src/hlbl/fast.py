@@ -16,7 +16,9 @@ where ``pi_k = P(path k | w, h)`` is the path's posterior share; a node on two o
 gets both contributions.
 
 One step (number t) on a batch of B positions (context n words, dimension d, paths padded to
-K x D), ``_step`` (the numba kernels are in :mod:`hlbl.kernels`; this module drives them):
+K x D), ``_step`` (the numba kernels are in :mod:`hlbl.kernels`; this module drives them, passing
+the parameters, the optimiser state and each thread's scratch arrays as the named tuples
+``kernels.Params``, ``kernels.OptState`` and ``kernels.Workspace``):
 
 1. ``_gather``: the context words, straight from the token stream, and the tree nodes on the
    target's paths (with their directions) -- the rows this step reads and writes.
@@ -35,7 +37,7 @@ K x D), ``_step`` (the numba kernels are in :mod:`hlbl.kernels`; this module dri
 
    No row changes before the last example that reads it, so this is the minibatch step of
    the whole batch, the same to the bit for any S; blocks only keep a row in cache from its
-   catch-up to its step (at V = 1M, 80% of rows are read by a single example).
+   catch-up to its step (with a large vocabulary most rows are read by a single example).
 4. C takes its (dense) step.
 
 Optimiser semantics and laziness. ``torch.optim.SGD`` with momentum ``mu``, weight decay ``wd``
@@ -69,52 +71,35 @@ are written without locks (two threads writing one row at once can lose an eleme
 bit, and it equals the PyTorch path up to float32 rounding. ``fit`` (``engine="fast"``/"auto")
 uses ``TrainConfig.hogwild`` threads, 1 by default, so a seed fixes a run; Hogwild is for callers
 that ask for it (``hlbl train --hogwild N``, the benchmarks).
-Measured trade-offs (PTB, V = 10k, shared 2-core machine): two Hogwild threads learn about as
-much per epoch as the exact path (``bash bench/hogwild.sh``: valid perplexity 229.7 and 231.3
-after 3 epochs in two runs, against 232.3 (224.3 and 222.8 in an earlier pair of runs); 239.4 and 243.4 before steps stopped re-applying
-decay and momentum); per CPU-second they are as efficient as one thread (so they pay off only
-when a second core is actually free).
+Two Hogwild threads learn about as much per epoch as the exact path and are about as efficient
+per CPU-second as one thread, so they pay off only when a second core is actually free
+(``bash bench/hogwild.sh``; figures in docs/engine.md).
 
-Memory-level tuning (profiled per phase by ``bench/phases.py`` at V = 10k and 1M, d = 100,
-batch 1000; the step counts its cycles per phase). At 10k the 15 MB of parameters and momentum
-live in the L3 cache and a step is arithmetic; at 1M a batch touches ~7,700 distinct rows (~3,600
-at 10k), most of them in no cache, and a step waits for memory. So:
+Memory-level design (profiled per phase by ``bench/phases.py``; the step counts its cycles per
+phase). With a small vocabulary the parameters and momentum live in the L3 cache and a step is
+arithmetic; with a large one most of the rows a batch touches are in no cache, and a step waits
+for memory. So:
 
 - Blocks (step 3 above): each row is fetched from memory once, by its catch-up, and is still in
-  the core's caches when its block reads it and steps it. Without blocks a row was fetched three
-  times (catch-up, forward/backward, update), with the batch's ~6 MB of rows in between: at 1M the
-  step takes 2.7 ms instead of 3.0 (at 10k, where every row is in L3 anyway, blocks cost ~2%).
+  the core's caches when its block reads it and steps it, instead of once per phase with the
+  whole batch's rows (more than a core's caches hold) in between.
 - A cold row costs as few cache lines as it can: its step stamp, CSR slots and (for nodes) bias
   and bias momentum share one small record (:func:`_row_records`), and a target's paths are one
   record of :func:`_word_paths`; the forward pass reads only what ``_gather`` collected.
-- Row loops prefetch rows a few iterations ahead (``kernels._prefetch``, LLVM's prefetch
-  intrinsic), ``_gather`` and ``_csr`` their tables and records; the big tables sit on 2 MiB pages
-  (:mod:`hlbl.memory`; +7% at 1M, ``bench/hugepages.py``).
+- Row loops prefetch rows a few iterations ahead (``kernels.ROWS_AHEAD`` and the other
+  distances there; :mod:`hlbl.intrinsics`), ``_gather`` and ``_csr`` their tables and records;
+  the big tables sit on 2 MiB pages (:mod:`hlbl.memory`).
 - Prefetches are reads into L2 (prefetcht1), not write prefetches into L1 (prefetchw): these
-  hold one of the core's few L1 miss buffers each until the line comes, the L2 tracks more
-  misses in flight. The step is 11% faster at 1M (3% at 10k); ``bench/memfloor.py`` updates a
-  cold row and its momentum row in ~93 ns against ~122.
+  hold one of the core's few L1 miss buffers each until the line comes; the L2 tracks more
+  misses in flight.
 - The catch-up's coefficients A^gap (float64) are rounded to float32 once per row, the row being
-  float32: float64 arithmetic over the row made the step 6% slower at 1M (2% at 10k).
+  float32, rather than doing the row's arithmetic in float64.
 
-The catch-up then runs near the machine's rate for cold rows: ~0.65 ms a batch at 1M, ~85 ns a
-row, against ~93 ns in ``bench/memfloor.py`` (~7 ns per 64-byte line, whatever the prefetch
-distance). With row ids folded into a cache-sized range (``bench/phases.py --fold``) the 1M step
-is 1.55 ms of arithmetic (paths of depth 20 against 14 at 10k): memory costs the rest, ~1.1 ms,
-most of it that one cold visit per row.
-
-Tried and dropped, as no faster: catching rows up inside the forward pass; sorting a batch's
-examples by leaf; prefetching the next step's rows during this one (gathered a step ahead, or
-chained through the token: 8-15% slower at 1M), and the next block's rows during this block's
-forward pass (all, half or a quarter of them: 1-4% slower with write prefetches, within 1% with
-L2 read prefetches): a core's miss buffers are the limit, and the forward pass needs them too; L1
-prefetches in the forward pass and the updates, whose rows are in L2 by then; longer or shorter
-prefetch distances; storing each row's parameters and momentum in one record (~15% faster alone
-in ``bench/memfloor.py``, but the same speed in the engine, measured side by side, and torch
-could only see the parameters as strided views);
-stepping the rows a single example uses inside the forward pass (80% of rows at 1M; 5-10%
-slower, the forward loops vectorise worse); plain stores instead of the stamps' compare-and-swap
-with one thread (within 1%).
+Alternatives that were tried and measured no faster: catching rows up inside the forward pass,
+sorting a batch by leaf, prefetching the next step's or the next block's rows, other prefetch
+distances, one record per row for parameters and momentum, stepping single-use rows inside the
+forward pass, plain stores instead of the stamps' compare-and-swap with one thread. docs/engine.md
+says what the benchmarks measure and where their results are.
 
 Scoring (``token_log_probs``) is one parallel pass over the stream, O(K D d) per token.
 
