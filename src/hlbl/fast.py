@@ -109,7 +109,6 @@ Limitations: tree output layer, diagonal context weights, float32 parameters on 
 from __future__ import annotations
 
 import math
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -117,12 +116,12 @@ from typing import Callable
 import numba
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from .data import epoch_order
 from .kernels import PHASES, OptState, Params, Workspace, _catch_up, _score, _train_steps
 from .memory import prefer_huge_pages
 from .output import TreeSoftmax
+from .progress import progress
 
 
 BLOCK = 32  # examples per block of a step (kernels._step): a speed setting, the step is the same
@@ -364,9 +363,7 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
     # cache before the progress bar and the clock start, so neither counts compilation.
     _train_steps(np.empty(0, np.int64), order, B, stream, pad, params, paths, state, works[0], S, clocks[0])
-    bar = tqdm(total=min(len(order), steps * B), unit="w", unit_scale=True, desc=f"epoch {epoch}",
-               disable=None if show else True,  # None: no bar when stderr is not a terminal
-               leave=False, file=sys.stderr, mininterval=1.0)
+    bar = progress(min(len(order), steps * B), f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
     chunk = 16  # steps per kernel call: progress updates without per-step Python overhead
 
     def run(r: int) -> float:

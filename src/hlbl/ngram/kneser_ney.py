@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..data import DataError, Vocab
+from ..progress import progress
 from .model import BOS_WORD, EOS_WORD, NgramModel, arpa_word
 
 # KenLM's --discount_fallback values, used for an order whose counts of counts cannot give
@@ -91,6 +92,8 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
     suffix_of: list[np.ndarray] = [np.zeros(0, np.int64)]
     starts_bos: list[np.ndarray] = [np.arange(base) == bos]
     row_prev = seq  # (T,) row of the unigram ending at each position: the word id itself
+    bar = progress(order, "counting n-grams", "order")  # each order sorts all T windows: minutes on a big corpus
+    bar.update(1)
     for k in range(2, order + 1):
         at = np.flatnonzero(pos >= k - 1)  # windows of length k that stay inside a sentence
         if len(at) == 0:
@@ -108,6 +111,8 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
         row[at] = inv.reshape(-1)
         row_prev = row
         del at, first, inv, cnt
+        bar.update(1)
+    bar.close()
 
     # Adjusted counts: raw at the top order and for n-grams starting with <s> (nothing can
     # precede <s>); otherwise the continuation count N1+(. w_1..w_k) = number of distinct
