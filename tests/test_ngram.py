@@ -476,8 +476,10 @@ def test_cli_train_and_eval(tmp_path, monkeypatch, capsys):
     assert len(lines) == 1
     rep = json.loads(lines[0])
     corpus = load_corpus(data)
-    assert set(rep) == {"perplexity", "tokens", "nll", "oov"} and rep["tokens"] == len(corpus["valid"])
-    assert rep["oov"] == int((corpus["valid"] == corpus.vocab.unk).sum())
+    assert set(rep) == {"perplexity", "tokens", "nll", "oov", "unk_in_text", "blank_lines", "blank_lines_dropped"}
+    assert rep["tokens"] == len(corpus["valid"]) and rep["blank_lines"] == "drop"
+    assert rep["unk_in_text"] == (data / "valid.txt").read_text().split().count("<unk>")
+    assert rep["oov"] + rep["unk_in_text"] == int((corpus["valid"] == corpus.vocab.unk).sum())
     assert rep["perplexity"] == pytest.approx(math.exp(rep["nll"]))
     lp = token_log_probs(read_arpa(out), corpus["valid"], corpus.vocab)
     assert rep["nll"] == pytest.approx(-lp.mean(), rel=1e-12)
@@ -540,7 +542,8 @@ def test_cli_eval_scores_with_the_arpa_vocabulary(tmp_path, monkeypatch, capsys)
     assert len(full.vocab) > len(load_corpus(data).vocab), "the test needs words seen once"
     lp = token_log_probs(read_arpa(out), full["valid"], full.vocab)
     assert rep["nll"] == pytest.approx(-lp.mean(), rel=1e-12)
-    assert rep["oov"] == int((full["valid"] == full.vocab.unk).sum())
+    assert rep["unk_in_text"] == (data / "valid.txt").read_text().split().count("<unk>")
+    assert rep["oov"] + rep["unk_in_text"] == int((full["valid"] == full.vocab.unk).sum())
 
 
 def test_cli_interpolation_refuses_a_foreign_ngram_vocabulary(tmp_path, monkeypatch, capsys):

@@ -150,15 +150,18 @@ def read_state(path: Path) -> dict:
 
 
 def save_run_files(run_dir: Path, model: LBL, vocab: Vocab, train_config: dict, corpus: str,
-                   data_sha256: dict[str, str] | None = None) -> None:
+                   data_sha256: dict[str, str] | None = None, corpus_meta: dict | None = None) -> None:
     """The files that do not change during training: run.json, vocab.json, tree.json.
 
     ``data_sha256``: :func:`hlbl.data.stream_fingerprint` of the splits trained and validated on,
-    so that a resume can check it continues on the same text (a run made without it still loads)."""
+    so that a resume can check it continues on the same text (a run made without it still loads).
+    ``corpus_meta``: :func:`hlbl.data.corpus_meta` (where the corpus was found, its blank-line
+    protocol), recorded beside ``corpus``."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "run.json", {
         "format": RUN_FORMAT, "version": FORMAT_VERSION, "model": model.config.to_json(),
-        "train": train_config, "corpus": corpus, **({"data_sha256": data_sha256} if data_sha256 else {}),
+        "train": train_config, "corpus": corpus, **(corpus_meta or {}),
+        **({"data_sha256": data_sha256} if data_sha256 else {}),
     })
     write_json(run_dir / "vocab.json", vocab.to_json())
     if model.tree is not None:

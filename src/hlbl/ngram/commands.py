@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import DATA_HELP, EOS, UNK, DataError, Vocab, load_corpus, min_count_arg
+from ..data import BLANK_LINES, DATA_HELP, EOS, UNK, DataError, Vocab, load_corpus, min_count_arg
 from .arpa import read_arpa, write_arpa
 from .model import BOS_WORD, EOS_WORD
 from .kneser_ney import train_kneser_ney
@@ -20,13 +20,15 @@ from . import token_log_probs
 from .mixture import interpolate, tune_weight
 
 SPLITS = ("train", "valid", "test")
+BLANK_HELP = ("drop: a blank line is no sentence; keep: every line, blank or not, is a sentence ending in </s> "
+              "(as KenLM reads a file); use the same for train and eval")
 
 
 def cmd_ngram_train(args) -> int:
     if args.order < 1:
         raise DataError(f"--order must be at least 1, got {args.order}")
     t0 = time.perf_counter()
-    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",))
+    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",), blank_lines=args.blank_lines)
     model = train_kneser_ney(corpus["train"], corpus.vocab, args.order)
     t1 = time.perf_counter()
     try:
@@ -59,10 +61,10 @@ def cmd_ngram_eval(args) -> int:
 
     model = read_arpa(args.arpa)
     vocab = arpa_vocab(model)
-    corpus = load_corpus(args.data, vocab=vocab, splits=(args.split,))
-    stream = corpus[args.split]
-    report = perplexity_report(token_log_probs(model, stream, vocab))
-    report["oov"] = int(np.count_nonzero(stream == vocab.unk))  # tokens the model scores as <unk>
+    corpus = load_corpus(args.data, vocab=vocab, splits=(args.split,), blank_lines=args.blank_lines)
+    report = perplexity_report(token_log_probs(model, corpus[args.split], vocab))
+    # oov: words the model scores as its <unk>; unk_in_text: the text's own <unk> tokens; the blank-line protocol
+    report.update(corpus.token_counts(args.split))
     print(json.dumps(report))
     return 0
 
@@ -134,10 +136,12 @@ def add_subcommands(subparsers) -> None:
     t.add_argument("--out", required=True, help="ARPA file to write")
     t.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types (as for hlbl train)")
     t.add_argument("--min-count", type=min_count_arg, default="auto", help="as for hlbl train")
+    t.add_argument("--blank-lines", choices=BLANK_LINES, default="drop", help=BLANK_HELP)
     t.set_defaults(func=cmd_ngram_train)
 
     e = nsub.add_parser("eval", help="perplexity of an ARPA model on a split (one JSON line, as hlbl eval)")
     e.add_argument("arpa", help="ARPA file (from hlbl ngram train, KenLM, SRILM, ...)")
     e.add_argument("--data", required=True, help=DATA_HELP)
     e.add_argument("--split", choices=SPLITS, default="test", help="split to score")
+    e.add_argument("--blank-lines", choices=BLANK_LINES, default="drop", help=BLANK_HELP)
     e.set_defaults(func=cmd_ngram_eval)
