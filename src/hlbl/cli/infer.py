@@ -10,10 +10,10 @@ from typing import Callable
 
 import torch
 
-from ..checkpoint import load_model
+from ..checkpoint import load_model, read_run
 from ..data import DataError
 from ..output import takes_tree
-from .common import pick_device, run_args, seed_arg, set_threads
+from .common import blank_lines_arg, pick_device, run_args, seed_arg, set_threads
 
 
 def _load_for_inference(args):
@@ -114,9 +114,12 @@ def cmd_score(args) -> int:
     from ..scoring import score_report, score_sentences
 
     model, vocab, device = _load_for_inference(args)
-    scores = []
+    protocol = args.blank_lines or read_run(args.run).get("blank_lines", "drop")  # the run's by default
+    scores, dropped = [], 0
     for chunk in _stdin_chunks():
-        sentences = [line for line in chunk if line.strip()]  # blank lines are not sentences
+        # drop: blank lines are not sentences; keep: each is an empty sentence, scored as <eos>
+        sentences = chunk if protocol == "keep" else [line for line in chunk if line.strip()]
+        dropped += len(chunk) - len(sentences)
         for s in score_sentences(model, vocab, sentences, device=device):
             scores.append(s)
             if args.json:
@@ -126,7 +129,7 @@ def cmd_score(args) -> int:
         sys.stdout.flush()  # a program reading our answers line by line gets them now
     if not scores:
         raise DataError("no sentences on standard input")
-    print(json.dumps(score_report(scores)))
+    print(json.dumps({**score_report(scores), "blank_lines": protocol, "blank_lines_dropped": dropped}))
     return 0
 
 
@@ -169,11 +172,13 @@ def add_commands(sub) -> None:
     g.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("score", help="log10 probability of each sentence on stdin, then perplexity (JSON)",
-                       description="Each non-blank stdin line is a sentence, scored independently as its words "
+                       description="Each non-blank stdin line is a sentence (each line, blank or not, with "
+                                   "--blank-lines keep), scored independently as its words "
                                    "plus <eos> from an all-<eos> context; words outside the vocabulary are scored "
                                    "as <unk> and counted. Prints 'log10prob<TAB>tokens<TAB>oov' per sentence "
                                    "(tokens include <eos>), then one JSON line with the totals and perplexity.")
     run_args(s)
+    blank_lines_arg(s, None, "the run's own")
     s.add_argument("--json", action="store_true", help="one JSON object per sentence")
     s.set_defaults(func=cmd_score)
 

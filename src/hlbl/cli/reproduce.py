@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from ..data import DATA_HELP, DataError
+from ..data import DataError
 from ..reproduce import ReproConfig
-from .common import seed_arg, set_threads
+from .common import DATA_HELP, seed_arg, set_threads
 
 
 def _reproduce_command(args) -> str:

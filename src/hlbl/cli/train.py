@@ -239,7 +239,7 @@ def add_commands(sub) -> None:
     run_args(e)
     e.add_argument("--split", choices=("train", "valid", "test"), default="test", help="split to score")
     e.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
-    blank_lines_arg(e, None)
+    blank_lines_arg(e, None, "the run's own")
     e.add_argument("--interpolate", metavar="ARPA", default=None,
                    help="also mix with this n-gram model: W p_model + (1-W) p_ngram, per token")
     e.add_argument("--weight", default="auto", help="with --interpolate: W in [0, 1], or auto (tuned on valid)")

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from ..checkpoint import read_run, read_vocab
-from ..data import DataError, load_corpus, min_count_arg, run_corpus
+from ..data import DataError, load_corpus, run_corpus
 from ..tree import TreeError, WordTree, build_tree
 from ..treebuild import DEFAULT_EM_ITERS, DEFAULT_MAX_LEAVES_PER_WORD
-from .common import corpus_args, make_parent, seed_arg, set_threads
+from .common import corpus_args, make_parent, min_count_arg, seed_arg, set_threads
 
 
 def cmd_tree_stats(args) -> int:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..data import BLANK_LINES, DATA_HELP, EOS, UNK, DataError, Vocab, load_corpus, min_count_arg
+from ..cli.common import DATA_HELP, min_count_arg
+from ..data import BLANK_LINES, EOS, UNK, DataError, Vocab, load_corpus
 from .arpa import read_arpa, write_arpa
 from .model import BOS_WORD, EOS_WORD
 from .kneser_ney import train_kneser_ney
