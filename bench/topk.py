@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from hlbl.checkpoint import load_model
-from hlbl.data import contexts, default_cache_dir, load_corpus
+from hlbl.data import contexts, default_cache_dir, load_corpus, run_corpus
 from hlbl.search import topk_matches, tree_topk
 from hlbl.output import TreeSoftmax
 
@@ -187,7 +187,7 @@ def measure(run: Path, n_contexts: int, repeats: int) -> dict:
     if not isinstance(layer, TreeSoftmax):
         raise SystemExit(f"{run}: not a tree-output model")
     tree = layer.tree
-    corpus = load_corpus(info["corpus"], vocab=vocab)
+    corpus = load_corpus(run_corpus(info), vocab=vocab, blank_lines=info.get("blank_lines", "drop"))
     test = corpus["test"]
     pos = np.unique(np.linspace(0, len(test) - 1, min(n_contexts, len(test))).astype(np.int64))
     ctx = torch.from_numpy(contexts(test, pos, model.config.context, vocab.eos))
