@@ -620,6 +620,8 @@ def publish(run_dir: str | os.PathLike, checkpoint: Path, names: tuple[str, ...]
     try:
         for name in names:
             src, dest = checkpoint / name, run_dir / name
+            if dest.exists() and os.path.samefile(src, dest):
+                continue  # already linked (and rename() between two links of one file does nothing)
             tmp = run_dir / f"{name}.{os.getpid()}-publish.tmp"
             if tmp.exists():
                 tmp.unlink()

@@ -353,11 +353,11 @@ def _start_or_resume(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path
     found = None
     if is_run:
         check_recipe(run_dir, model, corpus.vocab, cfg)
-        if ddp.rank() == 0:
-            removed = ckpt.remove_leftovers(run_dir)
-            if removed:
-                log(f"removed the leftovers of an interrupted write: {', '.join(removed)}")
         found = ckpt.latest_checkpoint(run_dir)
+    if ddp.rank() == 0 and (resume or ckpt.CHECKPOINTS not in {p.name for p in run_dir.iterdir()}):
+        removed = ckpt.remove_leftovers(run_dir)  # (also those of a start stopped before its run.json)
+        if removed:
+            log(f"removed the leftovers of an interrupted write: {', '.join(removed)}")
     resuming = found is not None
     # Every rank must make the same choice (resuming needs run_dir on a filesystem all ranks see);
     # this collective is also the barrier that keeps rank 0 from writing into run_dir before every
