@@ -5,7 +5,8 @@
 Runs ``hlbl train FLAGS --data CORPUS`` once without interruption (the reference), then, for
 each kill point N (default: every file operation of the reference run), a training that ends
 with ``os._exit`` at its Nth file operation (the HLBL_TEST_CRASH_AFTER hook: no cleanup, as
-kill -9), followed by ``hlbl train --resume`` with the same flags. Prints one JSON object: the
+kill -9), or (``kill:N``) that is paused there (HLBL_TEST_PAUSE_AFTER) and killed with a real
+SIGKILL, followed by ``hlbl train --resume`` with the same flags. Prints one JSON object: the
 number of file operations of the reference and, per kill point, the resume's outcome.
 
 Each run is a forked child of this process, which imports torch and hlbl once and never runs a
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -35,8 +38,10 @@ from hlbl.data import load_corpus  # noqa: E402
 CLOCK = {"words_per_sec", "epoch_minutes", "elapsed_s"}
 
 
-def child(argv: list[str], env: dict[str, str], log: Path) -> int:
-    """Run ``hlbl argv`` in a forked child; its exit status."""
+def child(argv: list[str], env: dict[str, str], log: Path, kill_when: str | None = None) -> int:
+    """Run ``hlbl argv`` in a forked child; its exit status. ``kill_when``: a line that, once the
+    child has written it to its log, makes this process kill the child with SIGKILL."""
+    start = log.stat().st_size if log.exists() else 0
     pid = os.fork()
     if pid == 0:
         try:
@@ -58,6 +63,20 @@ def child(argv: list[str], env: dict[str, str], log: Path) -> int:
             traceback.print_exc()
             sys.stderr.flush()
             os._exit(99)
+    if kill_when is not None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return os.waitstatus_to_exitcode(status)
+            with open(log, "rb") as f:
+                f.seek(start)
+                if kill_when.encode() in f.read():
+                    os.kill(pid, signal.SIGKILL)
+                    break
+            time.sleep(0.02)
+        else:
+            os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status)
 
@@ -77,7 +96,7 @@ def result(run: Path) -> dict:
 
 def main_() -> None:
     corpus, work, flags = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
-    points = [int(x) for x in sys.argv[4:]]
+    points = sys.argv[4:]  # N: os._exit at operation N; kill:N: SIGKILL while paused at operation N
     os.environ["HLBL_CACHE"] = str(work / "cache")
     load_corpus(corpus, splits=("train", "valid"))  # fills the cache before any fork (no torch here)
     args = ["train", "--data", corpus, *flags]
@@ -90,9 +109,15 @@ def main_() -> None:
     reference = result(work / "ref")
     total = int(ops_file.read_text())
     report = {"operations": total, "points": {}}
-    for n in points or range(1, total + 1):
-        run = work / f"k{n}"
-        crashed = child([*args, "--out", str(run)], {"HLBL_TEST_CRASH_AFTER": str(n)}, log)
+    for point in points or [str(n) for n in range(1, total + 1)]:
+        n = int(point.removeprefix("kill:"))
+        run = work / f"k{point.replace(':', '')}"
+        if point.startswith("kill:"):
+            crashed = child([*args, "--out", str(run)], {"HLBL_TEST_PAUSE_AFTER": str(n)}, log,
+                            kill_when=f"paused at file operation {n} ")
+            crashed = atomic.CRASH_EXIT_STATUS if crashed == -signal.SIGKILL else crashed
+        else:
+            crashed = child([*args, "--out", str(run)], {"HLBL_TEST_CRASH_AFTER": str(n)}, log)
         resumed = child([*args, "--out", str(run), "--resume"], {}, log)
         if crashed != atomic.CRASH_EXIT_STATUS:
             outcome = f"the first run ended with {crashed}, not at its kill point"
@@ -102,7 +127,7 @@ def main_() -> None:
             got = result(run)
             outcome = "identical" if got == reference else "differs: " + ", ".join(
                 k for k in reference if got.get(k) != reference[k])
-        report["points"][n] = outcome
+        report["points"][point] = outcome
     print(json.dumps(report))
 
 
