@@ -306,8 +306,23 @@ def default_cache_dir() -> Path:
 
 
 def _file_key(path: Path) -> str:
-    st = path.stat()
-    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    """What a cached encoding of ``path`` is keyed on: a SHA-256 of its bytes, read in blocks
+    (path, size and modification time alone reuse a stale encoding when a file is replaced by
+    same-size text with its old timestamp). Hashing runs at disk speed, far below encoding's cost."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    return h.hexdigest()
+
+
+def _cache_error(cache: Path, e: OSError) -> DataError:
+    """A failed write into the corpus cache, naming the cache (not only a temporary file in it)."""
+    return DataError(f"cannot write the corpus cache in {cache}: {e.strerror or e}; free space there or set "
+                     "HLBL_CACHE to another directory")
 
 
 @dataclass
@@ -350,13 +365,16 @@ def load_corpus(
     if vocab is None:
         key_src = json.dumps([ENCODING_VERSION, _file_key(files["train"]), max_vocab, min_count])
         vdir = cache / "corpora" / hashlib.sha1(key_src.encode()).hexdigest()[:16]
-        vdir.mkdir(parents=True, exist_ok=True)
         vpath = vdir / "vocab.json"
         try:  # a cache: a damaged file is rebuilt, not an error
             vocab = Vocab.from_json(json.loads(vpath.read_text(encoding="utf-8")))
         except (OSError, ValueError, DataError):
             vocab = Vocab.from_counts(count_file(files["train"]), max_vocab, min_count)
-            atomic.write_text(vpath, json.dumps(vocab.to_json()))
+            try:
+                vdir.mkdir(parents=True, exist_ok=True)
+                atomic.write_text(vpath, json.dumps(vocab.to_json()))
+            except OSError as e:
+                raise _cache_error(cache, e) from None
     vhash = hashlib.sha1("\n".join(vocab.words).encode()).hexdigest()[:16]
     encoded = {}
     for s in (s for s in SPLITS if s in splits):
@@ -365,11 +383,19 @@ def load_corpus(
         bin_path = cache / "encoded" / f"{s}-{ekey}.i32"
         meta_path = bin_path.with_suffix(".json")
         if not (bin_path.exists() and meta_path.exists()):
-            bin_path.parent.mkdir(parents=True, exist_ok=True)
-            n = encode_file(p, vocab, bin_path)
-            atomic.write_text(meta_path, json.dumps({"tokens": n, "source": str(p)}))
-        n = json.loads(meta_path.read_text())["tokens"]
-        if bin_path.stat().st_size != 4 * n:
+            try:
+                bin_path.parent.mkdir(parents=True, exist_ok=True)
+                n = encode_file(p, vocab, bin_path)
+                atomic.write_text(meta_path, json.dumps({"tokens": n, "source": str(p)}))
+            except OSError as e:
+                raise _cache_error(cache, e) from None
+        try:
+            n = json.loads(meta_path.read_text(encoding="utf-8"))["tokens"]
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise ValueError(n)
+        except (OSError, ValueError, KeyError, TypeError):
+            n = -1  # a damaged description: removed below like a damaged encoding
+        if n < 0 or bin_path.stat().st_size != 4 * n:
             bin_path.unlink()
             raise DataError(f"cached encoding {bin_path} was damaged and has been removed; run again")
         encoded[s] = np.memmap(bin_path, dtype="<i4", mode="r", shape=(n,))
