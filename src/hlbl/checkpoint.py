@@ -459,9 +459,42 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch
     return tensors, {"scalars": scalars, "param_groups": sd["param_groups"]}
 
 
+def _check_param_groups(fresh: list[dict], saved: Any) -> None:
+    """The saved hyperparameters must have the fresh optimiser's keys and value types (a hand-edited
+    ``"lr": "x"`` or NaN would otherwise load, and fail or train with NaN in the first step)."""
+    if not isinstance(saved, list) or len(saved) != len(fresh) or not all(isinstance(g, dict) for g in saved):
+        raise ValueError(f"param_groups must be a list of {len(fresh)} objects")
+    for i, (want, got) in enumerate(zip(fresh, saved)):
+        if set(want) != set(got):
+            raise ValueError(f"param_groups[{i}] has keys {sorted(got)}, expected {sorted(want)}")
+        for key, ref in want.items():
+            value = got[key]
+            if key == "params" or ref is None:
+                continue
+            if isinstance(ref, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(ref, (int, float)):
+                ok = _is_number(value) and math.isfinite(value) and value >= 0
+            elif isinstance(ref, (tuple, list)):
+                ok = (isinstance(value, list) and len(value) == len(ref)
+                      and all(_is_number(v) and math.isfinite(v) for v in value))
+            else:
+                ok = type(value) is type(ref)
+            if not ok:
+                raise ValueError(f"param_groups[{i}].{key} is {_show(value)}")
+        if not got["lr"] > 0:
+            raise ValueError(f"param_groups[{i}].lr is {_show(got['lr'])}")
+
+
 def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     state: dict[int, dict] = {}
     try:
+        if not isinstance(meta, dict) or not isinstance(meta.get("scalars"), dict):
+            raise ValueError("no scalars object")
+        _check_param_groups(optimizer.state_dict()["param_groups"], meta.get("param_groups"))
+        for key, v in meta["scalars"].items():
+            if not (_is_number(v) and math.isfinite(v)):
+                raise ValueError(f"scalar {key} is {_show(v)}")
         for key, v in list(tensors.items()) + list(meta["scalars"].items()):
             idx, k = key.split(".", 1)
             state.setdefault(int(idx), {})[k] = v
