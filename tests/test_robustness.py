@@ -221,6 +221,13 @@ def test_a_huge_batch_size_is_refused_before_numpy_is_asked(tmp_path, data, caps
     one_line_error(rc, err, "--batch-size 1,000,000,000,000", "GiB")
 
 
+def test_a_huge_dimension_is_refused_before_torch_is_asked(tmp_path, data, capsys):
+    rc, _, err = run_cli(["train", "--data", data, "--out", tmp_path / "R", "--epochs", "1",
+                          "--dim", "1000000000000", "--device", "cpu", "--quiet"], capsys)
+    one_line_error(rc, err, "--dim 1000000000000", "GiB")
+    assert not (tmp_path / "R").exists()
+
+
 def _peak_rss_mib(argv: list[str], stdin: bytes) -> tuple[int, str]:
     code = ("import resource, sys; from hlbl.cli import main; rc = main(sys.argv[1:]); "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr); sys.exit(rc)")

@@ -225,6 +225,21 @@ def check_memory(model: LBL, cfg: TrainConfig, tokens: int) -> None:
                         f"{tokens:,} tokens")
 
 
+def check_model_memory(config, what: str = "the model") -> None:
+    """Refuse a model whose parameters (with their gradients and optimiser buffers, about three
+    copies) could not fit in this machine's memory, before torch is asked for them."""
+    V, d, n = int(config.vocab_size), int(config.dim), int(config.context)
+    params = 2 * V * d + V + n * d * (d if config.full_context else 1)
+    need = 3 * 4 * params
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise DataError(f"{what} needs about {need / 2**30:,.0f} GiB ({params:,} parameters with their gradients "
+                        f"and optimiser state), more than this machine's {have / 2**30:,.0f} GiB; lower --dim")
+
+
 def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool = False,
         corpus_spec: str = "", log=print, options: dict | None = None) -> dict:
     """Train with early stopping; checkpoint each epoch into ``run_dir``. Returns the final state.

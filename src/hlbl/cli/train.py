@@ -148,6 +148,9 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
                           progress=not args.quiet)
     except ValueError as e:
         raise DataError(str(e)) from None
+    from ..train import check_model_memory
+
+    check_model_memory(mcfg, f"--dim {args.dim} with {V:,} words")
     tree = build_tree(args.tree or "random", V, corpus.vocab.counts, args.seed) if takes_tree(args.output) else None
     model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
     model.init_unigram(corpus.vocab.counts)
