@@ -61,7 +61,7 @@ def test_resume_without_state_json_continues_the_run_with_its_own_recipe(tmp_pat
     assert rc == 0
     straight = tmp_path / "S"
     assert run_cli(["train", "--data", data, "--out", straight, "--epochs", "3", *FAST, "--dim", "12"], capsys)[0] == 0
-    (run / "state.json").unlink()  # the old layout took this for "no finished epoch" and started over
+    (run / "state.json").unlink()  # a top-level copy: the checkpoint, not this file, is what a resume reads
     rc, _, err = run_cli(["train", "--resume", "--out", run, "--epochs", "3", "--quiet", "--engine", "torch"], capsys)
     assert rc == 0, err
     assert json.loads((run / "run.json").read_text())["model"]["dim"] == 12
@@ -371,7 +371,7 @@ def test_same_size_text_with_the_old_timestamp_is_encoded_again(tmp_path):
 def test_a_torn_metrics_line_is_reported_at_resume(trained, tmp_path, capsys):
     run = _copy(trained, tmp_path)
     with open(run / "metrics.jsonl", "a") as f:
-        f.write('{"epoch": 2, "train_lo')  # what a crash mid-append used to leave
+        f.write('{"epoch": 2, "train_lo')  # a torn line, as a crash in the middle of an append leaves
     rc, _, err = run_cli(["train", "--resume", "--out", run, "--epochs", "2", "--device", "cpu"], capsys)
     assert rc == 0, err
     assert "torn last line" in err

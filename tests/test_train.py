@@ -197,9 +197,9 @@ def test_resume_after_the_rate_drop_keeps_the_low_rate(tmp_path, corpus, scripte
 
 
 def test_top_level_files_of_a_later_epoch_do_not_stop_a_resume(tmp_path, corpus):
-    """Killed after newer top-level weights were written but before the state that points at them
-    (the old layout made such a run unresumable): a resume reads only the newest complete
-    checkpoint, and refuses files of two epochs inside one checkpoint."""
+    """Top-level weights of a later epoch than the state (a crash between two writes of files that
+    belong together) must not stop a resume: it reads only the newest complete checkpoint, and
+    refuses files of two epochs inside one checkpoint."""
     from hlbl import checkpoint as ckpt
 
     model, _ = train(tmp_path, "torn", corpus, epochs=1)
