@@ -49,7 +49,7 @@ from safetensors.torch import save_file
 
 from . import atomic
 from .data import DataError, Vocab
-from .errors import CheckpointError, HlblError
+from .errors import CheckpointError
 from .model import LBL, LBLConfig
 from .output import takes_tree
 from .tree import TreeError, WordTree
