@@ -41,7 +41,8 @@ CLOCK = {"words_per_sec", "epoch_minutes", "elapsed_s"}
 def child(argv: list[str], env: dict[str, str], log: Path, kill_when: str | None = None) -> int:
     """Run ``hlbl argv`` in a forked child; its exit status. ``kill_when``: a line that, once the
     child has written it to its log, makes this process kill the child with SIGKILL."""
-    start = log.stat().st_size if log.exists() else 0
+    log.touch()  # before the fork: this process may read it before the child writes
+    start = log.stat().st_size
     pid = os.fork()
     if pid == 0:
         try:
@@ -109,9 +110,12 @@ def main_() -> None:
     reference = result(work / "ref")
     total = int(ops_file.read_text())
     report = {"operations": total, "points": {}}
-    for point in points or [str(n) for n in range(1, total + 1)]:
+
+    def unit(point: str) -> str:
+        """Kill a run at ``point``, resume it, compare: the outcome in words."""
         n = int(point.removeprefix("kill:"))
         run = work / f"k{point.replace(':', '')}"
+        log = work / f"log-{point.replace(':', '')}.txt"  # one per point: kill_when reads it
         if point.startswith("kill:"):
             crashed = child([*args, "--out", str(run)], {"HLBL_TEST_PAUSE_AFTER": str(n)}, log,
                             kill_when=f"paused at file operation {n} ")
@@ -120,16 +124,35 @@ def main_() -> None:
             crashed = child([*args, "--out", str(run)], {"HLBL_TEST_CRASH_AFTER": str(n)}, log)
         resumed = child([*args, "--out", str(run), "--resume"], {}, log)
         if crashed != atomic.CRASH_EXIT_STATUS:
-            outcome = f"the first run ended with {crashed}, not at its kill point"
-        elif resumed != 0:
-            outcome = f"resume exited {resumed}"
-        else:
-            got = result(run)
-            outcome = "identical" if got == reference else "differs: " + ", ".join(
-                k for k in reference if got.get(k) != reference[k])
-        report["points"][point] = outcome
-    print(json.dumps(report))
+            return f"the first run ended with {crashed}, not at its kill point"
+        if resumed != 0:
+            return f"resume exited {resumed}: {log.read_text()[-300:]}"
+        got = result(run)
+        return "identical" if got == reference else "differs: " + ", ".join(
+            k for k in reference if got.get(k) != reference[k])
 
+    # Points run JOBS at a time, each in a forked process of its own (which forks the two runs).
+    jobs = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2))
+    running: dict[int, str] = {}
+    todo = list(points or [str(n) for n in range(1, total + 1)])
+    while todo or running:
+        while todo and len(running) < jobs:
+            point = todo.pop(0)
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    outcome = unit(point)
+                except BaseException as e:
+                    outcome = f"the sweep failed: {e!r}"
+                (work / f"outcome-{point.replace(':', '')}").write_text(outcome)
+                os._exit(0)
+            running[pid] = point
+        pid, _ = os.wait()
+        point = running.pop(pid)
+        path = work / f"outcome-{point.replace(':', '')}"
+        report["points"][point] = path.read_text() if path.exists() else "the sweep process died"
+    report["points"] = dict(sorted(report["points"].items(), key=lambda kv: int(kv[0].removeprefix("kill:"))))
+    print(json.dumps(report))
 
 if __name__ == "__main__":
     main_()
