@@ -111,7 +111,10 @@ def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple
         print(f"note: {out} has {done['epoch']} epochs and --epochs is {cfg.max_epochs}: nothing to train; "
               "pass a larger --epochs to continue", file=sys.stderr)
     if first:
-        print(f"resuming {out}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
+        where = ("with no complete checkpoint: from the start" if found is None else
+                 f"after epoch {done['epoch']}, from its newest complete checkpoint "
+                 f"({found.relative_to(out) if found != out else 'its files'})")
+        print(f"resuming {out} {where}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
               "--hogwild, --device and --threads apply)", file=sys.stderr)
     try:  # a checkpoint holds every weight; without one the run starts again from its own seed
         model = LBL(config, tree, torch.Generator().manual_seed(cfg.seed), init=found is None)
