@@ -36,9 +36,12 @@ def test_save_load_gives_identical_log_probs_and_tree(run):
 def test_files_are_safetensors_and_json(run):
     _, _, run_dir = run
     names = sorted(p.name for p in run_dir.iterdir())
-    assert names == ["best.safetensors", "last.safetensors", "metrics.jsonl", "optimizer.safetensors",
+    assert names == ["best.safetensors", "checkpoints", "last.safetensors", "metrics.jsonl",
                      "run.json", "state.json", "tree.json", "vocab.json"]
-    assert not list(run_dir.glob("*.tmp"))
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["epoch-000002"]  # the older one removed
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "epoch-000002").iterdir()) == [
+        "best.safetensors", "last.safetensors", "metrics.jsonl", "optimizer.safetensors", "state.json"]
+    assert not list(run_dir.rglob("*.tmp"))
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["epoch"] for x in lines] == [1, 2]
     assert {"train_loss", "valid_ppl", "words_per_sec", "lr", "elapsed_s"} <= set(lines[0])
@@ -93,9 +96,10 @@ def test_foreign_or_damaged_vocab_and_state_are_refused(run):
     (run_dir / "vocab.json").write_text(json.dumps({"words": vocab["words"], "counts": vocab["counts"]}))
     assert ckpt.load_model(run_dir)[1] == corpus.vocab
 
-    state = json.loads((run_dir / "state.json").read_text())
+    state_path = run_dir / "checkpoints" / "epoch-000002" / "state.json"  # what a resume reads
+    state = json.loads(state_path.read_text())
     del state["optimizer"]
-    (run_dir / "state.json").write_text(json.dumps(state))
+    state_path.write_text(json.dumps(state))
     with pytest.raises(ckpt.CheckpointError, match="damaged training state"):
         fit(model, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False), run_dir, resume=True,
             log=lambda *a: None)
@@ -143,7 +147,8 @@ def test_files_get_the_permissions_of_a_plain_open(run):
     _, _, run_dir = run
     mask = os.umask(0)
     os.umask(mask)
-    for name in ("run.json", "vocab.json", "tree.json", "state.json", "best.safetensors", "optimizer.safetensors"):
+    for name in ("run.json", "vocab.json", "tree.json", "state.json", "best.safetensors",
+                 "checkpoints/epoch-000002/optimizer.safetensors", "checkpoints/epoch-000002/state.json"):
         assert (run_dir / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
 
 
@@ -172,9 +177,10 @@ def test_weights_of_another_dtype_are_refused(run):
 @pytest.mark.parametrize("optimizer_state", [{}, None, {"scalars": [1], "param_groups": []}])
 def test_a_damaged_optimizer_state_is_a_checkpoint_error(run, optimizer_state):
     model, corpus, run_dir = run
-    state = json.loads((run_dir / "state.json").read_text())
+    path = run_dir / "checkpoints" / "epoch-000002" / "state.json"
+    state = json.loads(path.read_text())
     state["optimizer"] = optimizer_state
-    (run_dir / "state.json").write_text(json.dumps(state))
+    path.write_text(json.dumps(state))
     with pytest.raises(ckpt.CheckpointError):
         fit(model, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False), run_dir, resume=True,
             log=lambda *a: None)
@@ -225,7 +231,7 @@ def test_model_config_with_wrong_types_is_refused(run, field, value):
     info = json.loads((run_dir / "run.json").read_text())
     info["model"][field] = value
     (run_dir / "run.json").write_text(json.dumps(info))
-    with pytest.raises(ckpt.CheckpointError, match=f"bad model config .*{field}"):
+    with pytest.raises(ckpt.CheckpointError, match=f"run.json: .*{field}"):
         ckpt.load_model(run_dir)
 
 
@@ -235,7 +241,8 @@ def test_a_fixed_seed_gives_byte_identical_checkpoint_files(run, tmp_path):
     again = LBL(model.config, model.tree, torch.Generator().manual_seed(0))
     again.init_unigram(corpus.vocab.counts)
     fit(again, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), tmp_path / "again", log=lambda *a: None)
-    for name in ("best.safetensors", "last.safetensors", "optimizer.safetensors", "tree.json", "vocab.json"):
+    for name in ("best.safetensors", "last.safetensors", "checkpoints/epoch-000002/optimizer.safetensors",
+                 "tree.json", "vocab.json"):
         assert (run_dir / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
     for i in range(4):  # several saves in one process, each with a freshly seeded hash map
         ckpt.save_weights(tmp_path / f"w{i}.safetensors", model, epoch=2)

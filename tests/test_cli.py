@@ -142,14 +142,23 @@ def test_resume_checks_the_corpus_and_the_checkpoint(trained, tmp_path, capsys):
     other = tiny_corpus(tmp_path / "other", seed=1, n_train=50)
     assert main(["train", "--data", str(other), "--out", str(root / "run"), "--resume", "--quiet"]) == 2
     assert "is not the one" in capsys.readouterr().err
+    # A run stopped before its first checkpoint trains from the start with its own recipe (run.json:
+    # the flags given now would have made another model); a directory with no run starts anew.
     (tmp_path / "half").mkdir()
-    (tmp_path / "half" / "run.json").write_text((root / "run" / "run.json").read_text())
-    # A run stopped before its first checkpoint, or none at all: --resume starts anew, and says so.
-    for out, why in ((tmp_path / "half", "has no finished epoch"), (tmp_path / "none", "holds no run")):
-        assert main(["train", "--data", str(other), "--out", str(out), "--resume", "--quiet", "--epochs", "1",
-                     "--dim", "8"]) == 0
-        assert f"{why}: nothing to resume, starting a new run" in capsys.readouterr().err
-        assert json.loads((out / "state.json").read_text())["epoch"] == 1
+    for name in ("run.json", "vocab.json", "tree.json"):
+        (tmp_path / "half" / name).write_bytes((root / "run" / name).read_bytes())
+    assert main(["train", "--out", str(tmp_path / "half"), "--resume", "--quiet", "--epochs", "1"]) == 0
+    assert json.loads((tmp_path / "half" / "state.json").read_text())["epoch"] == 1
+    assert (tmp_path / "half" / "run.json").read_bytes() == (root / "run" / "run.json").read_bytes()
+    assert main(["train", "--data", str(other), "--out", str(tmp_path / "none"), "--resume", "--quiet", "--epochs",
+                 "1", "--dim", "8"]) == 0
+    assert "holds no run: nothing to resume, starting a new run" in capsys.readouterr().err
+    assert json.loads((tmp_path / "none" / "state.json").read_text())["epoch"] == 1
+    # run.json without the files written before it is no run that a resume could continue
+    (tmp_path / "torn").mkdir()
+    (tmp_path / "torn" / "run.json").write_text((root / "run" / "run.json").read_text())
+    assert main(["train", "--data", str(other), "--out", str(tmp_path / "torn"), "--resume", "--quiet"]) == 2
+    assert "vocab.json: missing" in capsys.readouterr().err
 
 
 def test_resume_uses_the_runs_own_vocabulary_and_reads_old_configs(tmp_path, capsys):

@@ -196,18 +196,24 @@ def test_resume_after_the_rate_drop_keeps_the_low_rate(tmp_path, corpus, scripte
     assert all(torch.equal(x, y) for x, y in zip(straight.state_dict().values(), resumed.state_dict().values()))
 
 
-def test_a_checkpoint_torn_between_epochs_is_refused_at_resume(tmp_path, corpus):
-    """Killed after the epoch-2 tensors were written but before the state that points at them:
-    resuming must not mix epoch-2 weights with the epoch-1 state."""
+def test_top_level_files_of_a_later_epoch_do_not_stop_a_resume(tmp_path, corpus):
+    """Top-level weights of a later epoch than the state (a crash between two writes of files that
+    belong together) must not stop a resume: it reads only the newest complete checkpoint, and
+    refuses files of two epochs inside one checkpoint."""
     from hlbl import checkpoint as ckpt
 
     model, _ = train(tmp_path, "torn", corpus, epochs=1)
     run = tmp_path / "torn"
-    ckpt.save_weights(run / "last.safetensors", model, epoch=2)  # the newer file, its state never written
+    ckpt.save_weights(run / "last.safetensors", model, epoch=2)  # a newer file, its checkpoint never committed
     V = len(corpus.vocab)
     resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
-    with pytest.raises(ckpt.CheckpointError, match="ends epoch 2 but state.json says 1"):
-        fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), run, resume=True,
+    state = fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), run, resume=True,
+                log=lambda *a: None)
+    assert state["epoch"] == 2
+    inside = run / "checkpoints" / "epoch-000002"
+    ckpt.save_weights(inside / "last.safetensors", model, epoch=1)  # hand-mixed epochs inside a checkpoint
+    with pytest.raises(ckpt.CheckpointError, match="ends epoch 1 but state.json says 2"):
+        fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False), run, resume=True,
             log=lambda *a: None)
 
 
@@ -219,18 +225,18 @@ def test_ctrl_c_while_a_checkpoint_is_written_waits_for_the_whole_checkpoint(tmp
 
     from hlbl import checkpoint as ckpt
 
-    real = ckpt.save_weights
+    real = ckpt.write_weights
 
-    def interrupted_save(path, model, epoch=None):
+    def interrupted_save(path, model, epoch=None, vocab=None):
         if path.name == "last.safetensors" and epoch == 2:
             os.kill(os.getpid(), signal.SIGINT)  # arrives while the checkpoint is half written
-        real(path, model, epoch)
+        real(path, model, epoch, vocab)
 
-    monkeypatch.setattr(ckpt, "save_weights", interrupted_save)
+    monkeypatch.setattr(ckpt, "write_weights", interrupted_save)
     with pytest.raises(KeyboardInterrupt):
         train(tmp_path, "int", corpus, epochs=3)
     assert ckpt.read_state(tmp_path / "int" / "state.json")["epoch"] == 2
-    monkeypatch.setattr(ckpt, "save_weights", real)
+    monkeypatch.setattr(ckpt, "write_weights", real)
     V = len(corpus.vocab)
     resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
     state = fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False), tmp_path / "int",
@@ -281,7 +287,9 @@ def test_resume_drops_metrics_of_epochs_after_the_checkpoint(tmp_path, corpus):
     path.write_text(path.read_text() + json.dumps({"epoch": 2, "valid_ppl": 1.0}) + "\n" + '{"epoch": 3, "val')
     V = len(corpus.vocab)
     resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
+    said = []
     fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), tmp_path / "m", resume=True,
-        log=lambda *a: None)
+        log=said.append)
+    assert any("dropped 1 line(s) of epochs after the checkpoint and a torn last line" in x for x in said), said
     assert [json.loads(x)["epoch"] for x in path.read_text().splitlines()] == [1, 2]
     assert json.loads(path.read_text().splitlines()[1])["valid_ppl"] > 1.0  # the rerun's line, not the stale one

@@ -5,6 +5,12 @@ it to disk, gives it the permissions a plain ``open`` would (``0666`` less the u
 :func:`tempfile.mkstemp` makes ``0600`` files, which other users could not read) and renames it
 over ``dest`` (and syncs the directory, so the rename survives a crash). If the body raises, the
 temporary file is removed and ``dest`` is untouched.
+
+Crash tests: every step of a write calls :func:`fault_point`. With ``HLBL_TEST_CRASH_AFTER=N`` in
+the environment the process ends at its Nth step with ``os._exit`` (no ``finally`` blocks, no
+buffers flushed: what kill -9 or a power cut leaves, up to the page cache); with
+``HLBL_TEST_PAUSE_AFTER=N`` it prints ``hlbl-test: paused at file operation N`` to stderr and
+sleeps there, for a test to kill it with a real signal. Unset, the hook costs one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -13,9 +19,42 @@ import os
 import signal
 import tempfile
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+
+CRASH_EXIT_STATUS = 86  # the status fault_point's os._exit gives (tests tell it from real errors)
+_ops = [0]  # file operations so far in this process (the counter the hooks test against)
+
+
+def fault_point(what: str = "") -> None:
+    """One step of a file write (see the module docstring): a no-op unless a crash test set a hook."""
+    _ops[0] += 1
+    crash, pause = os.environ.get("HLBL_TEST_CRASH_AFTER"), os.environ.get("HLBL_TEST_PAUSE_AFTER")
+    if crash and _ops[0] >= int(crash):
+        os._exit(CRASH_EXIT_STATUS)
+    if pause and _ops[0] == int(pause):
+        os.write(2, f"hlbl-test: paused at file operation {_ops[0]} ({what})\n".encode())
+        while True:
+            time.sleep(60)
+
+
+def file_operations() -> int:
+    """How many :func:`fault_point` steps this process has taken (crash tests size their sweep with it)."""
+    return _ops[0]
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a just-written file to disk."""
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def plain_mode() -> int:
+    """The permissions a plain ``open`` gives a new file (0666 less the umask)."""
+    return 0o666 & ~_umask()
 
 
 def _umask() -> int:
@@ -31,6 +70,11 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def sync_dir(path: str | os.PathLike) -> None:
+    """Make the renames and removals in directory ``path`` durable."""
+    _sync_dir(Path(path))
 
 
 def _sync_dir(path: Path) -> None:
@@ -57,15 +101,19 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[str]:
         raise OSError(e.errno, f"cannot write {dest}: {e.strerror}") from None
     os.close(fd)
     try:
+        fault_point(f"create {tmp}")
         yield tmp
+        fault_point(f"write {tmp}")
         try:
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
+            fsync_path(tmp)
+            fault_point(f"fsync {tmp}")
             os.chmod(tmp, 0o666 & ~_umask())
             os.replace(tmp, dest)
         except OSError as e:  # e.g. dest is a directory: name dest, not the temporary file
             raise OSError(e.errno, f"cannot write {dest}: {e.strerror}") from None
+        fault_point(f"rename {dest}")
         _sync_dir(dest.parent)
+        fault_point(f"fsync {dest.parent}")
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -320,8 +320,23 @@ def default_cache_dir() -> Path:
 
 
 def _file_key(path: Path) -> str:
-    st = path.stat()
-    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    """What a cached encoding of ``path`` is keyed on: a SHA-256 of its bytes, read in blocks
+    (path, size and modification time alone reuse a stale encoding when a file is replaced by
+    same-size text with its old timestamp). Hashing runs at disk speed, far below encoding's cost."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
+    return h.hexdigest()
+
+
+def _cache_error(cache: Path, e: OSError) -> DataError:
+    """A failed write into the corpus cache, naming the cache (not only a temporary file in it)."""
+    return DataError(f"cannot write the corpus cache in {cache}: {e.strerror or e}; free space there or set "
+                     "HLBL_CACHE to another directory")
 
 
 @dataclass
@@ -395,13 +410,16 @@ def load_corpus(
     if vocab is None:
         key_src = json.dumps([ENCODING_VERSION, _file_key(files["train"]), max_vocab, min_count])
         vdir = cache / "corpora" / (hashlib.sha1(key_src.encode()).hexdigest()[:16] + protocol)
-        vdir.mkdir(parents=True, exist_ok=True)
         vpath = vdir / "vocab.json"
         try:  # a cache: a damaged file is rebuilt, not an error
             vocab = Vocab.from_json(json.loads(vpath.read_text(encoding="utf-8")))
         except (OSError, ValueError, DataError):
             vocab = Vocab.from_counts(count_file(files["train"], blank_lines), max_vocab, min_count)
-            atomic.write_text(vpath, json.dumps(vocab.to_json()))
+            try:
+                vdir.mkdir(parents=True, exist_ok=True)
+                atomic.write_text(vpath, json.dumps(vocab.to_json()))
+            except OSError as e:
+                raise _cache_error(cache, e) from None
     vhash = hashlib.sha1("\n".join(vocab.words).encode()).hexdigest()[:16]
     encoded, counts = {}, {}
     for s in (s for s in SPLITS if s in splits):
@@ -411,11 +429,14 @@ def load_corpus(
         meta_path = bin_path.with_suffix(".json")
         meta = _read_meta(meta_path)
         if not (bin_path.exists() and "blank_lines" in meta):  # (entries without the counts are re-encoded)
-            bin_path.parent.mkdir(parents=True, exist_ok=True)
-            stats: dict = {}
-            n = encode_file(p, vocab, bin_path, blank_lines=blank_lines, stats=stats)
-            meta = {"tokens": n, "source": str(p), **stats}
-            atomic.write_text(meta_path, json.dumps(meta))
+            try:
+                bin_path.parent.mkdir(parents=True, exist_ok=True)
+                stats: dict = {}
+                n = encode_file(p, vocab, bin_path, blank_lines=blank_lines, stats=stats)
+                meta = {"tokens": n, "source": str(p), **stats}
+                atomic.write_text(meta_path, json.dumps(meta))
+            except OSError as e:
+                raise _cache_error(cache, e) from None
         n = meta["tokens"]
         counts[s] = {k: meta[k] for k in ("unk_in_text", "blank_lines")}
         if bin_path.stat().st_size != 4 * n:
@@ -431,7 +452,9 @@ def _read_meta(path: Path) -> dict:
         meta = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    return meta if isinstance(meta, dict) and isinstance(meta.get("tokens"), int) else {}
+    ok = (isinstance(meta, dict) and all(type(meta.get(k)) is int and meta[k] >= 0
+                                         for k in ("tokens", "unk_in_text", "blank_lines")))
+    return meta if ok else {}
 
 
 # --------------------------------------------------------------------------------------------

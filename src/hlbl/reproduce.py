@@ -208,7 +208,7 @@ class Reproduction:
             self.log(f"[{name}] training {label} ({output} output, {model.num_parameters():,} parameters)")
             fit(model, self.corpus, self.train_config(epochs), run, corpus_spec=corpus_record(self.cfg.data), log=self.log)
         state = ckpt.read_state(run / "state.json")
-        metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        metrics = ckpt.read_metrics(run / "metrics.jsonl")  # (checked: a damaged log is one line, not a traceback)
         pad = self.corpus.vocab.eos
         ev = {s: evaluate(model, self.eval_stream(s), pad) for s in ("valid", "test")}
         res = {

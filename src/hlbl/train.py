@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, fields
@@ -191,17 +192,59 @@ def epoch_runner(model: LBL, cfg: TrainConfig):
     return train_epoch
 
 
-def _restore_best(model: LBL, run_dir: Path) -> None:
-    """Load best.safetensors into ``model`` on every rank. Only rank 0 reads the file, which it wrote
-    itself (no race with the writer, no filesystem shared between nodes needed), and broadcasts."""
+def _restore_best(model: LBL, best: Path | None, vocab) -> None:
+    """Load a checkpoint's best.safetensors into ``model`` on every rank. Only rank 0 reads the
+    file, which it wrote itself (no race with the writer, no filesystem shared between nodes
+    needed), and broadcasts."""
     if ddp.rank() == 0:
-        ckpt.load_weights(run_dir / "best.safetensors", model)
+        ckpt.load_weights(best, model, vocab=vocab)
     ddp.broadcast_parameters(model)
 
 
+# Settings of how a run is computed, not of what it learns: a resume may change them.
+RUNTIME_SETTINGS = ("max_epochs", "device", "progress", "engine", "hogwild")
+
+
+def check_memory(model: LBL, cfg: TrainConfig, tokens: int) -> None:
+    """Refuse a minibatch whose buffers could not be allocated (``--batch-size 1000000000000``
+    would ask numpy for terabytes and end in a traceback): a rough per-example estimate of the
+    engines' buffers (context ids, targets, hidden vectors and their gradients) against the
+    machine's memory."""
+    per_example = 8 * (model.config.context + 2) + 4 * 4 * model.config.dim
+    need = cfg.batch_size * per_example
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not on every system
+        return
+    if need > have:
+        raise DataError(f"--batch-size {cfg.batch_size:,} needs about {need / 2**30:,.0f} GiB for one minibatch's "
+                        f"buffers, more than this machine's {have / 2**30:,.0f} GiB; the training split has "
+                        f"{tokens:,} tokens")
+
+
+def check_model_memory(config, what: str = "the model") -> None:
+    """Refuse a model whose parameters (with their gradients and optimiser buffers, about three
+    copies) could not fit in this machine's memory, before torch is asked for them."""
+    V, d, n = int(config.vocab_size), int(config.dim), int(config.context)
+    params = 2 * V * d + V + n * d * (d if config.full_context else 1)
+    need = 3 * 4 * params
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise DataError(f"{what} needs about {need / 2**30:,.0f} GiB ({params:,} parameters with their gradients "
+                        f"and optimiser state), more than this machine's {have / 2**30:,.0f} GiB; lower --dim")
+
+
 def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool = False,
-        corpus_spec: str = "", log=print) -> dict:
+        corpus_spec: str = "", log=print, options: dict | None = None) -> dict:
     """Train with early stopping; checkpoint each epoch into ``run_dir``. Returns the final state.
+
+    ``resume``: continue the run in ``run_dir`` from its newest complete checkpoint (from the
+    start when it has none); ``model`` and ``cfg`` must be the run's own (run.json), apart from
+    :data:`RUNTIME_SETTINGS`. A directory that holds something else than a run is refused.
+    ``options``: recorded in run.json (the CLI's vocabulary and tree flags).
 
     Distributed (a process group of W > 1 ranks, see the module docstring): call it on every rank
     with the same model, corpus and config; only rank 0 logs and writes ``run_dir``, and every rank
@@ -210,18 +253,44 @@ def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: boo
     run_dir = Path(run_dir)
     model.to(torch.device(cfg.device))  # (the engine's choice depends on where the parameters are)
     epoch_runner(model, cfg)  # before the directory exists: a refused engine leaves no run behind
+    check_memory(model, cfg, len(corpus["train"]))
+    if resume and ddp.rank() == 0:
+        refuse_foreign_directory(run_dir)
     if ddp.rank() != 0:  # only rank 0 writes run_dir
-        return _fit(model, corpus, cfg, run_dir, resume, corpus_spec, lambda *a, **k: None)
+        return _fit(model, corpus, cfg, run_dir, resume, corpus_spec, lambda *a, **k: None, options)
     with ExitStack() as held:
         try:  # two trainings in one directory would interleave their checkpoints
             held.enter_context(atomic.exclusive_directory(run_dir, "another training process"))
         except BlockingIOError as e:
             raise DataError(str(e)) from None
-        return _fit(model, corpus, cfg, run_dir, resume, corpus_spec, log)
+        except OSError as e:
+            raise DataError(f"cannot create the run directory {run_dir}: {e.strerror or e}") from None
+        return _fit(model, corpus, cfg, run_dir, resume, corpus_spec, log, options)
+
+
+def is_unstarted(run_dir: Path) -> bool:
+    """True for a directory that is missing, empty, or holds only what a run start that was
+    stopped before writing run.json leaves (its own files and their temporary copies)."""
+    try:
+        names = [p.name for p in Path(run_dir).iterdir()]
+    except FileNotFoundError:
+        return True
+    except NotADirectoryError:
+        return False
+    return all(n in ckpt.RUN_FILES and n != "run.json" or ckpt._TEMPORARY.fullmatch(n) for n in names)
+
+
+def refuse_foreign_directory(run_dir: Path) -> None:
+    """--resume writes only into a run it continues, or into a directory that holds none yet."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise DataError(f"{run_dir} is a file, not a run directory")
+    if not (run_dir / "run.json").exists() and not is_unstarted(run_dir):
+        raise DataError(f"{run_dir} is not an hlbl run (it has no run.json) and is not empty: --resume writes only "
+                        "into the run it continues; choose another --out")
 
 
 def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool, corpus_spec: str,
-         log) -> dict:
+         log, options: dict | None = None) -> dict:
     rank = ddp.rank()
     device = torch.device(cfg.device)
     model.to(device)
@@ -243,7 +312,8 @@ def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bo
                                   sort_keys=True),
                        device, "the model, its word tree, the corpus or the training recipe")
     run_epoch = epoch_runner(model, cfg)
-    state, optimizer = _start_or_resume(model, corpus, cfg, run_dir, resume, corpus_spec, log)
+    state, optimizer, metrics, best = _start_or_resume(model, corpus, cfg, run_dir, resume, corpus_spec, log,
+                                                       options)
     while not state["done"] and state["epoch"] < cfg.max_epochs:
         epoch = state["epoch"] + 1
         t0 = time.perf_counter()
@@ -255,19 +325,15 @@ def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bo
         (ppl,) = ddp.broadcast_floats([ppl], device)
         state["elapsed"] += time.perf_counter() - t0
         if not math.isfinite(loss) or not math.isfinite(ppl):
-            raise FloatingPointError(f"training diverged in epoch {epoch} (loss {loss}); lower --lr")
+            n = model.config.context
+            hint = f" or --context ({n}: the context vector sums {n} word vectors)" if n > 10 else ""
+            raise FloatingPointError(f"training diverged in epoch {epoch}: train loss {loss:.4g} per token, "
+                                     f"validation perplexity {ppl:.4g}; lower --lr{hint}")
         improved = ppl < state["best_valid_ppl"]
         line = {"epoch": epoch, "train_loss": loss, "train_ppl": math.exp(loss), "valid_ppl": ppl,
                 "words_per_sec": wps, "epoch_minutes": train_time / 60, "lr": state["lr"],
                 "elapsed_s": state["elapsed"], "improved": improved}
-        if rank == 0:
-            # Ctrl-C waits for these two; a run stopped before its checkpoint below runs the epoch
-            # again at resume, which drops this line. (No collective runs while signals wait.)
-            with atomic.interrupts_deferred():
-                with open(run_dir / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps(line) + "\n")
-                if improved:
-                    ckpt.save_weights(run_dir / "best.safetensors", model)
+        metrics.append(json.dumps(line))  # written with the epoch's checkpoint, never before
         log(f"epoch {epoch}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state['lr']:g}")
         state["epoch"] = epoch
         if improved:
@@ -275,72 +341,166 @@ def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bo
         elif state["phase"] == 0 and cfg.lr_final > 0:
             # Validation perplexity rose: go back to the best weights, continue at the low rate.
             state["phase"], state["lr"] = 1, cfg.lr_final
-            _restore_best(model, run_dir)
+            _restore_best(model, best, corpus.vocab)
             optimizer = make_optimizer(model, cfg, state["lr"])
             log(f"valid perplexity rose: best weights restored, learning rate now {cfg.lr_final:g}")
         else:
             state["done"] = True
         if rank == 0:
-            _checkpoint(model, optimizer, state, run_dir)
-    _restore_best(model, run_dir)
+            best = _checkpoint(model, optimizer, state, run_dir, corpus.vocab, metrics,
+                               None if improved else best) / "best.safetensors"
+    _restore_best(model, best, corpus.vocab)
     return state
 
 
 def _start_or_resume(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool,
-                     corpus_spec: str, log) -> tuple[dict, torch.optim.Optimizer]:
-    """A new run's files (rank 0 writes them), or a run's state, weights and optimiser from its
-    last checkpoint (every rank reads them); every rank then holds rank 0's parameters."""
+                     corpus_spec: str, log, options: dict | None = None
+                     ) -> tuple[dict, torch.optim.Optimizer, list[str], Path | None]:
+    """A new run's files (rank 0 writes them), or a run's state, weights, optimiser and metrics
+    from its newest complete checkpoint (every rank reads them); every rank then holds rank 0's
+    parameters. Also returns the metrics lines so far and the checkpoint's best weights file."""
     state = {"epoch": 0, "phase": 0, "lr": cfg.lr, "best_valid_ppl": math.inf, "done": False, "elapsed": 0.0}
     optimizer = make_optimizer(model, cfg, cfg.lr)
-    resuming = resume and (run_dir / "state.json").exists()
+    is_run = resume and (run_dir / "run.json").exists()
+    found = None
+    if is_run:
+        check_recipe(run_dir, model, corpus.vocab, cfg)
+        found = ckpt.latest_checkpoint(run_dir)
+    if ddp.rank() == 0 and (resume or ckpt.CHECKPOINTS not in {p.name for p in run_dir.iterdir()}):
+        removed = ckpt.remove_leftovers(run_dir)  # (also those of a start stopped before its run.json)
+        if removed:
+            log(f"removed the leftovers of an interrupted write: {', '.join(removed)}")
+    resuming = found is not None
     # Every rank must make the same choice (resuming needs run_dir on a filesystem all ranks see);
     # this collective is also the barrier that keeps rank 0 from writing into run_dir before every
     # rank has looked at it (here, and in the caller's checks of the directory).
     low, high = ddp.all_max([-float(resuming), float(resuming)], cfg.device)
     if -low != high:
-        raise DataError(f"{run_dir}: only some processes see state.json; resuming a distributed run needs "
+        raise DataError(f"{run_dir}: only some processes see its checkpoint; resuming a distributed run needs "
                         "the run directory on a filesystem that every process sees")
+    metrics: list[str] = []
     if resuming:
-        state = ckpt.read_state(run_dir / "state.json")
-        ckpt.load_weights(run_dir / "last.safetensors", model, epoch=state["epoch"])
-        tensors, meta = ckpt.load_tensors_and_meta(run_dir / "optimizer.safetensors", kind="hlbl-optimizer")
-        ckpt.check_epoch(run_dir / "optimizer.safetensors", meta, state["epoch"])
+        state = ckpt.read_state(found / "state.json")
+        ckpt.load_weights(found / "last.safetensors", model, epoch=state["epoch"], vocab=corpus.vocab)
+        tensors, meta = ckpt.load_tensors_and_meta(found / "optimizer.safetensors", kind="hlbl-optimizer")
+        ckpt.check_epoch(found / "optimizer.safetensors", meta, state["epoch"])
         optimizer = make_optimizer(model, cfg, state["lr"])
         ckpt.restore_optimizer(optimizer, tensors, state["optimizer"])
-        if ddp.rank() == 0:  # lines of an epoch that ended after its checkpoint (a kill) are run again
-            _keep_metrics_until(run_dir / "metrics.jsonl", state["epoch"])
-        log(f"resuming after epoch {state['epoch']} (best valid perplexity {state['best_valid_ppl']:.2f})")
+        metrics = _checkpoint_metrics(run_dir, found, state["epoch"], log)
+        if ddp.rank() == 0 and found != run_dir:
+            ckpt.publish(run_dir, found)  # (a crash may have stopped the last publication half-way)
+            ckpt.prune_checkpoints(run_dir, found)
+        where = found.relative_to(run_dir) if found != run_dir else "its files"
+        log(f"resuming after epoch {state['epoch']} from {where}, the newest complete checkpoint "
+            f"(best valid perplexity {state['best_valid_ppl']:.2f})")
+    elif is_run:
+        log(f"{run_dir} has no complete checkpoint: training from the start, with the run's own recipe")
+        if ddp.rank() == 0:
+            _report_metrics_dropped(run_dir / "metrics.jsonl", [], log)
+            atomic.write_text(run_dir / "metrics.jsonl", "")
     elif ddp.rank() == 0:
         ckpt.save_run_files(run_dir, model, corpus.vocab, cfg.to_json(), corpus_spec,
-                            {s: stream_fingerprint(corpus[s]) for s in ("train", "valid")}, corpus_meta(corpus))
-        (run_dir / "metrics.jsonl").write_text("")
+                            {s: stream_fingerprint(corpus[s]) for s in ("train", "valid")}, options,
+                            corpus_meta=corpus_meta(corpus))
+        atomic.write_text(run_dir / "metrics.jsonl", "")
     ddp.broadcast_parameters(model)
-    return state, optimizer
+    best = found / "best.safetensors" if resuming else None
+    return state, optimizer, metrics, best
 
 
-def _keep_metrics_until(path: Path, epoch: int) -> None:
-    """Drop the metrics lines of epochs after ``epoch`` (and any torn last line)."""
-    if not path.is_file():
+def check_recipe(run_dir: Path, model: LBL, vocab, cfg: TrainConfig) -> None:
+    """A resume continues a run with the run's own recipe: refuse a model, vocabulary, tree or
+    training setting that differs from run.json (apart from :data:`RUNTIME_SETTINGS`), naming it."""
+    config, own_vocab, tree, info = ckpt.load_recipe(run_dir)
+    path = run_dir / "run.json"
+    try:
+        own = TrainConfig.from_json(info["train"]).to_json()
+    except ValueError as e:
+        raise ckpt.CheckpointError(f"{path}: bad training config ({e})") from None
+    diffs = [f"model {k} {v!r} (the run's is {config.to_json()[k]!r})"
+             for k, v in model.config.to_json().items() if config.to_json().get(k) != v]
+    diffs += [f"training {k} {v!r} (the run's is {own[k]!r})"
+              for k, v in cfg.to_json().items() if k not in RUNTIME_SETTINGS and own.get(k) != v]
+    if ckpt.vocab_fingerprint(own_vocab) != ckpt.vocab_fingerprint(vocab):
+        diffs.append("another vocabulary than vocab.json")
+    if (tree is None) != (model.tree is None) or (tree is not None and tree.fingerprint() != model.tree.fingerprint()):
+        diffs.append("another word tree than tree.json")
+    if diffs:
+        raise ckpt.CheckpointError(f"{run_dir} is a run of another recipe: {'; '.join(diffs)}. A resume continues "
+                                   "a run with its own recipe")
+
+
+def _checkpoint_metrics(run_dir: Path, found: Path, epoch: int, log) -> list[str]:
+    """The metrics lines of a checkpoint (the epochs up to its own); differences from the
+    run directory's metrics.jsonl (lines of an epoch whose checkpoint was never written, a torn
+    last line) are reported, not dropped silently."""
+    if found == run_dir:  # a run from before checkpoints had their own directories
+        path = run_dir / "metrics.jsonl"
+        text = path.read_bytes().decode("utf-8", "replace") if path.is_file() else ""
+        keep = []
+        for line in text.splitlines():
+            try:
+                if json.loads(line)["epoch"] <= epoch:
+                    keep.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
+        if ddp.rank() == 0:
+            _report_metrics_dropped(path, keep, log)
+            atomic.write_text(path, "".join(x + "\n" for x in keep))
+        return keep
+    lines = ckpt.read_metrics(found / "metrics.jsonl")
+    if len(lines) != epoch:
+        raise ckpt.CheckpointError(f"{found / 'metrics.jsonl'}: {len(lines)} lines, its state.json ends epoch {epoch}")
+    keep = (found / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    if ddp.rank() == 0:
+        _report_metrics_dropped(run_dir / "metrics.jsonl", keep, log)
+    return keep
+
+
+def _report_metrics_dropped(path: Path, keep: list[str], log) -> None:
+    """Say what of ``path`` the checkpoint's log replaces (nothing said when they agree)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
         return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["epoch"] <= epoch:
-                keep.append(line)
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
-    atomic.write_text(path, "".join(x + "\n" for x in keep))
+    want = "".join(x + "\n" for x in keep).encode("utf-8")
+    if data == want:
+        return
+    if data.startswith(want):
+        extra = data[len(want):].split(b"\n")
+        torn = extra[-1] != b""
+        whole = len([x for x in extra[:-1] if x.strip()])
+        what = ([f"{whole} line(s) of epochs after the checkpoint"] if whole else []) + (
+            ["a torn last line (cut off by a crash)"] if torn else [])
+        log(f"note: {path}: dropped {' and '.join(what)}; those epochs are trained again")
+    else:
+        log(f"note: {path} differs from the checkpoint's log (edited, or damaged); replaced by the checkpoint's")
 
 
-def _checkpoint(model: LBL, optimizer: torch.optim.Optimizer, state: dict, run_dir: Path) -> None:
-    """The end-of-epoch checkpoint: optimiser, last weights, then the state that points at them.
-    Each file is atomic, and Ctrl-C or SIGTERM waits until all three are written. The two tensor
-    files record their epoch, so a run killed between them and the state in a way that cannot
-    wait (SIGKILL, a crash) is refused at resume with a clear error instead of mixing two epochs."""
+def _checkpoint(model: LBL, optimizer: torch.optim.Optimizer, state: dict, run_dir: Path, vocab,
+                metrics: list[str], best: Path | None) -> Path:
+    """The end-of-epoch checkpoint, one atomic commit (:func:`hlbl.checkpoint.commit_checkpoint`):
+    optimiser, last weights, best weights (``best``: the previous checkpoint's file when this
+    epoch did not improve, linked), the metrics log and the state; then the run directory's
+    top-level copies, and the previous checkpoint removed. Ctrl-C or SIGTERM waits for all of it;
+    kill -9 or a power cut at any point leaves the previous checkpoint or this one, whole."""
     tensors, meta = ckpt.optimizer_tensors(optimizer)
     state["optimizer"] = meta
+    epoch = state["epoch"]
+
+    def text(content: str):
+        return lambda path: path.write_text(content, encoding="utf-8")
+
+    files = {
+        "optimizer.safetensors": lambda path: ckpt.write_tensors(path, tensors, kind="hlbl-optimizer",
+                                                                 meta={"epoch": str(epoch)}),
+        "last.safetensors": lambda path: ckpt.write_weights(path, model, epoch=epoch, vocab=vocab),
+        "best.safetensors": best if best is not None else (lambda path: ckpt.write_weights(path, model, vocab=vocab)),
+        "metrics.jsonl": text("".join(x + "\n" for x in metrics)),
+        "state.json": text(json.dumps({"format": ckpt.STATE_FORMAT, "version": ckpt.FORMAT_VERSION, **state}, indent=1)),
+    }
     with atomic.interrupts_deferred():
-        ckpt.save_tensors(run_dir / "optimizer.safetensors", tensors, kind="hlbl-optimizer",
-                          meta={"epoch": str(state["epoch"])})
-        ckpt.save_weights(run_dir / "last.safetensors", model, epoch=state["epoch"])
-        ckpt.write_state(run_dir / "state.json", state)
+        found = ckpt.commit_checkpoint(run_dir, epoch, files)
+        ckpt.publish(run_dir, found)
+        ckpt.prune_checkpoints(run_dir, found)
+    return found

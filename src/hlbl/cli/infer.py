@@ -38,46 +38,133 @@ def _more_input_waiting(buf) -> Callable[[], bool]:
     return lambda: bool(select.select([fd], [], [], 0)[0])
 
 
-def _stdin_chunks(size: int = 1024):
+LONG_LINE_BYTES = 1 << 20  # a line longer than this is read piece by piece (see _stdin_chunks)
+_SPACE = tuple(b" \t\r\x0b\x0c")
+
+
+def _stdin_chunks(size: int = 1024, long_line: Callable[[], object] | None = None):
     """Lines of stdin (line end removed) in lists of at most ``size``. A list goes out when it is
     full or when no more input is waiting, so a person typing, or a program that writes a line and
     waits for the answer, gets it at once, while a file still goes through in large batches.
 
     Read as corpus files are, whatever the locale: UTF-8, strictly (an error names the line), a
-    leading byte-order mark dropped, line ends \\n, \\r\\n or a lone \\r."""
+    leading byte-order mark dropped, line ends \\n, \\r\\n or a lone \\r.
+
+    Memory stays bounded whatever a line's length: a line longer than LONG_LINE_BYTES is given,
+    as it is read, in pieces cut at whitespace to ``long_line()``'s ``feed(text)``, and its list
+    entry is what that object's ``finish()`` returns (a lone \\r inside such a line is read as a
+    space). Without ``long_line`` lines are held whole."""
     buf = sys.stdin.buffer
     waiting = _more_input_waiting(buf)
-    chunk, number, unended = [], 0, []  # unended: the pieces of a line whose end has not come yet
+    chunk, number, unended, pending = [], 0, [], 0  # unended: the pieces of a line whose end has not come yet
+    sink = None  # the long_line() object of the current line, once it is long
+
+    def decode(piece: bytes, line: int) -> str:
+        try:
+            return piece.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"standard input is not UTF-8 text (line {line}: byte 0x{piece[e.start]:02x} "
+                            f"at byte {e.start + 1} of the line)") from None
+
     while True:
         block = buf.read1(1 << 16)  # what is there, waiting only when nothing is
         if block:
             *complete, rest = block.split(b"\n")
             if complete:
                 complete[0] = b"".join(unended) + complete[0]
-                unended = []
-            unended.append(rest)
+                unended, pending = [], 0
         else:  # end of input: what is left is the last line
             last = b"".join(unended)
-            complete = [last] if last else []
-        for raw in complete:
+            complete, rest = ([last] if last or sink is not None else []), b""
+        for i, raw in enumerate(complete):
+            if i == 0 and sink is not None:  # the end of a long line
+                number += 1
+                sink.feed(decode(raw, number))
+                item = sink.finish()
+                sink = None
+                if item is not None:
+                    chunk.append(item)
+                if len(chunk) >= size:
+                    yield chunk
+                    chunk = []
+                continue
             for piece in raw.removesuffix(b"\r").split(b"\r"):  # \r\n, or a lone \r, ends a line
                 number += 1
-                try:
-                    line = piece.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"standard input is not UTF-8 text (line {number}: byte 0x{piece[e.start]:02x} "
-                                    f"at byte {e.start + 1} of the line)") from None
+                line = decode(piece, number)
                 chunk.append(line.removeprefix("\ufeff") if number == 1 else line)
                 if len(chunk) == size:
                     yield chunk
                     chunk = []
         if not block:
             break
+        unended.append(rest)
+        pending += len(rest)
+        if long_line is not None and pending > LONG_LINE_BYTES:
+            joined = b"".join(unended)
+            cut = max(joined.rfind(bytes([c])) for c in _SPACE)  # never inside a token (or a UTF-8 sequence)
+            if cut >= 0:
+                if sink is None:
+                    sink = long_line()
+                    if number == 0:
+                        joined = joined.removeprefix(b"\xef\xbb\xbf")
+                        cut = max(joined.rfind(bytes([c])) for c in _SPACE)
+                sink.feed(decode(joined[: cut + 1], number + 1))
+                unended, pending = [joined[cut + 1:]], len(joined) - cut - 1
         if chunk and not waiting():
             yield chunk
             chunk = []
     if chunk:
         yield chunk
+
+
+class _LongContext:
+    """predict's view of a long line: only its last ``n`` words (and its unknown-word count) are kept."""
+
+    def __init__(self, vocab, n: int):
+        self.vocab, self.n, self.words, self.oov = vocab, n, [], 0
+
+    def feed(self, text: str) -> None:
+        tokens = text.split()
+        self.oov += self.vocab.encode_counting_oov(tokens)[1]
+        self.words = (self.words + tokens[-self.n:])[-self.n:] if self.n else []
+
+    def finish(self) -> "_LongContext":
+        return self
+
+
+class _LongSentence:
+    """score's view of a long line: scored piece by piece, each piece with the last ``n`` ids of the
+    previous one as its context, as the whole line would be (up to the order of float sums)."""
+
+    def __init__(self, model, vocab, device):
+        self.model, self.vocab, self.device = model, vocab, device
+        self.ctx = [vocab.eos] * model.config.context
+        self.total, self.tokens, self.oov = 0.0, 0, 0
+
+    def _score(self, ids: list[int]) -> None:
+        import numpy as np
+
+        from ..evaluate import token_log_probs
+
+        n = len(self.ctx)
+        stream = np.asarray(self.ctx + ids, dtype=np.int32)
+        self.total += float(token_log_probs(self.model, stream, self.vocab.eos, device=self.device)[n:].sum())
+        self.tokens += len(ids)
+        self.ctx = (self.ctx + ids)[len(ids):] if n else []
+
+    def feed(self, text: str) -> None:
+        ids, oov = self.vocab.encode_counting_oov(text.split())
+        self.oov += oov
+        if ids:
+            self._score(ids)
+
+    def finish(self):
+        from ..scoring import SentenceScore
+
+        if self.tokens == 0:
+            return None  # a blank line, however long: not a sentence
+        self._score([self.vocab.eos])
+        return SentenceScore(self.total / math.log(10.0), self.tokens, self.oov)
 
 
 def cmd_generate(args) -> int:
@@ -116,11 +203,14 @@ def cmd_score(args) -> int:
     model, vocab, device = _load_for_inference(args)
     protocol = args.blank_lines or read_run(args.run).get("blank_lines", "drop")  # the run's by default
     scores, dropped = [], 0
-    for chunk in _stdin_chunks():
-        # drop: blank lines are not sentences; keep: each is an empty sentence, scored as <eos>
-        sentences = chunk if protocol == "keep" else [line for line in chunk if line.strip()]
-        dropped += len(chunk) - len(sentences)
-        for s in score_sentences(model, vocab, sentences, device=device):
+    for chunk in _stdin_chunks(long_line=lambda: _LongSentence(model, vocab, device)):
+        # drop: blank lines are not sentences; keep: each is an empty sentence, scored as <eos>.
+        # A long line comes already scored (not a str).
+        kept = [line for line in chunk if not isinstance(line, str) or protocol == "keep" or line.strip()]
+        dropped += len(chunk) - len(kept)
+        scored = iter(score_sentences(model, vocab, [line for line in kept if isinstance(line, str)], device=device))
+        for line in kept:
+            s = next(scored) if isinstance(line, str) else line
             scores.append(s)
             if args.json:
                 print(json.dumps({"log10_prob": s.log10_prob, "tokens": s.tokens, "oov": s.oov}))
@@ -141,8 +231,11 @@ def cmd_predict(args) -> int:
     model, vocab, device = _load_for_inference(args)
     n = model.config.context
     unknown = 0
-    for chunk in _stdin_chunks():
-        encoded = [encode_context(vocab, line.split(), n) for line in chunk]
+    for chunk in _stdin_chunks(long_line=lambda: _LongContext(vocab, n)):
+        # A long line arrives as its last n words; JSON shows those as its context.
+        encoded = [encode_context(vocab, line.split(), n) if isinstance(line, str)
+                   else (encode_context(vocab, line.words, n)[0], line.oov) for line in chunk]
+        chunk = [line if isinstance(line, str) else "... " + " ".join(line.words) for line in chunk]
         unknown += sum(oov for _, oov in encoded)
         ctx = torch.tensor([c for c, _ in encoded], dtype=torch.int64, device=device).view(len(chunk), n)
         values, idx = model.topk(ctx, args.k)

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .. import distributed
+from .. import checkpoint as ckpt
 from ..checkpoint import load_model, read_run, read_state
 from ..data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus, run_corpus, stream_fingerprint
 from ..evaluate import evaluate
@@ -58,9 +59,41 @@ def cmd_train(args) -> int:
     return rc
 
 
+# Flags a resume may give: how to run, not what is learned (--data is checked by its text).
+# --blank-lines is checked against the run's own record in _resumed_run.
+RESUME_FLAGS = {"out", "resume", "data", "epochs", "engine", "hogwild", "device", "threads", "quiet", "blank_lines"}
+_RECORDED_AS = {"weight_decay": "weight_decay_other", "epochs": "max_epochs"}  # flag dest -> run.json name
+
+
+def _contradictions(args, info: dict) -> list[str]:
+    """The flags given with --resume that differ from the run's recipe (run.json), in words."""
+    parser_flags = getattr(args, "_flag_names", {})
+    out = []
+    for dest in sorted(getattr(args, "_given", set()) - RESUME_FLAGS):
+        flag = parser_flags.get(dest, "--" + dest.replace("_", "-"))
+        key = _RECORDED_AS.get(dest, dest)
+        value = getattr(args, dest)
+        recorded = [sec[key] for sec in (info.get("model", {}), info.get("train", {}), info.get("options") or {})
+                    if key in sec]
+        if not recorded:
+            out.append(f"{flag} (the run does not record it)")
+            continue
+        same = recorded[0] == value or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                        and isinstance(recorded[0], (int, float)) and float(recorded[0]) == float(value))
+        if not same:
+            out.append(f"{flag} {value} (the run's is {recorded[0]})")
+    return out
+
+
 def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple[LBL, Corpus, TrainConfig]:
-    """The run's own model (last weights), vocabulary and recipe; only --epochs may change."""
-    model, vocab, info = load_model(out, which="last")
+    """The run's own model, vocabulary and recipe (run.json: the only source of the recipe on a
+    resume); only --epochs and the settings of how to run may change. The weights come from the
+    newest complete checkpoint in :func:`hlbl.train.fit`, or from the run's seed when it has none."""
+    config, vocab, tree, info = ckpt.load_recipe(out)
+    differ = _contradictions(args, info)
+    if differ:
+        raise DataError(f"--resume continues {out} with its own recipe, and these flags contradict it: "
+                        f"{', '.join(differ)}; leave them out, or choose a new --out for a new run")
     blank_lines = info.get("blank_lines", "drop")  # (runs that predate the protocol's record dropped them)
     if args.blank_lines not in (None, blank_lines):
         raise DataError(f"{out} was trained with --blank-lines {blank_lines}; resume it with the same")
@@ -74,17 +107,30 @@ def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple
         cfg = TrainConfig.from_json(info["train"], **({"max_epochs": args.epochs} if args.epochs else {}))
     except ValueError as e:
         raise DataError(f"{out / 'run.json'}: bad training config ({e})") from None
-    done = read_state(out / "state.json")
-    if first and done["done"]:
+    found = ckpt.latest_checkpoint(out)
+    done = read_state(found / "state.json") if found is not None else None
+    if first and done is not None and done["done"]:
         print(f"note: {out} had already stopped early (after epoch {done['epoch']}): nothing to train; "
               "reporting its best weights", file=sys.stderr)
-    elif first and done["epoch"] >= cfg.max_epochs:
+    elif first and done is not None and done["epoch"] >= cfg.max_epochs:
         print(f"note: {out} has {done['epoch']} epochs and --epochs is {cfg.max_epochs}: nothing to train; "
               "pass a larger --epochs to continue", file=sys.stderr)
     if first:
-        print(f"resuming {out}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
+        where = ("with no complete checkpoint: from the start" if found is None else
+                 f"after epoch {done['epoch']}, from its newest complete checkpoint "
+                 f"({found.relative_to(out) if found != out else 'its files'})")
+        print(f"resuming {out} {where}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
               "--hogwild, --device and --threads apply)", file=sys.stderr)
+    try:  # a checkpoint holds every weight; without one the run starts again from its own seed
+        model = LBL(config, tree, torch.Generator().manual_seed(cfg.seed), init=found is None)
+    except ValueError as e:
+        raise ckpt.CheckpointError(f"{out}: {e}") from None
+    if found is None:
+        model.init_unigram(vocab.counts)
     return model, corpus, cfg
+
+
+TREE_KINDS = ("random", "huffman")
 
 
 def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, TrainConfig]:
@@ -93,6 +139,9 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
         raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
     if args.momentum is not None and args.optimizer != "momentum":
         raise DataError(f"--momentum applies to --optimizer momentum only, not {args.optimizer}")
+    if args.tree is not None and args.tree not in TREE_KINDS and not Path(args.tree).exists():
+        raise DataError(f"--tree {args.tree}: not {', '.join(TREE_KINDS)}, nor a tree file (.json or .npz; "
+                        "hlbl tree build writes one)")
     corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits, blank_lines=args.blank_lines or "drop")
     V = len(corpus.vocab)
     try:
@@ -107,6 +156,9 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
                           progress=not args.quiet)
     except ValueError as e:
         raise DataError(str(e)) from None
+    from ..train import check_model_memory
+
+    check_model_memory(mcfg, f"--dim {args.dim} with {V:,} words")
     tree = build_tree(args.tree or "random", V, corpus.vocab.counts, args.seed) if takes_tree(args.output) else None
     model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
     model.init_unigram(corpus.vocab.counts)
@@ -115,21 +167,24 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
 
 def _train(args, device: str) -> int:
     first = distributed.rank() == 0  # under torchrun only process 0 prints
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file, not a run directory")
+    from ..train import refuse_foreign_directory
+
+    resuming = bool(args.resume) and (out / "run.json").exists()
+    if args.resume and not resuming:
+        refuse_foreign_directory(out)  # --resume never writes into a directory that holds something else
+        if first:
+            print(f"note: {out} holds no run: nothing to resume, starting a new run", file=sys.stderr)
+    elif not args.resume and out.exists() and any(out.iterdir()):
+        raise DataError(f"{out} is not empty; choose a new --out, pass --resume, or delete it")
     if args.data is None:
-        if not (args.resume and (Path(args.out) / "run.json").is_file()):
+        if not resuming:
             raise DataError("--data is needed (it may be left out to --resume a run, which records its corpus)")
         args.data = str(run_corpus(read_run(args.out)))
     # A corpus without a test split can still be trained on (the final report skips test).
     splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} is a file, not a run directory")
-    if out.exists() and any(out.iterdir()) and not args.resume:
-        raise DataError(f"{out} is not empty; choose a new --out, pass --resume, or delete it")
-    resuming = args.resume and (out / "run.json").exists() and (out / "state.json").exists()
-    if args.resume and not resuming and first:
-        why = "has no finished epoch" if (out / "run.json").exists() else "holds no run"
-        print(f"note: {out} {why}: nothing to resume, starting a new run", file=sys.stderr)
     if resuming:
         model, corpus, cfg = _resumed_run(args, out, splits, first)
     else:
@@ -148,7 +203,10 @@ def _train(args, device: str) -> int:
         print(f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
               f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, "
               f"device {device}", file=sys.stderr)
-    state = fit(model, corpus, cfg, out, resume=resuming, corpus_spec=corpus_record(args.data), log=log)
+    options = {"tree": args.tree or "random"} if takes_tree(model.config.output) else {}
+    options.update(max_vocab=args.max_vocab, min_count=args.min_count)
+    state = fit(model, corpus, cfg, out, resume=resuming, corpus_spec=corpus_record(args.data), log=log,
+                options=options)
     if not first:
         return 0
     valid = corpus.token_counts("valid")
@@ -230,10 +288,11 @@ def add_commands(sub) -> None:
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     t.add_argument("--threads", type=int, default=None, help="CPU threads (PyTorch and numba)")
     t.add_argument("--max-train-tokens", type=int, default=None, help="train on this many tokens only")
-    t.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint "
-                   "(a new run if it has no finished epoch yet)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --out from its newest complete "
+                   "checkpoint, with its own recipe (run.json); a new run if --out holds none")
     t.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
     t.set_defaults(func=cmd_train)
+    _note_given_flags(t)
 
     e = sub.add_parser("eval", help="perplexity of a trained run on a split (one JSON line)")
     run_args(e)
@@ -245,3 +304,23 @@ def add_commands(sub) -> None:
     e.add_argument("--weight", default="auto", help="with --interpolate: W in [0, 1], or auto (tuned on valid)")
     e.set_defaults(func=cmd_eval)
 
+
+
+class _Given:
+    """Mixed into an argparse action: records that its flag was given (a resume refuses recipe
+    flags that contradict the run, and a flag left at its default contradicts nothing)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if not hasattr(namespace, "_given"):
+            namespace._given = set()
+        namespace._given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _note_given_flags(parser) -> None:
+    names = {}
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            action.__class__ = type(f"Given{type(action).__name__}", (_Given, type(action)), {})
+            names[action.dest] = max(action.option_strings, key=len)
+    parser.set_defaults(_flag_names=names)

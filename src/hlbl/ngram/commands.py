@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -63,11 +64,25 @@ def cmd_ngram_eval(args) -> int:
     model = read_arpa(args.arpa)
     vocab = arpa_vocab(model)
     corpus = load_corpus(args.data, vocab=vocab, splits=(args.split,), blank_lines=args.blank_lines)
-    report = perplexity_report(token_log_probs(model, corpus[args.split], vocab))
+    stream = corpus[args.split]
+    lp = token_log_probs(model, stream, vocab)
+    _refuse_zero_probabilities(lp, stream, vocab, args.arpa, args.split)
+    report = perplexity_report(lp)
     # oov: words the model scores as its <unk>; unk_in_text: the text's own <unk> tokens; the blank-line protocol
     report.update(corpus.token_counts(args.split))
     print(json.dumps(report))
     return 0
+
+
+def _refuse_zero_probabilities(lp: np.ndarray, stream, vocab: Vocab, arpa, split: str, why: str = "") -> None:
+    """An n-gram model that gives a token probability 0 (an ARPA log10 probability of -inf) has an
+    infinite perplexity, which JSON cannot hold: say so in one line, naming the model and a token."""
+    zero = np.flatnonzero(~np.isfinite(lp))
+    if len(zero):
+        first = int(zero[0])
+        raise DataError(f"{arpa} gives {len(zero):,} of the {len(lp):,} {split} tokens probability 0 (log10 -inf), "
+                        f"the first {vocab.words[int(stream[first])]!r} (token {first + 1:,}){why}: its perplexity "
+                        "is infinite; the ARPA file's probabilities (or backoff weights) for these words are -inf")
 
 
 def parse_weight(text: str) -> float | None:
@@ -113,15 +128,26 @@ def interpolated_report(model, corpus, split: str, arpa, weight: str | float = "
     for s in {split, "valid"} if auto else {split}:
         scored[s] = (neural_log_probs(model, corpus[s], vocab.eos, device=device),
                      token_log_probs(ngram, corpus[s], vocab))
-    if auto:
-        w = tune_weight(*scored["valid"])
-    a, b = scored[split]
-    report = perplexity_report(interpolate(a, b, w))
+    # An n-gram probability of 0 (log -inf) is a valid mixture component: the mixture is then the
+    # neural share alone for that token (no warning); log(0) below is meant.
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        if auto:
+            w = tune_weight(*scored["valid"])
+        a, b = scored[split]
+        mixed = interpolate(a, b, w)
+    if not np.isfinite(mixed).all():  # only where both give 0: with weight 0, the n-gram model's zeros
+        _refuse_zero_probabilities(b if w == 0 else mixed, corpus[split], vocab, arpa, split,
+                                   f" and the mixture weight is {w}" if w == 0 else "")
+    report = perplexity_report(mixed)
+    ngram_ppl = math.exp(-float(b.mean())) if np.isfinite(b).all() else None
+    if ngram_ppl is None:
+        print(f"note: {arpa} gives {int((~np.isfinite(b)).sum()):,} {split} tokens probability 0: its own perplexity "
+              "is infinite (ngram_perplexity null); the mixture's is finite", file=sys.stderr)
     report.update({
         "weight": w,
         "weight_tuned_on": "valid" if auto else None,
         "model_perplexity": math.exp(-float(a.mean())),
-        "ngram_perplexity": math.exp(-float(b.mean())),
+        "ngram_perplexity": ngram_ppl,
     })
     return report
 

@@ -1,0 +1,226 @@
+"""Property-based fuzzing of the readers of every file a user can hand to hlbl (run.json,
+state.json, vocab.json, tree.json, metrics.jsonl, ARPA): any input either loads or raises an
+HlblError with a one-line message (which the CLI prints as ``hlbl: error: ...``), never another
+exception. Inputs are arbitrary bytes, arbitrary JSON, and valid files with one field replaced
+by an arbitrary JSON value (the likeliest hand edit). Bounded: a fixed number of examples each."""
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from conftest import tiny_corpus  # noqa: E402
+from hlbl import checkpoint as ckpt  # noqa: E402
+from hlbl.errors import HlblError  # noqa: E402
+from hlbl.ngram.arpa import parse_arpa  # noqa: E402
+from hlbl.tree import WordTree  # noqa: E402
+
+FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12)
+
+
+def loads_or_one_line_error(read, *args):
+    """``read(*args)``, which may only fail with a one-line HlblError."""
+    try:
+        return read(*args)
+    except HlblError as e:
+        message = str(e)
+        assert message and "\n" not in message, repr(message)
+        return None
+
+
+def with_field(obj: dict, path: list, value):
+    """A deep copy of ``obj`` with the value at ``path`` (keys / list indices) replaced."""
+    obj = json.loads(json.dumps(obj))
+    at = obj
+    for key in path[:-1]:
+        at = at[key]
+    at[path[-1]] = value
+    return obj
+
+
+def leaves(obj, prefix=()):
+    """The paths of every value in a JSON object (lists: their first two items)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield prefix + (k,)
+            yield from leaves(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj[:2]):
+            yield prefix + (i,)
+            yield from leaves(v, prefix + (i,))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    from hlbl.cli import main
+
+    root = tmp_path_factory.mktemp("fuzz")
+    data = tiny_corpus(root / "corpus", n_train=60)
+    assert main(["train", "--data", str(data), "--out", str(root / "run"), "--epochs", "1", "--dim", "4",
+                 "--context", "2", "--device", "cpu", "--quiet", "--engine", "torch"]) == 0
+    return root / "run"
+
+
+@pytest.fixture
+def scratch(run, tmp_path):
+    dest = tmp_path / "run"
+    shutil.copytree(run, dest)
+    return dest
+
+
+def _fuzz_file(scratch, name, read, data: bytes):
+    original = (scratch / name).read_bytes()
+    (scratch / name).write_bytes(data)
+    try:
+        return loads_or_one_line_error(read, scratch)
+    finally:
+        (scratch / name).write_bytes(original)
+
+
+def _edits(valid: dict):
+    paths = sorted(leaves(valid), key=str)
+    return st.tuples(st.sampled_from(paths), json_values).map(lambda pv: with_field(valid, list(pv[0]), pv[1]))
+
+
+def _documents(valid: dict):
+    """Bytes of: a valid file with one field changed, any JSON value, or any bytes."""
+    as_json = st.one_of(_edits(valid), json_values).map(
+        lambda o: json.dumps(o, allow_nan=True).encode())  # (NaN and Infinity as Python's json writes them)
+    return st.one_of(as_json, as_json, st.binary(max_size=200))
+
+
+def test_run_json(scratch):
+    valid = json.loads((scratch / "run.json").read_text())
+
+    @FUZZ
+    @given(_documents(valid))
+    def check(data):
+        _fuzz_file(scratch, "run.json", lambda d: ckpt.load_model(d), data)
+
+    check()
+
+
+def test_state_json(scratch):
+    valid = json.loads((scratch / "checkpoints" / "epoch-000001" / "state.json").read_text())
+    model, _, _ = ckpt.load_model(scratch)
+    from hlbl.train import TrainConfig, make_optimizer
+
+    tensors = ckpt.load_tensors(scratch / "checkpoints" / "epoch-000001" / "optimizer.safetensors", "hlbl-optimizer")
+
+    def read(d):
+        state = ckpt.read_state(d / "checkpoints" / "epoch-000001" / "state.json")
+        assert isinstance(state["epoch"], int) and state["lr"] > 0 and math.isfinite(state["lr"])
+        assert state["done"] in (True, False)
+        optimizer = make_optimizer(model, TrainConfig(), state["lr"])
+        ckpt.restore_optimizer(optimizer, tensors, state["optimizer"])
+        for group in optimizer.param_groups:  # what the first step would use
+            assert type(group["lr"]) in (int, float) and math.isfinite(group["lr"]) and group["lr"] > 0, group
+            assert type(group["momentum"]) in (int, float) and math.isfinite(group["momentum"]), group
+
+    @FUZZ
+    @given(_documents(valid))
+    def check(data):
+        _fuzz_file(scratch, "checkpoints/epoch-000001/state.json", read, data)
+
+    check()
+
+
+def test_vocab_json(scratch):
+    valid = json.loads((scratch / "vocab.json").read_text())
+
+    @FUZZ
+    @given(_documents(valid))
+    def check(data):
+        _fuzz_file(scratch, "vocab.json", lambda d: ckpt.load_model(d), data)
+
+    check()
+
+
+def test_tree_json(scratch):
+    valid = json.loads((scratch / "tree.json").read_text())
+
+    @FUZZ
+    @given(_documents(valid))
+    def check(data):
+        _fuzz_file(scratch, "tree.json", lambda d: (WordTree.load(d / "tree.json"), ckpt.load_model(d)), data)
+
+    check()
+
+
+def test_metrics_jsonl(scratch):
+    line = (scratch / "metrics.jsonl").read_text().splitlines()[0]
+    valid = json.loads(line)
+    lines = st.one_of(_edits(valid).map(lambda o: json.dumps(o).encode()), st.binary(max_size=60))
+
+    @FUZZ
+    @given(st.lists(lines, max_size=3), st.booleans())
+    def check(chosen, ended):
+        data = b"\n".join(chosen) + (b"\n" if ended and chosen else b"")
+        _fuzz_file(scratch, "metrics.jsonl", lambda d: ckpt.read_metrics(d / "metrics.jsonl"), data)
+
+    check()
+
+
+ARPA = """\\data\\
+ngram 1=4
+ngram 2=2
+
+\\1-grams:
+-1.0\t</s>
+-99\t<s>\t-0.5
+-0.8\tcat\t-0.3
+-1.2\t<unk>
+
+\\2-grams:
+-0.2\t<s> cat
+-0.1\tcat </s>
+
+\\end\\
+"""
+
+
+def test_arpa():
+    base = ARPA.splitlines()
+    token = st.sampled_from(["-inf", "nan", "inf", "1e400", "-0.5", "x", "", "\t", " ", "\\data\\", "ngram 1=9",
+                             "\\3-grams:", "<s>", "</s>", "cat", "\\end\\", "-99", "ngram 2=-1", "\x00", "é"])
+    edit = st.tuples(st.integers(0, len(base) - 1), st.lists(token, max_size=4).map("\t".join), st.booleans())
+
+    def apply(edits):
+        lines = list(base)
+        for i, text, insert in edits:
+            i = min(i, len(lines))
+            if insert:
+                lines.insert(i, text)
+            elif lines:
+                lines[i % len(lines)] = text
+        return "\n".join(lines).encode()
+
+    @FUZZ
+    @given(st.one_of(st.lists(edit, min_size=1, max_size=3).map(apply), st.binary(max_size=200)))
+    def check(data):
+        loads_or_one_line_error(parse_arpa, data, "lm.arpa")
+
+    check()
+
+
+def test_the_fuzzer_sees_a_traceback():
+    """The property can fail: a reader raising anything but HlblError is caught."""
+    with pytest.raises(AssertionError):
+        try:
+            loads_or_one_line_error(lambda: {}["missing"])
+        except KeyError:
+            raise AssertionError("a KeyError escaped") from None
+    assert loads_or_one_line_error(lambda: torch.zeros(1)) is not None
