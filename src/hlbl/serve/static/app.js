@@ -92,9 +92,8 @@ async function predict() {
     li.addEventListener("mouseenter", () => select(w));
     list.append(li);
   });
-  const keep = r.words.includes(state.selected) ? state.selected : r.words[0];
-  state.selected = null;
-  await Promise.all([select(keep), refreshPLeft()]);
+  state.selected = null;  // a new context: the decisions follow its top word (hovering shows another's)
+  await Promise.all([select(r.words[0]), refreshPLeft()]);
 }
 
 function addWord(w) {
@@ -112,7 +111,7 @@ async function sample() {
   try {
     const r = await api("/v1/generate", { prompt, tokens: +$("#tokens").value, seed, temperature: +$("#temperature").value });
     out.replaceChildren(el("span", "prompt", prompt.trim() + (prompt.trim() ? " " : "")),
-                        document.createTextNode(r.words.map((w) => (w === "<eos>" ? "⏎\n" : w)).join(" ")));
+                        document.createTextNode(r.words.map((w) => (w === "<eos>" ? "⏎\n" : w + " ")).join("")));
     $("#seed").value = seed + 1;  // the next press draws another sample; the seed shown reproduces this one
   } catch (e) {
     out.replaceChildren(el("span", "error", e.message));
