@@ -11,6 +11,9 @@ of the corpus's validation sentences (the run's corpus), each request a differen
 The client is asyncio on raw sockets with the requests encoded in advance, so that it takes as
 little of the CPU the server shares with it as it can.
 
+Then the same load on a do-nothing ASGI application on uvicorn (same options, an answer of the same
+size, no model): the floor that the HTTP server, the client and the machine set, without hlbl.
+
 Next to it, in this process: the in-process time of the model's exact top-k for one context
 (``model.topk``, batch of 1) and per context in batches of 8 (what the server's batching does),
 median over the same contexts.
@@ -58,8 +61,34 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(run: Path, port: int, extra: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "hlbl", "serve", str(run), "--port", str(port), *extra]
+FLOOR_BODY = json.dumps({"context": ["<eos>", "<eos>", "the", "company", "said"], "oov": 0,
+                         "words": ["it", "the", "that", "<eos>", "he", "its", "a", "mr.", "they", "<unk>"],
+                         "probs": [0.20561453305298952] * 10}, separators=(",", ":")).encode()
+
+
+async def floor_app(scope, receive, send):
+    """Reads the request and answers a fixed prediction-sized body: uvicorn's own cost."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(FLOOR_BODY)).encode())]})
+    await send({"type": "http.response.body", "body": FLOOR_BODY})
+
+
+def serve_floor(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(floor_app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def start_server(run: Path | None, port: int, extra: list[str]) -> subprocess.Popen:
+    """``hlbl serve RUN`` on ``port``, or with ``run`` None the do-nothing floor application."""
+    if run is None:
+        cmd = [sys.executable, __file__, "--floor-port", str(port)]
+    else:
+        cmd = [sys.executable, "-m", "hlbl", "serve", str(run), "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -173,9 +202,55 @@ def loadavg() -> list[float] | None:
         return None
 
 
+def measure(run: Path | None, requests_of, args) -> dict:
+    """Start a server (``hlbl serve RUN``, or the floor application), load it, stop it."""
+    port = free_port()
+    server = start_server(run, port, args.server_args.split() if run is not None else [])
+    try:
+        try:
+            import uvloop
+
+            runner = uvloop.run
+        except ImportError:
+            runner = asyncio.run
+        lat, errors, (server_cpu, client_cpu) = runner(load(port, requests_of(port), args.clients, args.warmup,
+                                                            args.seconds, server.pid))
+        health = {}
+        if run is not None:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                health = json.load(r)
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    if not lat:
+        raise SystemExit(f"no request answered in the measured time; errors: {errors[:3]}")
+    lat.sort()
+
+    def q(x):
+        return round(1e3 * lat[min(len(lat) - 1, int(x * len(lat)))], 3)
+
+    out = {
+        "requests": len(lat), "errors": len(errors), "first_errors": errors[:3],
+        "requests_per_s": round(len(lat) / args.seconds, 1),
+        "latency_ms": {"p50": q(0.50), "p90": q(0.90), "p99": q(0.99), "max": round(1e3 * lat[-1], 3),
+                       "mean": round(1e3 * statistics.fmean(lat), 3)},
+        # CPU time per answered request: less sensitive than the rates to what else the machine
+        # runs. The server is one process, so 1e6 / server_cpu_us_per_request bounds its rate on a free core.
+        "server_cpu_us_per_request": round(1e6 * server_cpu / len(lat), 1),
+        "client_cpu_us_per_request": round(1e6 * client_cpu / len(lat), 1),
+    }
+    if "batches" in health:
+        out["server_mean_batch"] = round(health["predictions"] / max(1, health["batches"]), 2)
+    return out
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", required=True, help="run directory (a PTB model for the issue's target)")
+    p.add_argument("--run", help="run directory (a PTB model for the issue's target)")
+    p.add_argument("--floor-port", type=int, help=argparse.SUPPRESS)  # (the child process of the floor measurement)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--seconds", type=float, default=10.0, help="measured time (after --warmup)")
@@ -185,57 +260,31 @@ def main(argv=None) -> dict:
     p.add_argument("--server-args", default="", help="extra arguments for hlbl serve (one string)")
     p.add_argument("--out", default=None, help="also write the JSON result here")
     args = p.parse_args(argv)
+    if args.floor_port:
+        serve_floor(args.floor_port)
+        return {}
+    if not args.run:
+        p.error("--run is required")
     if args.clients < 1 or args.seconds <= 0 or args.warmup < 0:
         p.error("--clients must be at least 1 and --seconds positive")
     run = Path(args.run)
     contexts = contexts_from(run, args.contexts, args.seed)
-    port = free_port()
+    requests_of = lambda port: [request_bytes(port, c, args.k) for c in contexts]  # noqa: E731
     load_before = loadavg()
-    server = start_server(run, port, args.server_args.split())
-    try:
-        requests = [request_bytes(port, c, args.k) for c in contexts]
-        try:
-            import uvloop
-
-            runner = uvloop.run
-        except ImportError:
-            runner = asyncio.run
-        lat, errors, (server_cpu, client_cpu) = runner(load(port, requests, args.clients, args.warmup,
-                                                            args.seconds, server.pid))
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-            health = json.load(r)
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    served = measure(run, requests_of, args)
+    floor = measure(None, requests_of, args)
     load_after = loadavg()
-    if not lat:
-        raise SystemExit(f"no request answered in the measured time; errors: {errors[:3]}")
-    lat.sort()
-
-    def q(x):
-        return round(1e3 * lat[min(len(lat) - 1, int(x * len(lat)))], 3)
-
     inproc = in_process_topk(run, contexts, args.k, None)
     result = {
         "command": "python bench/serve_load.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "run": run.name, "clients": args.clients, "k": args.k, "seconds": args.seconds,
-        "requests": len(lat), "errors": len(errors), "first_errors": errors[:3],
-        "requests_per_s": round(len(lat) / args.seconds, 1),
-        "latency_ms": {"p50": q(0.50), "p90": q(0.90), "p99": q(0.99), "max": round(1e3 * lat[-1], 3),
-                       "mean": round(1e3 * statistics.fmean(lat), 3)},
-        # CPU time per answered request, whatever else the machine runs: the server is one process
-        # on one core at a time, so 1e6 / server_cpu_us_per_request bounds its requests/s on an idle core.
-        "server_cpu_us_per_request": round(1e6 * server_cpu / len(lat), 1),
-        "client_cpu_us_per_request": round(1e6 * client_cpu / len(lat), 1),
-        "server_mean_batch": round(health["predictions"] / max(1, health["batches"]), 2) if "batches" in health else None,
+        **served,
+        "floor_do_nothing_app": floor,
         "in_process_topk": inproc,
         "targets": {"p50_ms_below": 2.0, "requests_per_s_at_least": 1000},
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after},
     }
-    result["meets_targets"] = result["latency_ms"]["p50"] < 2.0 and result["requests_per_s"] >= 1000
+    result["meets_targets"] = served["latency_ms"]["p50"] < 2.0 and served["requests_per_s"] >= 1000
     text = json.dumps(result)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

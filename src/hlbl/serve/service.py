@@ -118,9 +118,6 @@ class Service:
         self.counts = np.asarray(vocab.counts, dtype=np.int64)
         tree = model.tree
         self.index = TreeIndex(tree, self.counts) if tree is not None else None
-        if tree is not None:  # node weights as float64 numpy, for the explorer's P(left) (O(depth d) a query)
-            self._W = model.out.weight.detach().to("cpu", torch.float64).numpy()
-            self._b = model.out.bias.detach().to("cpu", torch.float64).numpy()
         self.model_info = self._model_info()
 
     @classmethod
@@ -226,11 +223,11 @@ class Service:
 
     def p_left(self, context: list[int], nodes) -> np.ndarray:
         """P(left at j | context) = sigmoid(h . q_j + b_j) for each node j, in float64."""
+        out = self.model.out
         with torch.no_grad():
-            h = self.model.context_vector(torch.tensor([context], device=self.device))[0]
-        h = h.to("cpu", torch.float64).numpy()
-        nodes = np.asarray(nodes, dtype=np.int64)
-        s = self._W[nodes] @ h + self._b[nodes]
+            h = self.model.context_vector(torch.tensor([context], device=self.device))[0].double()
+            rows = torch.as_tensor(np.asarray(nodes, dtype=np.int64), device=self.device)
+            s = (out.weight[rows].double() @ h + out.bias[rows].double()).cpu().numpy()  # only these rows: O(len(nodes) d)
         return 0.5 * (1.0 + np.tanh(0.5 * s))  # sigmoid without overflow in exp(-s)
 
     def decisions(self, context: list[int], nodes: list[int]) -> dict:
