@@ -58,7 +58,7 @@ def browser():
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1000", "--disable-extensions", "--no-first-run"):
+                "--window-size=1400,1300", "--disable-extensions", "--no-first-run"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=DriverService(executable_path=DRIVER), options=options)
     driver.set_page_load_timeout(30)
