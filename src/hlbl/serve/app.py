@@ -9,9 +9,9 @@ once, at start; no request names a file.
 Concurrent ``/v1/predict`` requests are answered in batches: a request puts its context on a
 queue and waits; the first one schedules a flush on the event loop, which runs after every
 request already received in that turn of the loop has queued its own, so one exact top-k call
-answers them all (a batch of 8 contexts costs about twice one). The search is short and bounded
-(``k`` is), so it runs on the loop itself: handing it to a thread would cost more than it does.
-Scoring and sampling can take longer and run in worker threads, a few at a time.
+answers them all (a batch of 8 contexts costs about twice one; bench/serve_load.py). The search is
+short and bounded (``k`` is), so it runs on the loop itself, with no hand-off to a thread. Scoring,
+sampling and tree queries can take longer and run in worker threads, a few at a time.
 """
 
 from __future__ import annotations
@@ -33,10 +33,7 @@ from .service import Limits, NotFound, Service
 
 log = logging.getLogger("hlbl.serve")
 
-STATIC = {  # served name -> (package file, media type)
-    "app.js": ("app.js", "text/javascript; charset=utf-8"),
-    "style.css": ("style.css", "text/css; charset=utf-8"),
-}
+STATIC = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}  # file -> media type
 # The page loads only its own script and style and talks only to this server.
 PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'",
                 "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
@@ -223,8 +220,8 @@ def encode_json(obj) -> bytes:
 
 class Predict:
     """``POST /v1/predict``, answered before the router: the endpoint that has to be fast skips
-    Starlette's request objects, routing and middleware (about a third of the server's time per
-    prediction); its checks and errors are the same as the other endpoints'."""
+    Starlette's request objects, routing and exception middleware; its checks and errors are the
+    same as the other endpoints'. Other requests pass through to ``app``."""
 
     def __init__(self, app, service: Service, batcher: PredictBatcher):
         self.app = app
@@ -306,7 +303,7 @@ def create_app(service: Service, allowed_hosts: tuple[str, ...] | None = None, j
         name = request.path_params["name"]
         if name not in STATIC:
             raise ApiError(404, f"no file {name[:60]!r}")
-        return Response(files[name], media_type=STATIC[name][1], headers=PAGE_HEADERS)
+        return Response(files[name], media_type=STATIC[name], headers=PAGE_HEADERS)
 
     async def health(request: Request) -> Response:
         # How many predictions were answered in how many batches (their ratio: the mean batch size).
