@@ -404,10 +404,10 @@ def test_the_serve_command_answers_on_localhost(tiny_run):
     proc = subprocess.Popen([sys.executable, "-m", "hlbl", "serve", str(run), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
                     assert json.load(r)["status"] == "ok"
                 break
             except OSError:
@@ -416,12 +416,13 @@ def test_the_serve_command_answers_on_localhost(tiny_run):
                 time.sleep(0.2)
         req = urllib.request.Request(f"http://localhost:{port}/v1/predict", data=json.dumps({"context": "the", "k": 2}).encode(),
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=5) as r:
+        with urllib.request.urlopen(req, timeout=60) as r:  # the first search loads the numba kernel
             got = json.load(r)
         ids, _ = encode_context(vocab, ["the"], 3)
         assert got["words"] == vocab.decode(model.topk(torch.tensor([ids]), 2)[1][0])
         with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/health", headers={"Host": "evil.example"}))
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/health", headers={"Host": "evil.example"}),
+                                   timeout=60)
         assert e.value.code == 421
     finally:
         proc.terminate()
