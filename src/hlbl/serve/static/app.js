@@ -208,7 +208,12 @@ async function expand(node) {
   if (!n) return;
   if (!n.loaded) {
     n.loaded = true;
-    const r = await api(`/v1/tree/node/${node}`);
+    let r;
+    try { r = await api(`/v1/tree/node/${node}`); } catch (e) {
+      n.loaded = false;  // the next click asks again
+      n.row.querySelector(".meta").textContent = e.message;
+      return;
+    }
     r.children.forEach((kid, i) => n.kids.append(nodeItem(kid, i === 0 ? "left" : "right")));
     refreshPLeft();
   }
