@@ -2,6 +2,7 @@
 
     python bench/serve_load.py --run runs/ptb-random              # 8 clients, k = 10, 10 s
     python bench/serve_load.py --run runs/ptb-random --clients 1 --seconds 5
+    python bench/serve_load.py --run runs/ptb-random --compare-loop --repeat 3 --seconds 5
 
 Starts ``hlbl serve RUN`` in a child process on a free localhost port (as a user would), waits
 for ``/health``, then runs ``--clients`` connections in this process, each sending one request
@@ -11,8 +12,11 @@ of the corpus's validation sentences (the run's corpus), each request a differen
 The client is asyncio on raw sockets with the requests encoded in advance, so that it takes as
 little of the CPU the server shares with it as it can.
 
-Then the same load on a do-nothing ASGI application on uvicorn (same options, an answer of the same
-size, no model): the floor that the HTTP server, the client and the machine set, without hlbl.
+Then the same load on a do-nothing ASGI application on uvicorn (same options, an answer of the
+same size, no model): the floor that the HTTP server, the client and the machine set, without
+hlbl. ``--compare-loop`` also measures ``hlbl serve --predict-on-loop`` (the search on the event
+loop instead of a worker thread). ``--repeat N`` measures every variant N times, in turn (the
+load of a shared machine drifts), and reports each one's run of median requests/s.
 
 Next to it, in this process: the in-process time of the model's exact top-k for one context
 (``model.topk``, batch of 1) and per context in batches of 8 (what the server's batching does),
@@ -258,6 +262,9 @@ def main(argv=None) -> dict:
     p.add_argument("--contexts", type=int, default=5000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-args", default="", help="extra arguments for hlbl serve (one string)")
+    p.add_argument("--repeat", type=int, default=1, help="measure each variant this many times, in turn (median reported)")
+    p.add_argument("--compare-loop", action="store_true",
+                   help="also measure hlbl serve --predict-on-loop (the search on the event loop, no worker thread)")
     p.add_argument("--out", default=None, help="also write the JSON result here")
     args = p.parse_args(argv)
     if args.floor_port:
@@ -265,21 +272,38 @@ def main(argv=None) -> dict:
         return {}
     if not args.run:
         p.error("--run is required")
-    if args.clients < 1 or args.seconds <= 0 or args.warmup < 0:
-        p.error("--clients must be at least 1 and --seconds positive")
+    if args.clients < 1 or args.seconds <= 0 or args.warmup < 0 or args.repeat < 1:
+        p.error("--clients and --repeat must be at least 1 and --seconds positive")
     run = Path(args.run)
     contexts = contexts_from(run, args.contexts, args.seed)
     requests_of = lambda port: [request_bytes(port, c, args.k) for c in contexts]  # noqa: E731
     load_before = loadavg()
-    served = measure(run, requests_of, args)
-    floor = measure(None, requests_of, args)
+    # Variants measured in turn, --repeat times (the machine's load drifts: alternating spreads it).
+    variants = {"hlbl_serve": run, "floor_do_nothing_app": None}
+    if args.compare_loop:
+        variants["hlbl_serve_predict_on_loop"] = run
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    for _ in range(args.repeat):
+        for name, target in variants.items():
+            saved = args.server_args
+            if name == "hlbl_serve_predict_on_loop":
+                args.server_args = (saved + " --predict-on-loop").strip()
+            runs[name].append(measure(target, requests_of, args))
+            args.server_args = saved
     load_after = loadavg()
+
+    def median_run(rs: list[dict]) -> dict:  # the run of median requests/s, with every run's rate
+        best = sorted(rs, key=lambda r: r["requests_per_s"])[len(rs) // 2]
+        return {**best, "requests_per_s_each_run": [r["requests_per_s"] for r in rs]} if len(rs) > 1 else best
+
+    served = median_run(runs.pop("hlbl_serve"))
+    others = {name: median_run(rs) for name, rs in runs.items()}
     inproc = in_process_topk(run, contexts, args.k, None)
     result = {
         "command": "python bench/serve_load.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "run": run.name, "clients": args.clients, "k": args.k, "seconds": args.seconds,
         **served,
-        "floor_do_nothing_app": floor,
+        **others,
         "in_process_topk": inproc,
         "targets": {"p50_ms_below": 2.0, "requests_per_s_at_least": 1000},
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": load_after},

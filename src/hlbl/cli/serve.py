@@ -35,7 +35,8 @@ def cmd_serve(args) -> int:
     set_threads(args.threads)
     service = Service.load(args.run, which=args.which, device=args.device, limits=Limits(max_body=args.max_body))
     local = _loopback(args.host)
-    app = create_app(service, allowed_hosts=LOOPBACK_HOSTS if local else None, jobs=args.jobs)
+    app = create_app(service, allowed_hosts=LOOPBACK_HOSTS if local else None, jobs=args.jobs,
+                     predict_thread=not args.predict_on_loop)
     if not local:
         print(f"hlbl: note: serving on {args.host}: anyone who can reach this address can query the model",
               file=sys.stderr)
@@ -67,4 +68,6 @@ def add_commands(sub) -> None:
     s.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes")
     s.add_argument("--max-connections", type=int, default=256,
                    help="open connections and requests at once; beyond, requests get 503")
+    s.add_argument("--predict-on-loop", action="store_true",
+                   help="compute predictions on the event loop instead of a worker thread (to compare; slower under load)")
     s.set_defaults(func=cmd_serve)

@@ -11,8 +11,9 @@ queue and waits; the first one schedules the start of a batch on the event loop,
 every request already read in that turn of the loop has queued its own, and one exact top-k call
 answers them all (a batch of 8 contexts costs about twice one; bench/serve_load.py). The batch is
 computed in one worker thread while the loop goes on reading requests, which queue for the next
-batch (the numba search releases the GIL): with 8 clients on 2 cores that answered about 40% more
-requests per second than computing on the loop itself (alternating runs on a busy machine).
+batch (the numba search releases the GIL): with 8 clients on 2 busy cores that answered about 20% more
+requests per second than computing on the loop itself (``--predict-on-loop``; medians of 3
+alternating runs, results/serve.json).
 Scoring, sampling and tree queries can take longer and run in other worker threads, a few at a time.
 """
 
