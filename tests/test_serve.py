@@ -346,9 +346,10 @@ def test_host_check_refuses_other_names(tmp_path):
 # ---- concurrency --------------------------------------------------------------------------------------
 
 
-def test_concurrent_predictions_are_batched_and_each_gets_its_own_answer(service, tiny_run):
+@pytest.mark.parametrize("predict_thread", [True, False], ids=["worker_thread", "on_the_loop"])
+def test_concurrent_predictions_are_batched_and_each_gets_its_own_answer(service, tiny_run, predict_thread):
     _, model, vocab = tiny_run
-    app = create_app(service)
+    app = create_app(service, predict_thread=predict_thread)
     batcher = app.state.batcher
     contexts = [" ".join(vocab.words[(i * 7 + j) % len(vocab)] for j in range(i % 4)) for i in range(64)]
     ks = [1 + i % 5 for i in range(64)]
