@@ -276,7 +276,10 @@ def main(argv=None) -> dict:
         p.error("--clients and --repeat must be at least 1 and --seconds positive")
     run = Path(args.run)
     contexts = contexts_from(run, args.contexts, args.seed)
-    requests_of = lambda port: [request_bytes(port, c, args.k) for c in contexts]  # noqa: E731
+
+    def requests_of(port: int) -> list[bytes]:
+        return [request_bytes(port, c, args.k) for c in contexts]
+
     load_before = loadavg()
     # Variants measured in turn, --repeat times (the machine's load drifts: alternating spreads it).
     variants = {"hlbl_serve": run, "floor_do_nothing_app": None}

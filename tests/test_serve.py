@@ -5,11 +5,9 @@ import asyncio
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,21 +15,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import multi_code_tree, random_tree
 
 try:  # the client Starlette's test client uses (httpx2; httpx before Starlette 1.x)
     import httpx2 as httpx
 except ImportError:
     import httpx
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from hlbl.data import Vocab  # noqa: E402
-from hlbl.model import LBL, LBLConfig  # noqa: E402
-from hlbl.scoring import encode_context, score_report, score_sentences  # noqa: E402
-from hlbl.serve import Limits, Service, create_app  # noqa: E402
-from hlbl.serve.app import LOOPBACK_HOSTS  # noqa: E402
-from hlbl.serve.service import TreeIndex  # noqa: E402
+from hlbl.data import Vocab
+from hlbl.model import LBL, LBLConfig
+from hlbl.scoring import encode_context, score_report, score_sentences
+from hlbl.serve import Limits, Service, create_app
+from hlbl.serve.app import LOOPBACK_HOSTS
+from hlbl.serve.service import TreeIndex
 
 
 @pytest.fixture(scope="module")
@@ -398,23 +395,15 @@ def test_concurrent_requests_from_threads_on_every_kind_of_endpoint(client, tiny
 
 def test_the_serve_command_answers_on_localhost(tiny_run):
     run, model, vocab = tiny_run
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "hlbl", "serve", str(run), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "hlbl", "serve", str(run), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
-                    assert json.load(r)["status"] == "ok"
-                break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read()
-                assert time.monotonic() < deadline, "the server did not start"
-                time.sleep(0.2)
+        line = proc.stderr.readline()  # "hlbl: serving RUN (N words) at http://127.0.0.1:PORT/ ..."
+        assert "serving" in line and "http://127.0.0.1:" in line, line + proc.stderr.read()
+        port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=60) as r:
+            assert json.load(r)["status"] == "ok"
         req = urllib.request.Request(f"http://localhost:{port}/v1/predict", data=json.dumps({"context": "the", "k": 2}).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:  # the first search loads the numba kernel
@@ -425,10 +414,14 @@ def test_the_serve_command_answers_on_localhost(tiny_run):
             urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/health", headers={"Host": "evil.example"}),
                                    timeout=60)
         assert e.value.code == 421
+        # A second server on the same port: a one-line error, not a traceback.
+        second = subprocess.run([sys.executable, "-m", "hlbl", "serve", str(run), "--port", str(port)],
+                                capture_output=True, text=True, env=env, timeout=120)
+        assert second.returncode == 2 and second.stderr.startswith("hlbl: error: cannot listen on 127.0.0.1 port")
+        assert "Traceback" not in second.stderr
     finally:
         proc.terminate()
         proc.wait(20)
-    assert "serving" in proc.stderr.read()
 
 
 def test_the_serve_command_refuses_a_bad_run_in_one_line(tmp_path, capsys):

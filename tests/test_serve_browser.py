@@ -69,7 +69,11 @@ def browser():
 def wait_for(driver, condition, what, timeout=30.0):
     """``condition(driver)`` once it is true; elements replaced while it looks (the list is redrawn
     on every answer) make it look again."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
+    from selenium.common.exceptions import (
+        NoSuchElementException,
+        StaleElementReferenceException,
+        TimeoutException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
 
     wait = WebDriverWait(driver, timeout, poll_frequency=0.05,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 import sys
 
 from ..data import DataError
-from .common import set_threads
+from .common import pick_device, set_threads
 
 
 def _loopback(host: str) -> bool:
@@ -33,7 +34,8 @@ def cmd_serve(args) -> int:
         if getattr(args, name) < 1:
             raise DataError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     set_threads(args.threads)
-    service = Service.load(args.run, which=args.which, device=args.device, limits=Limits(max_body=args.max_body))
+    service = Service.load(args.run, which=args.which, device=pick_device(args.device),
+                           limits=Limits(max_body=args.max_body))
     local = _loopback(args.host)
     app = create_app(service, allowed_hosts=LOOPBACK_HOSTS if local else None, jobs=args.jobs,
                      predict_thread=not args.predict_on_loop)
@@ -44,10 +46,22 @@ def cmd_serve(args) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                             limit_concurrency=args.max_connections, timeout_keep_alive=5)
     server = uvicorn.Server(config)
-    shown = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"hlbl: serving {args.run} ({service.model_info['vocab_size']:,} words) at http://{shown}:{args.port}/ "
-          "(Ctrl-C stops)", file=sys.stderr)
-    server.run()
+    # Bound here rather than by uvicorn: a port in use is a one-line error, and --port 0 can say
+    # which port the system chose.
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host.strip("[]"), args.port))
+        sock.listen(2048)  # connections wait from now on, while uvicorn starts
+    except OSError as e:
+        sock.close()
+        raise DataError(f"cannot listen on {args.host} port {args.port}: {e.strerror or e}") from None
+    port = sock.getsockname()[1]
+    shown = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
+    print(f"hlbl: serving {args.run} ({service.model_info['vocab_size']:,} words) at http://{shown}:{port}/ "
+          "(Ctrl-C stops)", file=sys.stderr, flush=True)
+    with sock:
+        server.run(sockets=[sock])
     return 0
 
 
@@ -62,7 +76,8 @@ def add_commands(sub) -> None:
     s.add_argument("--host", default="127.0.0.1",
                    help="address to listen on; the default answers this machine only (0.0.0.0: every interface)")
     s.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
-    s.add_argument("--device", default="cpu", help="cpu or cuda[:N] (top-k and sampling search on the CPU either way)")
+    s.add_argument("--device", default="cpu",
+                   help="cpu, cuda, cuda:N or auto (the top-k search and sampling walk run on the CPU either way)")
     s.add_argument("--threads", type=int, default=None, help="CPU threads for scoring")
     s.add_argument("--jobs", type=int, default=2, help="score/generate/tree requests computed at once (others wait)")
     s.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes")

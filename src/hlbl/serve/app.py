@@ -463,4 +463,4 @@ def create_app(service: Service, allowed_hosts: tuple[str, ...] | None = None, j
     return app
 
 
-__all__ = ["create_app", "ApiError", "PredictBatcher", "LOOPBACK_HOSTS"]
+__all__ = ["LOOPBACK_HOSTS", "ApiError", "PredictBatcher", "create_app"]

@@ -121,7 +121,7 @@ class Service:
         self.model_info = self._model_info()
 
     @classmethod
-    def load(cls, run, which: str = "best", device: str = "cpu", limits: Limits = Limits()) -> "Service":
+    def load(cls, run, which: str = "best", device: str = "cpu", limits: Limits = Limits()) -> Service:
         model, vocab, info = load_model(run, which=which, device=device)
         return cls(model, vocab, info, Path(run), which, limits)
 
