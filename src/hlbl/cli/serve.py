@@ -36,6 +36,7 @@ def cmd_serve(args) -> int:
     set_threads(args.threads)
     service = Service.load(args.run, which=args.which, device=pick_device(args.device),
                            limits=Limits(max_body=args.max_body))
+    service.warm_up()
     local = _loopback(args.host)
     app = create_app(service, allowed_hosts=LOOPBACK_HOSTS if local else None, jobs=args.jobs,
                      predict_thread=not args.predict_on_loop)

@@ -120,6 +120,16 @@ class Service:
         self.index = TreeIndex(tree, self.counts) if tree is not None else None
         self.model_info = self._model_info()
 
+    def warm_up(self) -> None:
+        """Run each kind of query once, so that the numba kernels are compiled (or loaded from their
+        cache) before the first request, which would otherwise wait seconds for them."""
+        start = [self.vocab.eos] * self.n
+        self.topk([start], 10)
+        self.score([""])
+        self.model.generate([], 1, self.vocab.eos, torch.Generator().manual_seed(0))
+        if self.index is not None:
+            self.p_left(start, [0])
+
     @classmethod
     def load(cls, run, which: str = "best", device: str = "cpu", limits: Limits = Limits()) -> Service:
         model, vocab, info = load_model(run, which=which, device=device)
