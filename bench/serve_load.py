@@ -2,7 +2,7 @@
 
     python bench/serve_load.py --run runs/ptb-random              # 8 clients, k = 10, 10 s
     python bench/serve_load.py --run runs/ptb-random --clients 1 --seconds 5
-    python bench/serve_load.py --run runs/ptb-random --compare-loop --repeat 3 --seconds 5
+    python bench/serve_load.py --run runs/ptb-random --compare-thread --repeat 3 --seconds 5
 
 Starts ``hlbl serve RUN`` in a child process on a free localhost port (as a user would), waits
 for ``/health``, then runs ``--clients`` connections in this process, each sending one request
@@ -14,8 +14,8 @@ little of the CPU the server shares with it as it can.
 
 Then the same load on a do-nothing ASGI application on uvicorn (same options, an answer of the
 same size, no model): the floor that the HTTP server, the client and the machine set, without
-hlbl. ``--compare-loop`` also measures ``hlbl serve --predict-on-loop`` (the search on the event
-loop instead of a worker thread). ``--repeat N`` measures every variant N times, in turn (the
+hlbl. ``--compare-thread`` also measures ``hlbl serve --predict-thread`` (the search in a worker
+thread instead of on the event loop). ``--repeat N`` measures every variant N times, in turn (the
 load of a shared machine drifts), and reports each one's run of median requests/s.
 
 Next to it, in this process: the in-process time of the model's exact top-k for one context
@@ -263,8 +263,8 @@ def main(argv=None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-args", default="", help="extra arguments for hlbl serve (one string)")
     p.add_argument("--repeat", type=int, default=1, help="measure each variant this many times, in turn (median reported)")
-    p.add_argument("--compare-loop", action="store_true",
-                   help="also measure hlbl serve --predict-on-loop (the search on the event loop, no worker thread)")
+    p.add_argument("--compare-thread", action="store_true",
+                   help="also measure hlbl serve --predict-thread (the search in a worker thread)")
     p.add_argument("--out", default=None, help="also write the JSON result here")
     args = p.parse_args(argv)
     if args.floor_port:
@@ -283,14 +283,14 @@ def main(argv=None) -> dict:
     load_before = loadavg()
     # Variants measured in turn, --repeat times (the machine's load drifts: alternating spreads it).
     variants = {"hlbl_serve": run, "floor_do_nothing_app": None}
-    if args.compare_loop:
-        variants["hlbl_serve_predict_on_loop"] = run
+    if args.compare_thread:
+        variants["hlbl_serve_predict_thread"] = run
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     for _ in range(args.repeat):
         for name, target in variants.items():
             saved = args.server_args
-            if name == "hlbl_serve_predict_on_loop":
-                args.server_args = (saved + " --predict-on-loop").strip()
+            if name == "hlbl_serve_predict_thread":
+                args.server_args = (saved + " --predict-thread").strip()
             runs[name].append(measure(target, requests_of, args))
             args.server_args = saved
     load_after = loadavg()

@@ -39,7 +39,7 @@ def cmd_serve(args) -> int:
     service.warm_up()
     local = _loopback(args.host)
     app = create_app(service, allowed_hosts=LOOPBACK_HOSTS if local else None, jobs=args.jobs,
-                     predict_thread=not args.predict_on_loop)
+                     predict_thread=args.predict_thread)
     if not local:
         print(f"hlbl: note: serving on {args.host}: anyone who can reach this address can query the model",
               file=sys.stderr)
@@ -84,6 +84,7 @@ def add_commands(sub) -> None:
     s.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes")
     s.add_argument("--max-connections", type=int, default=256,
                    help="open connections and requests at once; beyond, requests get 503")
-    s.add_argument("--predict-on-loop", action="store_true",
-                   help="compute predictions on the event loop instead of a worker thread (to compare; slower under load)")
+    s.add_argument("--predict-thread", action="store_true",
+                   help="compute each batch of predictions in a worker thread while the event loop reads the next "
+                        "requests (may help with cores to spare; see docs/serve.md)")
     s.set_defaults(func=cmd_serve)

@@ -9,12 +9,12 @@ once, at start; no request names a file.
 Concurrent ``/v1/predict`` requests are answered in batches: a request puts its context on a
 queue and waits; the first one schedules the start of a batch on the event loop, which runs after
 every request already read in that turn of the loop has queued its own, and one exact top-k call
-answers them all (a batch of 8 contexts costs about twice one; bench/serve_load.py). The batch is
-computed in one worker thread while the loop goes on reading requests, which queue for the next
-batch (the numba search releases the GIL): with 8 clients on 2 busy cores that answered about 20% more
-requests per second than computing on the loop itself (``--predict-on-loop``; medians of 3
-alternating runs, results/serve.json).
-Scoring, sampling and tree queries can take longer and run in other worker threads, a few at a time.
+answers them all (a batch of 8 contexts costs about twice one; bench/serve_load.py). The search is
+short and bounded (``k`` is), so by default it runs on the loop itself. ``predict_thread`` computes
+each batch in a worker thread instead, while the loop reads the requests of the next one (the numba
+search releases the GIL); on the busy 2-core machine of results/serve.json that was not reliably
+faster and took more CPU per request, so it is an option. Scoring, sampling and tree queries can
+take longer and run in other worker threads, a few at a time.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ class PredictBatcher:
     requests while a batch is computed (the numba search releases the GIL), and the requests that
     arrive meanwhile form the next batch. Otherwise they run on the loop itself."""
 
-    def __init__(self, service: Service, threaded: bool = True):
+    def __init__(self, service: Service, threaded: bool = False):
         self.service = service
         self.pending: list[tuple[list[int], int, asyncio.Future]] = []
         self.scheduled = False  # a start is queued on the loop
@@ -327,7 +327,7 @@ class HostCheck:
 
 
 def create_app(service: Service, allowed_hosts: tuple[str, ...] | None = None, jobs: int = 2,
-               predict_thread: bool = True):
+               predict_thread: bool = False):
     """The ASGI application answering for ``service``. ``allowed_hosts``: Host header names to
     accept (None: any); ``jobs``: how many score/generate requests run at once (others wait);
     ``predict_thread``: compute predictions in a worker thread (see :class:`PredictBatcher`)."""
