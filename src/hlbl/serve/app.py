@@ -329,7 +329,7 @@ class HostCheck:
 def create_app(service: Service, allowed_hosts: tuple[str, ...] | None = None, jobs: int = 2,
                predict_thread: bool = False):
     """The ASGI application answering for ``service``. ``allowed_hosts``: Host header names to
-    accept (None: any); ``jobs``: how many score/generate requests run at once (others wait);
+    accept (None: any); ``jobs``: how many score, generate and tree requests are computed at once (others wait);
     ``predict_thread``: compute predictions in a worker thread (see :class:`PredictBatcher`)."""
     import anyio
 
