@@ -427,7 +427,7 @@ def test_the_serve_command_answers_on_localhost(tiny_run):
 def test_the_serve_command_refuses_a_bad_run_in_one_line(tmp_path, capsys):
     from hlbl.cli import main
 
-    assert main(["serve", str(tmp_path / "missing")]) == 2
+    assert main(["serve", str(tmp_path / "missing"), "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hlbl: error:") and "not a run directory" in err and len(err.splitlines()) == 1
     with pytest.raises(SystemExit) as e:

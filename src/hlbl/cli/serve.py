@@ -34,35 +34,32 @@ def cmd_serve(args) -> int:
         if getattr(args, name) < 1:
             raise DataError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     set_threads(args.threads)
-    service = Service.load(args.run, which=args.which, device=pick_device(args.device),
-                           limits=Limits(max_body=args.max_body))
-    service.warm_up()
-    local = _loopback(args.host)
-    app = create_app(service, allowed_hosts=LOOPBACK_HOSTS if local else None, jobs=args.jobs,
-                     predict_thread=args.predict_thread)
-    if not local:
-        print(f"hlbl: note: serving on {args.host}: anyone who can reach this address can query the model",
-              file=sys.stderr)
-    # uvicorn's "auto" picks httptools and uvloop when installed (the serve extra installs them).
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                            limit_concurrency=args.max_connections, timeout_keep_alive=5)
-    server = uvicorn.Server(config)
-    # Bound here rather than by uvicorn: a port in use is a one-line error, and --port 0 can say
-    # which port the system chose.
+    # The socket is bound here rather than by uvicorn, and first: a port in use is a one-line error
+    # before the model is loaded, and --port 0 can say which port the system chose.
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((args.host.strip("[]"), args.port))
-        sock.listen(2048)  # connections wait from now on, while uvicorn starts
-    except OSError as e:
-        sock.close()
-        raise DataError(f"cannot listen on {args.host} port {args.port}: {e.strerror or e}") from None
-    port = sock.getsockname()[1]
-    shown = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
-    print(f"hlbl: serving {args.run} ({service.model_info['vocab_size']:,} words) at http://{shown}:{port}/ "
-          "(Ctrl-C stops)", file=sys.stderr, flush=True)
     with sock:
-        server.run(sockets=[sock])
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((args.host.strip("[]"), args.port))
+        except OSError as e:
+            raise DataError(f"cannot listen on {args.host} port {args.port}: {e.strerror or e}") from None
+        service = Service.load(args.run, which=args.which, device=pick_device(args.device),
+                               limits=Limits(max_body=args.max_body))
+        service.warm_up()
+        local = _loopback(args.host)
+        app = create_app(service, allowed_hosts=LOOPBACK_HOSTS if local else None, jobs=args.jobs,
+                         predict_thread=args.predict_thread)
+        if not local:
+            print(f"hlbl: note: serving on {args.host}: anyone who can reach this address can query the model",
+                  file=sys.stderr)
+        # uvicorn's "auto" picks httptools and uvloop when installed (the serve extra installs them).
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                                limit_concurrency=args.max_connections, timeout_keep_alive=5)
+        sock.listen(2048)  # connections wait from now on, while uvicorn starts
+        shown = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
+        print(f"hlbl: serving {args.run} ({service.model_info['vocab_size']:,} words) at "
+              f"http://{shown}:{sock.getsockname()[1]}/ (Ctrl-C stops)", file=sys.stderr, flush=True)
+        uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
