@@ -10,7 +10,7 @@ import os
 import sys
 
 from ..errors import HlblError
-from . import infer, reproduce, train, tree
+from . import infer, reproduce, serve, train, tree
 from .common import Parser
 
 USER_ERRORS = (HlblError, FloatingPointError)
@@ -19,7 +19,7 @@ USER_ERRORS = (HlblError, FloatingPointError)
 def build_parser() -> Parser:
     p = Parser(prog="hlbl", description="Hierarchical log-bilinear language models.")
     sub = p.add_subparsers(dest="command", required=True)
-    for group in (train, tree, reproduce, infer):
+    for group in (train, tree, reproduce, infer, serve):
         group.add_commands(sub)
     from ..ngram import add_subcommands as add_ngram_commands  # hlbl ngram train|eval
 

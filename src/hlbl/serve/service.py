@@ -1,0 +1,320 @@
+"""What ``hlbl serve`` answers, without the web layer: a trained run loaded once, and the queries
+of the JSON API on it (next words, sentence scores, samples, and the word tree).
+
+Every method takes plain Python values that :mod:`hlbl.serve.app` has already checked against
+:class:`Limits`, and returns JSON-ready dicts. Nothing here reads a file after :meth:`Service.load`.
+The model is only read, so one :class:`Service` may answer from several threads at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..checkpoint import load_model
+from ..data import EOS
+from ..errors import HlblError
+from ..scoring import encode_context, score_report, score_sentences
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one request may ask (each checked before any work is done)."""
+
+    max_body: int = 1 << 20  # bytes of a request body
+    max_text: int = 10_000  # characters of a context or prompt
+    max_k: int = 1000  # words per prediction
+    max_tokens: int = 1000  # words per generated sample
+    max_sentences: int = 1000  # sentences per score request
+    max_page: int = 1000  # words per page of a node's word list
+    max_temperature: float = 100.0
+
+
+class NotFound(HlblError, LookupError):
+    """A node or word the model does not have, or a tree query on a model without a tree."""
+
+
+def _metrics(run: Path) -> list[dict]:
+    """metrics.jsonl's epochs (a log: an unreadable line is skipped, not fatal)."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def _finite(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+class TreeIndex:
+    """Lookups on a :class:`~hlbl.tree.WordTree` that the explorer needs, built once in O(N).
+
+    Leaves are also laid out depth-first (left subtree first), where every subtree's leaves form
+    one contiguous range ``dfs_words[lo[j] : lo[j] + size[j]]``: the words below a node are then a
+    slice, not a walk."""
+
+    def __init__(self, tree, counts: np.ndarray):
+        ch = tree.children
+        N = tree.num_nodes
+        self.tree = tree
+        self.counts = counts
+        self.parent = np.full(N, -1, dtype=np.int64)
+        self.side = np.full(N, -1, dtype=np.int8)  # 1: its parent's left child, 0: right (bits' convention)
+        for s, bit in ((0, 1), (1, 0)):
+            m = ch[:, s] >= 0
+            self.parent[ch[m, s]] = np.flatnonzero(m)
+            self.side[ch[m, s]] = bit
+        self.depth = np.zeros(N, dtype=np.int64)
+        for lv in tree.levels[1:]:
+            self.depth[lv] = self.depth[self.parent[lv]] + 1
+        size = np.zeros(N, dtype=np.int64)  # leaves below each node, bottom-up
+        for nodes in reversed(tree.levels):
+            c = ch[nodes]
+            size[nodes] = np.where(c >= 0, size[np.clip(c, 0, None)], 1).sum(1)
+        self.size = size
+        lo = np.zeros(N, dtype=np.int64)
+        dfs = np.empty(int(size[0]), dtype=np.int64)
+        for nodes in tree.levels:  # top-down: a node's range is known before its children's
+            left, right = ch[nodes, 0], ch[nodes, 1]
+            left_size = np.where(left >= 0, size[np.clip(left, 0, None)], 1)
+            starts = (lo[nodes], lo[nodes] + left_size)
+            for kid, start in ((left, starts[0]), (right, starts[1])):
+                inner = kid >= 0
+                lo[kid[inner]] = start[inner]
+                dfs[start[~inner]] = -1 - kid[~inner]
+        self.lo = lo
+        self.dfs_words = dfs
+
+    def words_below(self, node: int) -> np.ndarray:
+        """Distinct words with a leaf below ``node``, most frequent first (ids are frequency ranks)."""
+        return np.unique(self.dfs_words[self.lo[node]: self.lo[node] + self.size[node]])
+
+
+class Service:
+    """A trained run, loaded once, answering the API's queries."""
+
+    def __init__(self, model, vocab, info: dict, run: Path, which: str = "best", limits: Limits = Limits()):
+        self.model = model.eval()
+        self.vocab = vocab
+        self.info = info
+        self.run = Path(run)
+        self.which = which
+        self.limits = limits
+        self.n = model.config.context
+        self.device = next(model.parameters()).device
+        self.counts = np.asarray(vocab.counts, dtype=np.int64)
+        tree = model.tree
+        self.index = TreeIndex(tree, self.counts) if tree is not None else None
+        self.model_info = self._model_info()
+
+    def warm_up(self) -> None:
+        """Run each kind of query once, so that the numba kernels are compiled (or loaded from their
+        cache) before the first request, which would otherwise wait seconds for them."""
+        start = [self.vocab.eos] * self.n
+        self.topk([start], 10)
+        self.score([""])
+        self.model.generate([], 1, self.vocab.eos, torch.Generator().manual_seed(0))
+        if self.index is not None:
+            self.p_left(start, [0])
+
+    @classmethod
+    def load(cls, run, which: str = "best", device: str = "cpu", limits: Limits = Limits()) -> Service:
+        model, vocab, info = load_model(run, which=which, device=device)
+        return cls(model, vocab, info, Path(run), which, limits)
+
+    # ---- model description ----------------------------------------------------------------
+
+    def _model_info(self) -> dict:
+        cfg, info = self.model.config, self.info
+        epochs = _metrics(self.run)
+        valid = [v for v in (_finite(e.get("valid_ppl")) for e in epochs) if v is not None]
+        test = [v for v in (_finite(e.get("test_ppl", e.get("test_perplexity"))) for e in epochs) if v is not None]
+        tree = self.model.tree
+        train = info.get("train") if isinstance(info.get("train"), dict) else {}
+        out = {
+            "run": self.run.name,
+            "weights": self.which,
+            "corpus": info.get("corpus"),
+            "vocab_size": len(self.vocab),
+            "dim": cfg.dim,
+            "context": cfg.context,
+            "full_context": cfg.full_context,
+            "output": cfg.output,
+            "parameters": self.model.num_parameters(),
+            "recipe": train,
+            "epochs": len(epochs),
+            # Best validation perplexity (the weights `best` holds); test perplexity when the run records one.
+            "valid_perplexity": min(valid) if valid else None,
+            "test_perplexity": test[-1] if test else None,
+            "tree": None,
+        }
+        if tree is not None:
+            out["tree"] = {"kind": info.get("tree", train.get("tree")), "fingerprint": tree.fingerprint(),
+                           **tree.stats(self.counts.astype(np.float64))}
+        return out
+
+    # ---- next words, scores, samples ----------------------------------------------------------
+
+    def context_ids(self, text: str) -> tuple[list[int], int, list[str]]:
+        """The model's context for ``text`` (the start of a sentence): the last n words' ids,
+        <eos>-padded; how many of those words are out of the vocabulary; and the words as read."""
+        words = text.split()[-self.n:] if self.n else []
+        ids, oov = encode_context(self.vocab, words, self.n)
+        return ids, oov, self.vocab.decode(ids)
+
+    def topk(self, contexts: list[list[int]], k: int) -> tuple[list[list[float]], list[list[int]]]:
+        """Exact top-k (probabilities, word ids) for a batch of encoded contexts."""
+        ctx = torch.tensor(contexts, dtype=torch.int64, device=self.device).view(len(contexts), self.n)
+        values, idx = self.model.topk(ctx, k)
+        return values.double().exp().cpu().tolist(), idx.cpu().tolist()
+
+    def prediction(self, context_words: list[str], oov: int, probs: list[float], ids: list[int]) -> dict:
+        return {"context": context_words, "oov": oov, "words": self.vocab.decode(ids), "probs": probs}
+
+    def predict(self, text: str, k: int) -> dict:
+        ids, oov, words = self.context_ids(text)
+        probs, idx = self.topk([ids], k)
+        return self.prediction(words, oov, probs[0], idx[0])
+
+    def score(self, sentences: list[str]) -> dict:
+        """The ``hlbl score`` protocol: each sentence alone, its words then <eos>, from an all-<eos> context."""
+        scores = score_sentences(self.model, self.vocab, sentences, device=self.device)
+        return {"sentences": [s._asdict() for s in scores], "total": score_report(scores)}
+
+    def generate(self, prompt: str, tokens: int, seed: int, temperature: float, per_node: bool) -> dict:
+        words = prompt.split()
+        ids, oov = self.vocab.encode_counting_oov(words)
+        gen = torch.Generator().manual_seed(seed)
+        sample = self.vocab.decode(self.model.generate(ids, tokens, self.vocab.eos, gen, temperature, per_node))
+        # As `hlbl generate` prints it: the prompt as typed, then the sample; every <eos> ends a line.
+        lines, cur = [], list(words)
+        for w in sample:
+            if w == EOS:
+                lines.append(" ".join(cur))
+                cur = []
+            else:
+                cur.append(w)
+        if cur:
+            lines.append(" ".join(cur))
+        return {"prompt_oov": oov, "words": sample, "text": "\n".join(lines), "seed": seed,
+                "temperature": temperature, "per_node_temperature": per_node}
+
+    # ---- the tree ---------------------------------------------------------------------------
+
+    def _tree(self) -> TreeIndex:
+        if self.index is None:
+            raise NotFound(f"this model has no word tree ({self.model.config.output} output)")
+        return self.index
+
+    def _node(self, node: int) -> int:
+        ix = self._tree()
+        if not 0 <= node < ix.tree.num_nodes:
+            raise NotFound(f"no internal node {node} (ids 0..{ix.tree.num_nodes - 1})")
+        return node
+
+    def word_id(self, word: str) -> int:
+        i = self.vocab.index.get(word)
+        if i is None:
+            raise NotFound(f"{word!r} is not in the vocabulary")
+        return i
+
+    def p_left(self, context: list[int], nodes) -> np.ndarray:
+        """P(left at j | context) = sigmoid(h . q_j + b_j) for each node j, in float64."""
+        out = self.model.out
+        with torch.no_grad():
+            h = self.model.context_vector(torch.tensor([context], device=self.device))[0].double()
+            rows = torch.as_tensor(np.asarray(nodes, dtype=np.int64), device=self.device)
+            s = (out.weight[rows].double() @ h + out.bias[rows].double()).cpu().numpy()  # only these rows: O(len(nodes) d)
+        return 0.5 * (1.0 + np.tanh(0.5 * s))  # sigmoid without overflow in exp(-s)
+
+    def decisions(self, context: list[int], nodes: list[int]) -> dict:
+        """P(left) at each of ``nodes`` for a context (the explorer's bars)."""
+        self._tree()
+        for j in nodes:
+            self._node(j)
+        return {"nodes": nodes, "p_left": self.p_left(context, nodes).tolist() if nodes else []}
+
+    def _child(self, c: int, top: int) -> dict:
+        ix = self.index
+        if c < 0:
+            w = -1 - c
+            return {"kind": "leaf", "word": self.vocab.words[w], "id": w, "count": int(self.counts[w]),
+                    "codes": int(ix.tree.codes_per_word[w])}
+        below = ix.words_below(c)
+        return {"kind": "node", "node": c, "leaves": int(ix.size[c]), "words": len(below),
+                "top": self.vocab.decode(below[:top])}
+
+    def tree_summary(self) -> dict:
+        ix = self._tree()
+        return {"root": 0, "nodes": ix.tree.num_nodes, "leaves": int(ix.size[0]),
+                "stats": self.model_info["tree"]}
+
+    def node(self, node: int, context: list[int] | None = None, top: int = 5) -> dict:
+        """A node: its place (depth, parent, side), what lies below, and its two children; with
+        a context, P(left) at it and at its internal children."""
+        ix = self.index
+        node = self._node(node)
+        below = ix.words_below(node)
+        kids = [self._child(int(c), top) for c in ix.tree.children[node]]
+        out = {"node": node, "depth": int(ix.depth[node]),
+               "parent": None if node == 0 else int(ix.parent[node]),
+               "side": None if node == 0 else ("left" if ix.side[node] == 1 else "right"),
+               "leaves": int(ix.size[node]), "words": len(below), "top": self.vocab.decode(below[:top]),
+               "children": kids}
+        if context is not None:
+            inner = [node] + [k["node"] for k in kids if k["kind"] == "node"]
+            p = self.p_left(context, inner).tolist()
+            out["p_left"] = p[0]
+            for kid in kids:
+                if kid["kind"] == "node":
+                    kid["p_left"] = p[inner.index(kid["node"])]
+        return out
+
+    def node_words(self, node: int, offset: int, limit: int) -> dict:
+        node = self._node(node)
+        below = self.index.words_below(node)
+        page = below[offset: offset + limit]
+        return {"node": node, "total": len(below), "offset": offset,
+                "words": [{"word": self.vocab.words[w], "id": int(w), "count": int(self.counts[w])} for w in page]}
+
+    def word(self, word: str) -> dict:
+        """A word's codes: the nodes and decisions (1 = left) from the root to each of its leaves."""
+        tree = self._tree().tree
+        w = self.word_id(word)
+        codes = [{"nodes": nodes, "bits": bits, "depth": len(nodes)} for nodes, bits in tree.codes(w)]
+        return {"word": word, "id": w, "count": int(self.counts[w]), "codes": codes,
+                "depths": [c["depth"] for c in codes]}
+
+    def path(self, context: list[int], word: str) -> dict:
+        """For a context, the decisions on the way to ``word``: P(left) at each node of each of
+        its codes, the probability of the branch taken, and of the whole path; P(word) is the sum
+        over its paths."""
+        tree = self._tree().tree
+        w = self.word_id(word)
+        codes = tree.codes(w)
+        p = self.p_left(context, [j for nodes, _ in codes for j in nodes])
+        paths, at, total = [], 0, 0.0
+        for nodes, bits in codes:
+            pl = p[at: at + len(nodes)]
+            at += len(nodes)
+            taken = np.where(np.asarray(bits) == 1, pl, 1.0 - pl)
+            prob = float(np.prod(taken))
+            total += prob
+            paths.append({"nodes": nodes, "bits": bits, "p_left": pl.tolist(), "p_taken": taken.tolist(), "prob": prob})
+        return {"word": word, "id": w, "prob": total, "paths": paths}
+
+
+__all__ = ["Limits", "NotFound", "Service", "TreeIndex"]

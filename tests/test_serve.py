@@ -1,0 +1,435 @@
+"""hlbl serve: the JSON API through Starlette's test client (every endpoint, bad input, concurrency),
+and the real command on a port."""
+
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import multi_code_tree, random_tree
+
+try:  # the client Starlette's test client uses (httpx2; httpx before Starlette 1.x)
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+from starlette.testclient import TestClient
+
+from hlbl.data import Vocab
+from hlbl.model import LBL, LBLConfig
+from hlbl.scoring import encode_context, score_report, score_sentences
+from hlbl.serve import Limits, Service, create_app
+from hlbl.serve.app import LOOPBACK_HOSTS
+from hlbl.serve.service import TreeIndex
+
+
+@pytest.fixture(scope="module")
+def service(tiny_run):
+    run, _, _ = tiny_run
+    return Service.load(run)
+
+
+@pytest.fixture(scope="module")
+def client(service):
+    with TestClient(create_app(service)) as c:
+        yield c
+
+
+def _toy_service(tmp_path, output="tree", tree=None, limits=Limits()) -> Service:
+    """A 6-word model with random weights (no training): multi-code tree by default."""
+    words = ("the", "<eos>", "<unk>", "a", "cat", "dog")
+    vocab = Vocab(words, (50, 40, 30, 20, 10, 5))
+    tree = multi_code_tree() if output == "tree" and tree is None else tree
+    model = LBL(LBLConfig(vocab_size=6, dim=4, context=2, output=output), tree, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    return Service(model, vocab, {"corpus": "toy", "train": {"lr": 0.1}}, tmp_path, limits=limits)
+
+
+def post(client, url, body):
+    return client.post(url, json=body)
+
+
+# ---- every endpoint ---------------------------------------------------------------------------------
+
+
+def test_health_and_model_describe_the_run(client, service, tiny_run):
+    run, model, vocab = tiny_run
+    assert client.get("/health").json()["status"] == "ok"
+    m = client.get("/v1/model").json()
+    assert m["vocab_size"] == len(vocab) and m["context"] == 3 and m["dim"] == 8 and m["output"] == "tree"
+    assert m["parameters"] == model.num_parameters()
+    assert m["recipe"]["batch_size"] == json.loads((run / "run.json").read_text())["train"]["batch_size"]
+    valid = [json.loads(x)["valid_ppl"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert m["valid_perplexity"] == pytest.approx(min(valid)) and m["epochs"] == len(valid)
+    assert m["tree"]["mean_code_length"] == pytest.approx(model.tree.stats(vocab.counts)["mean_code_length"])
+    assert m["tree"]["fingerprint"] == model.tree.fingerprint()
+    assert "/" not in m["run"]  # the directory's name, not where it lies
+
+
+@pytest.mark.parametrize("context", ["", "the", "the big cat", "a small red fish eats the", "the zebra"])
+@pytest.mark.parametrize("k", [1, 5, 1000])
+def test_predict_is_the_models_exact_top_k(client, tiny_run, context, k):
+    _, model, vocab = tiny_run
+    r = post(client, "/v1/predict", {"context": context, "k": k})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    ids, oov = encode_context(vocab, context.split(), 3)
+    values, idx = model.topk(torch.tensor([ids]), k)
+    assert got["words"] == vocab.decode(idx[0]) and len(got["words"]) == min(k, len(vocab))
+    assert got["probs"] == pytest.approx(values[0].double().exp().tolist(), rel=1e-12)
+    assert got["context"] == vocab.decode(ids) and got["oov"] == oov
+    assert got["oov"] == (1 if "zebra" in context else 0)
+
+
+def test_predict_defaults_to_k_10_and_the_sentence_start(client, tiny_run):
+    _, _, vocab = tiny_run
+    got = post(client, "/v1/predict", {}).json()
+    assert got["context"] == ["<eos>"] * 3 and len(got["words"]) == min(10, len(vocab))
+
+
+def test_score_follows_the_hlbl_score_protocol(client, tiny_run):
+    _, model, vocab = tiny_run
+    sentences = ["the big cat eats a fish", "a zebra", ""]
+    got = post(client, "/v1/score", {"sentences": sentences}).json()
+    want = score_sentences(model, vocab, sentences)
+    assert [s["tokens"] for s in got["sentences"]] == [7, 3, 1]
+    assert [s["oov"] for s in got["sentences"]] == [0, 1, 0]
+    assert [s["log10_prob"] for s in got["sentences"]] == pytest.approx([s.log10_prob for s in want], rel=1e-12)
+    report = score_report(want)
+    assert got["total"]["perplexity"] == pytest.approx(report["perplexity"]) and got["total"]["tokens"] == 11
+
+
+def test_generate_is_reproducible_and_continues_the_prompt(client, tiny_run):
+    _, model, vocab = tiny_run
+    body = {"prompt": "the big", "tokens": 12, "seed": 7}
+    a, b = post(client, "/v1/generate", body).json(), post(client, "/v1/generate", body).json()
+    assert a == b and len(a["words"]) == 12
+    want = model.generate(vocab.encode(["the", "big"]), 12, vocab.eos, torch.Generator().manual_seed(7))
+    assert a["words"] == vocab.decode(want)
+    assert a["text"].startswith("the big ")
+    others = {tuple(post(client, "/v1/generate", {**body, "seed": s}).json()["words"]) for s in range(8)}
+    assert len(others) > 1  # the seed matters
+    assert post(client, "/v1/generate", {"tokens": 0}).json()["words"] == []
+    hot = post(client, "/v1/generate", {**body, "temperature": 0.5, "per_node_temperature": True})
+    assert hot.status_code == 200 and hot.json()["per_node_temperature"] is True
+
+
+def test_tree_nodes_children_and_words_below(client, tiny_run):
+    _, model, vocab = tiny_run
+    tree = model.tree
+    summary = client.get("/v1/tree").json()
+    assert summary["nodes"] == tree.num_nodes and summary["leaves"] == len(tree.leaf_word)
+    root = client.get("/v1/tree/node/0").json()
+    assert root["depth"] == 0 and root["parent"] is None and root["words"] == len(vocab)
+    for j in range(tree.num_nodes):
+        node = client.get(f"/v1/tree/node/{j}").json()
+        for kid, c in zip(node["children"], tree.children[j]):
+            if c >= 0:
+                assert kid["kind"] == "node" and kid["node"] == c
+                sub = client.get(f"/v1/tree/node/{c}").json()
+                assert sub["parent"] == j and sub["depth"] == node["depth"] + 1
+                assert sub["side"] == ("left" if kid is node["children"][0] else "right")
+            else:
+                assert kid == {"kind": "leaf", "word": vocab.words[-1 - c], "id": int(-1 - c),
+                               "count": vocab.counts[-1 - c], "codes": 1}
+    # Words below the root, most frequent first, in pages that add up to the whole list.
+    pages, offset = [], 0
+    while True:
+        page = client.get(f"/v1/tree/node/0/words?offset={offset}&limit=4").json()
+        assert page["total"] == len(vocab)
+        if not page["words"]:
+            break
+        pages += page["words"]
+        offset += 4
+    assert [w["word"] for w in pages] == list(vocab.words)
+    assert [w["count"] for w in pages] == sorted(vocab.counts, reverse=True)
+
+
+def test_tree_word_codes_and_depths(client, tiny_run):
+    _, model, vocab = tiny_run
+    for w, word in enumerate(vocab.words):
+        got = client.get(f"/v1/tree/word/{word}").json()
+        (nodes, bits), = model.tree.codes(w)
+        assert got["codes"] == [{"nodes": nodes, "bits": bits, "depth": len(nodes)}]
+        assert got["depths"] == [len(nodes)] and got["count"] == vocab.counts[w]
+
+
+def test_path_decisions_multiply_to_the_words_probability(client, tiny_run):
+    _, model, vocab = tiny_run
+    ids, _ = encode_context(vocab, ["the", "big"], 3)
+    with torch.no_grad():
+        log_prob = model.log_prob(torch.tensor([ids]))[0].double()
+    for word in ("cat", "the", "<eos>"):
+        got = post(client, "/v1/tree/path", {"context": "the big", "word": word}).json()
+        assert got["prob"] == pytest.approx(math.exp(log_prob[vocab.index[word]]), rel=1e-5)
+        (p,) = got["paths"]
+        assert p["p_taken"] == pytest.approx([q if b else 1 - q for q, b in zip(p["p_left"], p["bits"])])
+    dec = post(client, "/v1/tree/decisions", {"context": "the big", "nodes": p["nodes"]}).json()
+    assert dec["p_left"] == pytest.approx(p["p_left"], rel=1e-12)
+    node = client.get("/v1/tree/node/0", params={"context": "the big"}).json()
+    assert node["p_left"] == pytest.approx(dec["p_left"][0], rel=1e-12)
+
+
+def test_multi_code_words_have_every_path(tmp_path):
+    svc = _toy_service(tmp_path)
+    c = TestClient(create_app(svc))
+    tree = svc.model.tree
+    got = c.get("/v1/tree/word/<unk>").json()  # word 2: three leaves
+    assert len(got["codes"]) == 3 and sorted(got["depths"]) == sorted(len(n) for n, _ in tree.codes(2))
+    ids, _ = encode_context(svc.vocab, ["a"], 2)
+    with torch.no_grad():
+        want = math.exp(svc.model.log_prob(torch.tensor([ids]))[0, 2].item())
+    path = post(c, "/v1/tree/path", {"context": "a", "word": "<unk>"}).json()
+    assert len(path["paths"]) == 3
+    assert path["prob"] == pytest.approx(want, rel=1e-5) == pytest.approx(sum(p["prob"] for p in path["paths"]))
+    top = post(c, "/v1/predict", {"context": "a", "k": 6}).json()
+    assert top["probs"][top["words"].index("<unk>")] == pytest.approx(want, rel=1e-5)
+    assert sum(top["probs"]) == pytest.approx(1.0, abs=1e-6)
+    below = c.get("/v1/tree/node/0/words").json()  # a word with several leaves is listed once
+    assert below["total"] == 6 and [w["id"] for w in below["words"]] == list(range(6))
+
+
+@pytest.mark.parametrize("tree", [multi_code_tree(), random_tree(37, 3)], ids=["multi_code", "random37"])
+def test_words_below_a_node_are_its_subtrees_words(tree):
+    ix = TreeIndex(tree, np.ones(tree.num_words))
+
+    def leaves(j):  # the words of the leaves below node j, by recursion
+        out = []
+        for c in tree.children[j]:
+            out += leaves(c) if c >= 0 else [int(-1 - c)]
+        return out
+
+    for j in range(tree.num_nodes):
+        assert ix.words_below(j).tolist() == sorted(set(leaves(j)))
+        assert ix.size[j] == len(leaves(j))
+
+
+def test_a_model_without_a_tree_answers_everything_else(tmp_path):
+    c = TestClient(create_app(_toy_service(tmp_path, output="flat")))
+    assert post(c, "/v1/predict", {"context": "the", "k": 3}).status_code == 200
+    assert post(c, "/v1/score", {"sentences": ["the cat"]}).status_code == 200
+    assert c.get("/v1/model").json()["tree"] is None
+    for r in (c.get("/v1/tree"), c.get("/v1/tree/node/0"), c.get("/v1/tree/word/the"),
+              post(c, "/v1/tree/path", {"context": "", "word": "the"}),
+              post(c, "/v1/tree/decisions", {"context": "", "nodes": []})):
+        assert r.status_code == 404 and "no word tree" in r.json()["error"]
+    r = post(c, "/v1/generate", {"per_node_temperature": True})
+    assert r.status_code == 400 and "tree" in r.json()["error"]
+
+
+def test_the_page_and_its_files(client):
+    r = client.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert 'id="context"' in r.text and 'id="tree"' in r.text and "/static/app.js" in r.text
+    assert "default-src 'self'" in r.headers["content-security-policy"]
+    js = client.get("/static/app.js")
+    assert js.status_code == 200 and "javascript" in js.headers["content-type"] and "/v1/predict" in js.text
+    assert client.get("/static/style.css").headers["content-type"].startswith("text/css")
+    for name in ("index.html", "app.py", "..%2Fapp.py", "%2E%2E/service.py", "nothing.js"):
+        r = client.get(f"/static/{name}")
+        assert r.status_code == 404 and "error" in r.json()
+
+
+# ---- bad input ----------------------------------------------------------------------------------------
+
+BAD = [
+    # (method, url, body (dict, or raw bytes), status, words in the message)
+    ("POST", "/v1/predict", b"not json", 400, "not valid JSON"),
+    ("POST", "/v1/predict", b"", 400, "JSON object"),
+    ("POST", "/v1/predict", b"[1, 2]", 400, "JSON object"),
+    ("POST", "/v1/predict", b'{"context": "\xff"}', 400, "UTF-8"),
+    ("POST", "/v1/predict", b"[" * 100_000 + b"]" * 100_000, 400, "not valid JSON"),
+    ("POST", "/v1/predict", b'{"k": ' + b"9" * 5000 + b"}", 400, "not valid JSON"),
+    ("POST", "/v1/predict", {"contxt": "the"}, 400, "unknown field 'contxt'"),
+    ("POST", "/v1/predict", {"k": 0}, 400, "1..1000"),
+    ("POST", "/v1/predict", {"k": 1001}, 400, "1..1000"),
+    ("POST", "/v1/predict", {"k": True}, 400, "whole number"),
+    ("POST", "/v1/predict", {"k": 2.5}, 400, "whole number"),
+    ("POST", "/v1/predict", {"k": "10"}, 400, "whole number"),
+    ("POST", "/v1/predict", {"context": 5}, 400, "must be a string"),
+    ("POST", "/v1/predict", {"context": ["the"]}, 400, "must be a string"),
+    ("POST", "/v1/predict", {"context": "the " * 3000}, 400, "limit is 10,000"),
+    ("POST", "/v1/score", {}, 400, "missing field 'sentences'"),
+    ("POST", "/v1/score", {"sentences": []}, 400, "1..1,000 items"),
+    ("POST", "/v1/score", {"sentences": ["a"] * 1001}, 400, "1..1,000 items"),
+    ("POST", "/v1/score", {"sentences": "the cat"}, 400, "list of strings"),
+    ("POST", "/v1/score", {"sentences": ["ok", 3]}, 400, "sentences[1] must be a string"),
+    ("POST", "/v1/generate", {"tokens": 1001}, 400, "0..1000"),
+    ("POST", "/v1/generate", {"tokens": -1}, 400, "0..1000"),
+    ("POST", "/v1/generate", {"seed": -1}, 400, "'seed'"),
+    ("POST", "/v1/generate", {"seed": 2**63}, 400, "'seed'"),
+    ("POST", "/v1/generate", {"temperature": 0}, 400, "'temperature'"),
+    ("POST", "/v1/generate", {"temperature": 1000}, 400, "'temperature'"),
+    ("POST", "/v1/generate", b'{"temperature": NaN}', 400, "finite number"),
+    ("POST", "/v1/generate", b'{"temperature": Infinity}', 400, "finite number"),
+    ("POST", "/v1/generate", {"per_node_temperature": "yes"}, 400, "true or false"),
+    ("POST", "/v1/tree/path", {"context": "the"}, 400, "missing field 'word'"),
+    ("POST", "/v1/tree/path", {"word": "zebra"}, 404, "not in the vocabulary"),
+    ("POST", "/v1/tree/decisions", {"nodes": [0, 10**6]}, 404, "no internal node 1000000"),
+    ("POST", "/v1/tree/decisions", {"nodes": [-1]}, 404, "no internal node -1"),
+    ("POST", "/v1/tree/decisions", {"nodes": ["0"]}, 400, "whole numbers"),
+    ("POST", "/v1/tree/decisions", {"nodes": list(range(1001))}, 400, "at most 1000"),
+    ("GET", "/v1/tree/node/100000", None, 404, "no internal node 100000"),
+    ("GET", "/v1/tree/node/-1", None, 404, "no internal node"),
+    ("GET", "/v1/tree/node/" + "9" * 5000, None, 404, "no internal node"),
+    ("GET", "/v1/tree/node/0/words?limit=0", None, 400, "'limit'"),
+    ("GET", "/v1/tree/node/0/words?limit=1001", None, 400, "'limit'"),
+    ("GET", "/v1/tree/node/0/words?offset=x", None, 400, "'offset'"),
+    ("GET", "/v1/tree/node/0?context=" + "a" * 10_001, None, 400, "limit is 10,000"),
+    ("GET", "/v1/tree/word/zebra", None, 404, "not in the vocabulary"),
+    ("GET", "/v1/tree/word/..%2F..%2Fetc%2Fpasswd", None, 404, "not in the vocabulary"),
+    ("GET", "/v1/predict", None, 405, "not allowed"),
+    ("DELETE", "/v1/model", None, 405, "not allowed"),
+    ("GET", "/v2/predict", None, 404, "no such endpoint"),
+]
+
+
+@pytest.mark.parametrize("method,url,body,status,message", BAD, ids=[f"{m} {u[:40]} {str(b)[:30]}" for m, u, b, *_ in BAD])
+def test_bad_requests_get_a_json_error_with_the_right_status(client, method, url, body, status, message):
+    kwargs = {"content": body} if isinstance(body, bytes) else {} if body is None else {"json": body}
+    r = client.request(method, url, **kwargs)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    assert message in r.json()["error"] and "Traceback" not in r.text
+
+
+@pytest.mark.parametrize("url", ["/v1/predict", "/v1/score"])
+def test_bodies_over_the_limit_are_refused_before_they_are_read(tmp_path, url):
+    c = TestClient(create_app(_toy_service(tmp_path, limits=Limits(max_body=1000))))
+    r = c.post(url, content=b'{"context": "' + b"a" * 2000 + b'"}')
+    assert r.status_code == 413 and "limit" in r.json()["error"]
+    chunks = iter([b'{"context": "', b"a" * 600, b"a" * 600, b'"}'])  # no Content-Length: counted while read
+    r = c.post(url, content=chunks)
+    assert r.status_code == 413 and "over the limit of 1,000 bytes" in r.json()["error"]
+    r = c.post(url, content=b"{}", headers={"content-length": "1e9"})
+    assert r.status_code == 400
+
+
+def test_a_fault_of_ours_is_a_json_500_without_a_traceback(tmp_path, monkeypatch):
+    svc = _toy_service(tmp_path)
+    c = TestClient(create_app(svc), raise_server_exceptions=False)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(svc, "topk", broken)
+    monkeypatch.setattr(svc, "score", broken)
+    for r in (post(c, "/v1/predict", {"context": "the"}), post(c, "/v1/score", {"sentences": ["the"]})):
+        assert r.status_code == 500 and r.json() == {"error": "internal error (RuntimeError); the server log has the details"}
+    monkeypatch.undo()
+    assert post(c, "/v1/predict", {"context": "the"}).status_code == 200  # the batcher goes on
+
+
+def test_host_check_refuses_other_names(tmp_path):
+    app = create_app(_toy_service(tmp_path), allowed_hosts=LOOPBACK_HOSTS)
+    for base in ("http://localhost:8000", "http://127.0.0.1:8123", "http://[::1]:8000", "http://localhost"):
+        assert TestClient(app, base_url=base).get("/health").status_code == 200, base
+    r = TestClient(app, base_url="http://attacker.example").get("/health")
+    assert r.status_code == 421 and "localhost" in r.json()["error"]
+    r = TestClient(app, base_url="http://localhost.attacker.example:8000").post("/v1/predict", json={})
+    assert r.status_code == 421
+
+
+# ---- concurrency --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("predict_thread", [True, False], ids=["worker_thread", "on_the_loop"])
+def test_concurrent_predictions_are_batched_and_each_gets_its_own_answer(service, tiny_run, predict_thread):
+    _, model, vocab = tiny_run
+    app = create_app(service, predict_thread=predict_thread)
+    batcher = app.state.batcher
+    contexts = [" ".join(vocab.words[(i * 7 + j) % len(vocab)] for j in range(i % 4)) for i in range(64)]
+    ks = [1 + i % 5 for i in range(64)]
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+            rs = await asyncio.gather(*(c.post("/v1/predict", json={"context": x, "k": k}) for x, k in zip(contexts, ks)))
+        return [r.json() for r in rs]
+
+    before = batcher.batches
+    got = asyncio.run(run())
+    assert batcher.batches - before < 64  # several requests shared a top-k call
+    for x, k, g in zip(contexts, ks, got):
+        ids, _ = encode_context(vocab, x.split(), 3)
+        values, idx = model.topk(torch.tensor([ids]), k)
+        assert g["words"] == vocab.decode(idx[0]) and g["probs"] == pytest.approx(values[0].double().exp().tolist())
+
+
+def test_concurrent_requests_from_threads_on_every_kind_of_endpoint(client, tiny_run):
+    _, model, vocab = tiny_run
+    jobs = []
+    for i in range(12):
+        ctx = " ".join(vocab.words[(i + j) % len(vocab)] for j in range(i % 3))
+        jobs += [("POST", "/v1/predict", {"context": ctx, "k": 3}), ("POST", "/v1/score", {"sentences": [ctx or "a"]}),
+                 ("POST", "/v1/generate", {"prompt": ctx, "tokens": 5, "seed": i}),
+                 ("GET", f"/v1/tree/node/{i % model.tree.num_nodes}?context={ctx}", None)]
+    want = [client.request(m, u, json=b).json() for m, u, b in jobs]
+    got = [None] * len(jobs)
+
+    def worker(lo):
+        for i in range(lo, len(jobs), 8):
+            m, u, b = jobs[i]
+            got[i] = client.request(m, u, json=b).json()
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+
+
+# ---- the command ----------------------------------------------------------------------------------------
+
+
+def test_the_serve_command_answers_on_localhost(tiny_run):
+    run, model, vocab = tiny_run
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "hlbl", "serve", str(run), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stderr.readline()  # "hlbl: serving RUN (N words) at http://127.0.0.1:PORT/ ..."
+        assert "serving" in line and "http://127.0.0.1:" in line, line + proc.stderr.read()
+        port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=60) as r:
+            assert json.load(r)["status"] == "ok"
+        req = urllib.request.Request(f"http://localhost:{port}/v1/predict", data=json.dumps({"context": "the", "k": 2}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:  # the first search loads the numba kernel
+            got = json.load(r)
+        ids, _ = encode_context(vocab, ["the"], 3)
+        assert got["words"] == vocab.decode(model.topk(torch.tensor([ids]), 2)[1][0])
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/health", headers={"Host": "evil.example"}),
+                                   timeout=60)
+        assert e.value.code == 421
+        # A second server on the same port: a one-line error, not a traceback.
+        second = subprocess.run([sys.executable, "-m", "hlbl", "serve", str(run), "--port", str(port)],
+                                capture_output=True, text=True, env=env, timeout=120)
+        assert second.returncode == 2 and second.stderr.startswith("hlbl: error: cannot listen on 127.0.0.1 port")
+        assert "Traceback" not in second.stderr
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def test_the_serve_command_refuses_a_bad_run_in_one_line(tmp_path, capsys):
+    from hlbl.cli import main
+
+    assert main(["serve", str(tmp_path / "missing"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hlbl: error:") and "not a run directory" in err and len(err.splitlines()) == 1
+    with pytest.raises(SystemExit) as e:
+        main(["serve", "--help"])
+    assert e.value.code == 0
