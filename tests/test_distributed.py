@@ -219,7 +219,7 @@ def test_ranks_reading_different_text_are_stopped(runs):
 def test_fast_engine_is_refused_under_a_process_group(runs):
     _, ranks, _ = runs
     for r in ranks:
-        assert "single process" in r["fast_error"] and "--engine torch" in r["fast_error"]
+        assert "single process" in r["fast_error"] and "use engine='torch'" in r["fast_error"]
         assert r["auto_is_torch"]
 
 

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -35,11 +37,14 @@ import torch
 from . import atomic
 from . import checkpoint as ckpt
 from .data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus
+from .errors import ConfigError
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .train import TrainConfig, epoch_runner, fit
 from .tree import WordTree, build_tree
 from .treebuild import DEFAULT_EM_ITERS, BuildReport, build_tree_from_features, tree_label, word_features
+
+logger = logging.getLogger(__name__)
 
 # (name, policy or "random", copies): the paper's Table 1 trees.
 TREES = (
@@ -88,9 +93,11 @@ class ReproConfig:
             self.epochs = min(self.epochs, 2)
             self.flat_epochs = min(self.flat_epochs, 1)
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"--threads must be at least 1, got {self.threads}")
-        if self.epochs < 1 or self.flat_epochs < 0:
-            raise ValueError("--epochs must be >= 1 and --flat-epochs >= 0")
+            raise ConfigError(f"threads must be at least 1, got {self.threads}", field="threads")
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be at least 1, got {self.epochs}", field="epochs")
+        if self.flat_epochs < 0:
+            raise ConfigError(f"flat_epochs must be at least 0, got {self.flat_epochs}", field="flat_epochs")
         known = {t[0] for t in TREES[1:]} | {"flat", "KN5"}
         bad = set(self.skip) - known
         if bad:
@@ -117,14 +124,14 @@ def _engine_name(model: LBL, cfg: TrainConfig) -> str:
 class Reproduction:
     """The pipeline's state: paths, corpus, and the results gathered so far."""
 
-    def __init__(self, cfg: ReproConfig, log=print):
+    def __init__(self, cfg: ReproConfig, log: Callable[[str], None] | None = None):
         self.cfg = cfg
         # Not under OUT: the work directory holds ~300 MB of checkpoints, OUT the tables to keep. A
         # smoke test keeps away from both a real run's work and the committed tables.
         name = Path(str(cfg.data)).resolve().name + ("-quick" if cfg.quick else "")  # (".": the directory's name)
         self.work = Path(cfg.work) if cfg.work else Path("runs") / f"reproduce-{name}"
         self.out = Path(cfg.out) if cfg.out else (self.work / "tables" if cfg.quick else Path("results") / name)
-        self.log = log
+        self.log = log or logger.info
         self.corpus: Corpus = load_corpus(cfg.data, max_vocab=cfg.max_vocab)  # first: bad --data creates nothing
         if "KN5" not in cfg.skip:  # before hours of training, not after
             from .ngram.kneser_ney import check_vocab
@@ -155,7 +162,7 @@ class Reproduction:
             differ = [k for k in identity if old.get(k) != identity[k]]
             if differ:
                 raise DataError(f"{self.work} holds a reproduction with another {', '.join(differ)}; "
-                                "pass another --work, or delete it to start over")
+                                "choose another work directory, or delete it to start over")
             return
         self.work.mkdir(parents=True, exist_ok=True)
         atomic.write_text(path, json.dumps(identity, indent=1))  # (a work dir from before this file: trusted)
@@ -431,6 +438,7 @@ class Reproduction:
         return {"out": str(self.out), "rows": self.rows()}
 
 
-def reproduce(cfg: ReproConfig, log=print) -> dict:
-    """Run (or resume) the whole pipeline; returns the rows of Table 3."""
+def reproduce(cfg: ReproConfig, log: Callable[[str], None] | None = None) -> dict:
+    """Run (or resume) the whole pipeline; returns the rows of Table 3. Progress lines go to ``log``
+    (default: the ``hlbl.reproduce`` logger at INFO level)."""
     return Reproduction(cfg, log).run()

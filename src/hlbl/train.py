@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import sys
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -44,8 +46,11 @@ from . import atomic
 from . import checkpoint as ckpt
 from . import distributed as ddp
 from .data import Corpus, DataError, contexts, epoch_order, stream_fingerprint
+from .errors import ConfigError
 from .evaluate import evaluate
 from .model import LBL
+
+logger = logging.getLogger(__name__)
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 ENGINES = ("torch", "fast", "auto")  # see epoch_runner
@@ -181,8 +186,8 @@ def epoch_runner(model: LBL, cfg: TrainConfig):
         return train_epoch
     if ddp.is_distributed():  # checked first: fast.unsupported's reasons would not be the point
         if cfg.engine == "fast":
-            raise DataError(f"--engine fast runs in a single process; with {ddp.world_size()} processes (torchrun) "
-                            "use --engine torch (or auto)")
+            raise ConfigError(f"engine='fast' runs in a single process; with {ddp.world_size()} processes (torchrun) "
+                              "use engine='torch' (or engine='auto')")
         return train_epoch
     from . import fast  # lazily: numba compiles its kernels on first use
 
@@ -190,7 +195,7 @@ def epoch_runner(model: LBL, cfg: TrainConfig):
     if why is None:
         return fast.train_epoch  # threads: cfg.hogwild
     if cfg.engine == "fast":
-        raise DataError(f"--engine fast cannot train this model: {why}")  # a user error: one line
+        raise ConfigError(f"engine='fast' cannot train this model: {why}")  # a user error: one line
     return train_epoch
 
 
@@ -203,13 +208,17 @@ def _restore_best(model: LBL, run_dir: Path) -> None:
 
 
 def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool = False,
-        corpus_spec: str = "", log=print) -> dict:
+        corpus_spec: str = "", log: Callable[[str], None] | None = None) -> dict:
     """Train with early stopping; checkpoint each epoch into ``run_dir``. Returns the final state.
+
+    ``log`` receives one line per epoch and per learning-rate decision; by default they go to the
+    ``hlbl.train`` logger at INFO level.
 
     Distributed (a process group of W > 1 ranks, see the module docstring): call it on every rank
     with the same model, corpus and config; only rank 0 logs and writes ``run_dir``, and every rank
     returns holding the best weights.
     """
+    log = log or logger.info
     run_dir = Path(run_dir)
     model.to(torch.device(cfg.device))  # (the engine's choice depends on where the parameters are)
     epoch_runner(model, cfg)  # before the directory exists: a refused engine leaves no run behind
@@ -258,7 +267,8 @@ def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bo
         (ppl,) = ddp.broadcast_floats([ppl], device)
         state["elapsed"] += time.perf_counter() - t0
         if not math.isfinite(loss) or not math.isfinite(ppl):
-            raise FloatingPointError(f"training diverged in epoch {epoch} (loss {loss}); lower --lr")
+            raise FloatingPointError(f"training diverged in epoch {epoch} (loss {loss}); lower the learning rate "
+                                     f"(lr={state['lr']:g})")
         improved = ppl < state["best_valid_ppl"]
         line = {"epoch": epoch, "train_loss": loss, "train_ppl": math.exp(loss), "valid_ppl": ppl,
                 "words_per_sec": wps, "epoch_minutes": train_time / 60, "lr": state["lr"],
