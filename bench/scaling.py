@@ -1,7 +1,7 @@
 """Training cost vs vocabulary size: HLBL fast engine on synthetic Zipf corpora, V = 10k .. 1M.
 
     python bench/scaling.py                          # about 4 minutes, ~3 GB of memory at V = 1M
-    python bench/scaling.py --sizes 10000,100000 --threads 1 --out /tmp/scaling.json  # not over results/
+    python bench/scaling.py --sizes 10000,100000 --threads 1 --out scaling-small.json  # not over results/
 
 For each V, a child process (so that peak RSS is that size's alone) builds a BALANCED tree
 (recursive halving of the words in frequency order; depth ceil(log2 V)), an HLBL with d = 100,

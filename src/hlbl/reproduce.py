@@ -70,7 +70,7 @@ class ReproConfig:
     out: str | None = None  # tables; default results/<corpus name> (runs/reproduce-<name>-quick/tables for --quick)
     work: str | None = None  # checkpoints, features, trees; default runs/reproduce-<corpus name>[-quick]
     epochs: int = 40  # cap for every HLBL run, as `hlbl train` (early stopping ends sooner)
-    flat_epochs: int = 3  # cap for the flat LBL (~30x slower per epoch than HLBL on a RANDOM tree, PTB)
+    flat_epochs: int = 3  # cap for the flat LBL (an epoch costs O(V) per token, against O(log V) for HLBL)
     dim: int = 100
     context: int = 5
     seed: int = 0
@@ -301,8 +301,7 @@ class Reproduction:
     # ---- reports ----------------------------------------------------------------------------
 
     def header(self, what: str) -> str:
-        return (f"# {what}\n\nProduced by `{self.cfg.command or 'hlbl reproduce'}` at commit `{git_commit()}` "
-                f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
+        return (f"# {what}\n\nProduced by `{self.cfg.command or 'hlbl reproduce'}` at commit `{git_commit()}`.\n"
                 f"Corpus `{self.cfg.data}`: {self.V:,} words, {len(self.train_stream):,} training tokens"
                 + (f", valid/test cut to {self.cfg.max_eval_tokens:,} tokens" if self.cfg.max_eval_tokens else "")
                 + ".\n"
