@@ -370,7 +370,13 @@ class Reproduction:
                                                     "rows": self.rows()})
 
     def write_plot(self) -> None:
-        import matplotlib
+        try:
+            import matplotlib
+        except ImportError:  # the plot extra is optional: the tables are the results
+            if not getattr(self, "_said_no_plot", False):
+                self.log("matplotlib is not installed (pip install 'hlbl[plot]'): perplexity_vs_time.png skipped")
+                self._said_no_plot = True
+            return
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
