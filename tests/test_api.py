@@ -36,6 +36,12 @@ def test_version_has_one_source():
         assert dist.version == hlbl.__version__
 
 
+def test_the_cli_says_its_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out == f"hlbl {hlbl.__version__}\n"
+
+
 def test_import_is_cheap():
     code = "import sys, hlbl; print(sorted(m for m in ('torch', 'numba', 'matplotlib', 'scipy') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -11,6 +11,7 @@ import os
 import re
 import sys
 
+from .._version import __version__
 from ..errors import HlblError
 from . import infer, reproduce, train, tree
 from .common import Parser
@@ -60,6 +61,7 @@ class _Stderr(logging.StreamHandler):
 
 def build_parser() -> Parser:
     p = Parser(prog="hlbl", description="Hierarchical log-bilinear language models.")
+    p.add_argument("--version", action="version", version=f"hlbl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for group in (train, tree, reproduce, infer):
         group.add_commands(sub)
