@@ -589,7 +589,7 @@ def test_ptb_matches_kenlm_reference():
 
 def test_arpa_vocabulary_with_a_literal_eos_word():
     """An ARPA from a corpus with explicit <eos> markers lists <eos> as a word: it is our <eos>."""
-    from hlbl.ngram.commands import arpa_vocab
+    from hlbl.cli.ngram import arpa_vocab
 
     class Fake:
         words = ("<unk>", "<s>", "</s>", "the", "<eos>")

@@ -13,7 +13,7 @@ import sys
 
 from .._version import __version__
 from ..errors import HlblError
-from . import infer, reproduce, train, tree
+from . import infer, ngram, reproduce, train, tree
 from .common import Parser
 
 USER_ERRORS = (HlblError, FloatingPointError)
@@ -65,9 +65,7 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(dest="command", required=True)
     for group in (train, tree, reproduce, infer):
         group.add_commands(sub)
-    from ..ngram import add_subcommands as add_ngram_commands  # hlbl ngram train|eval
-
-    add_ngram_commands(sub)
+    ngram.add_subcommands(sub)  # hlbl ngram train|eval
     return p
 
 

@@ -181,7 +181,7 @@ def cmd_eval(args) -> int:
     needed = {args.split} | ({"valid"} if tune else set())  # valid: to tune the mixture weight
     corpus = load_corpus(args.data or info["corpus"], vocab=vocab, splits=tuple(needed))
     if args.interpolate:  # mixture with an n-gram model (hlbl.ngram)
-        from ..ngram.commands import interpolated_report
+        from .ngram import interpolated_report
 
         report = interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device)
     else:
