@@ -224,7 +224,7 @@ def test_fast_engine_is_refused_under_a_process_group(runs):
 
 
 def test_torchrun_cli_matches_one_process(tmp_path):
-    """The README's launch line, end to end: 2 processes under torchrun print one result, equal to
+    """The launch line of docs/distributed.md, end to end: 2 processes under torchrun print one result, equal to
     a one-process --engine torch run up to float rounding."""
     import shutil
     import subprocess
