@@ -1,6 +1,7 @@
 """Training and scoring throughput: HLBL beside fastText (like for like), the flat LBL and the adaptive softmax.
 
-    python bench/throughput.py                                   # ~10 minutes on 2 busy cores
+    python bench/throughput.py                          # everything; ~10 minutes on 2 idle cores
+    python bench/throughput.py --fasttext-only --out results/fasttext.json  # part 1 only
     python bench/throughput.py --threads 1 --skip-fasttext --out throughput-1t.json
 
 1. Like for like with fastText (``fasttext`` package, ``pip install -e ".[bench]"``): each tool
@@ -14,8 +15,10 @@
    threads. fastText 0.9.3: CBOW + hierarchical softmax, dim 100, ws 5, t 1 (no subsampling),
    minCount 1, epoch 1, ``maxn 0`` (no subword features: the word-level model; this row is the
    1x), the same thread count. A row with fastText's default subwords (minn 3, maxn 6), at the
-   main thread count only, is labelled as such. Each child also reports how much of its time was training (HLBL: the
-   training call; fastText: its own words/sec/thread figure, which uses its own clock).
+   main thread count only, is labelled as such. Each child measures wall time and its process's
+   CPU time (all its threads) over the same span; CPU time depends much less on what else runs
+   on the machine. The HLBL child also reports how much of the span was the training call;
+   fastText's own words/sec/thread figure (its own clock, training loop only) is kept beside.
 2. The rest (in this process, data already in memory, kernels compiled; the clock is around the
    training call only): HLBL's PyTorch engine, the flat-softmax LBL, the LBL with
    ``nn.AdaptiveLogSoftmaxWithLoss``, HLBL on other trees (300 batches each: Huffman, stacks of
@@ -26,11 +29,12 @@
 Every measurement runs ``--rounds`` times (default 5), round robin over the whole list, so that a
 burst of load from other processes hits one round of everything rather than one contender. The
 JSON keeps every round; the summary gives the median and the range, and each HLBL/fastText ratio
-is the median of the per-round ratios (both measured in the same round, back to back).
+is the median of the per-round ratios (both measured in the same round, back to back), by wall
+time and by CPU time.
 
 The last line of stdout is the summary as one JSON object; ``--out`` (default
-``results/throughput.json``) gets the summary and every measurement. Needs PTB (found as
-``hlbl train --data ptb`` finds it).
+``results/throughput.json``) gets the summary and every measurement, rewritten after every round.
+Needs PTB (found as ``hlbl train --data ptb`` finds it).
 """
 
 from __future__ import annotations
@@ -172,14 +176,14 @@ with tempfile.TemporaryDirectory() as tiny, tempfile.TemporaryDirectory() as cac
         f.write("the cat sat on the mat\\n" * 200)
     c = load_corpus(tiny, splits=("train",), cache_dir=cache + "/warm")
     epoch(build(c.vocab), c["train"], c.vocab.eos)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     corpus = load_corpus(corpus_dir, splits=("train",), cache_dir=cache + "/run")  # count, encode
     model = build(corpus.vocab)
     t1 = time.perf_counter()
     loss, _ = epoch(model, corpus["train"], corpus.vocab.eos)
-    t2 = time.perf_counter()
-print(json.dumps({"wall": t2 - t0, "train_s": t2 - t1, "tokens": len(corpus["train"]), "vocab": len(corpus.vocab),
-                  "loss": loss}))
+    t2, c2 = time.perf_counter(), time.process_time()
+print(json.dumps({"wall": t2 - t0, "cpu": c2 - c0, "train_s": t2 - t1, "tokens": len(corpus["train"]),
+                  "vocab": len(corpus.vocab), "loss": loss}))
 """
 
 FASTTEXT_CHILD = """
@@ -188,12 +192,12 @@ import fasttext
 
 path, threads, maxn = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 extra = {} if maxn == "default" else {"maxn": int(maxn)}
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 m = fasttext.train_unsupervised(path, model="cbow", loss="hs", dim=100, ws=5, t=1, thread=threads, epoch=1,
                                 minCount=1, verbose=2, **extra)
-wall = time.perf_counter() - t0
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 words, freq = m.get_words(include_freq=True)
-print(json.dumps({"wall": wall, "tokens": int(sum(freq)), "vocab": len(words)}))
+print(json.dumps({"wall": wall, "cpu": cpu, "tokens": int(sum(freq)), "vocab": len(words)}))
 """
 
 
@@ -211,8 +215,9 @@ def run_child(code: str, args: list[str]) -> tuple[dict, str] | None:
 def time_hlbl_from_text(corpus_dir: Path, kind: str, threads: int) -> dict:
     """HLBL, text file to a model trained one epoch (see the module's docstring)."""
     res, _ = run_child(HLBL_CHILD, [str(corpus_dir), kind, str(threads)])
-    return {"wps": res["tokens"] / res["wall"], "tokens": res["tokens"], "wall_s": res["wall"],
-            "train_s": res["train_s"], "vocab": res["vocab"], "loss": res["loss"]}
+    return {"wps": res["tokens"] / res["wall"], "cpu_wps": res["tokens"] / res["cpu"], "tokens": res["tokens"],
+            "wall_s": res["wall"], "cpu_s": res["cpu"], "train_s": res["train_s"], "vocab": res["vocab"],
+            "loss": res["loss"]}
 
 
 def time_fasttext_from_text(path: Path, threads: int, maxn: str) -> dict | None:
@@ -222,7 +227,8 @@ def time_fasttext_from_text(path: Path, threads: int, maxn: str) -> dict | None:
         return None
     res, text = out
     own = re.findall(r"words/sec/thread:\s*(\d+)", text)
-    return {"wps": res["tokens"] / res["wall"], "tokens": res["tokens"], "wall_s": res["wall"], "vocab": res["vocab"],
+    return {"wps": res["tokens"] / res["wall"], "cpu_wps": res["tokens"] / res["cpu"], "tokens": res["tokens"],
+            "wall_s": res["wall"], "cpu_s": res["cpu"], "vocab": res["vocab"],
             "reported_wps_per_thread": int(own[-1]) if own else None}
 
 
@@ -251,64 +257,16 @@ def warm_up(threads: int) -> None:
     token_log_probs(m, s, 0)
 
 
-def spread(values: list[float]) -> dict:
-    return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values)), "n": len(values)}
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--torch-batches", type=int, default=40, help="batches for the PyTorch HLBL path")
-    ap.add_argument("--flat-batches", type=int, default=8, help="batches for the flat LBL at V=10k")
-    ap.add_argument("--adaptive-batches", type=int, default=30)
-    ap.add_argument("--flat-batches-33k", type=int, default=4)
-    ap.add_argument("--zipf-tokens", type=int, default=1_000_000)
-    ap.add_argument("--skip-fasttext", action="store_true")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds over all measurements (median and range reported)")
-    ap.add_argument("--out", default=str(ROOT / "results" / "throughput.json"), help="JSON with every measurement")
-    args = ap.parse_args(argv)
-    if args.rounds < 3:
-        ap.error("--rounds must be at least 3 (a median and a spread)")
+def in_process_plan(args, cfg: TrainConfig, out: dict, other_trees: dict) -> list:
+    """Part 2 of the module's docstring: what runs in this process, data in memory, kernels compiled."""
     T = args.threads
-    torch.set_num_threads(T)
-    torch.manual_seed(0)
-    load = os.getloadavg()
-    print(f"threads {T}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs",
-          file=sys.stderr)
-    cfg = TrainConfig(progress=False)
     warm_up(T)
-
     corpus = load_corpus("ptb")
     V, pad, counts = len(corpus.vocab), corpus.vocab.eos, np.asarray(corpus.vocab.counts, np.float64)
     train = corpus["train"]
-    ptb_dir = resolve_corpus("ptb")
-    out: dict = {"threads": T, "rounds": args.rounds, "load_before": load}
-
-    def show(name, r):
-        extra = "" if "loss" not in r else f"  loss {r['loss']:.3f}"
-        extra += f"  (torch threads {r['torch_threads']})" if "torch_threads" in r else ""
-        extra += f"  ({r['wall_s']:.2f} s, of which training {r['train_s']:.2f} s)" if "train_s" in r else ""
-        if r.get("reported_wps_per_thread"):
-            extra += f"  (its own words/sec/thread {r['reported_wps_per_thread']:,})"
-        print(f"{name:<52} {r['wps']:>12,.0f} words/s{extra}", file=sys.stderr)
-
-    # ---- what to measure ------------------------------------------------------------------
-    plan: list[tuple[str, str, Callable[[], dict | None]]] = []
-    for t in sorted({T, 1}):
-        plan += [
-            (f"text_hlbl_huffman_t{t}", f"from text: HLBL, Huffman tree, {t} thread(s)",
-             lambda t=t: time_hlbl_from_text(ptb_dir, "huffman", t)),
-            (f"text_hlbl_random_t{t}", f"from text: HLBL, RANDOM tree, {t} thread(s)",
-             lambda t=t: time_hlbl_from_text(ptb_dir, "random", t)),
-        ]
-        if not args.skip_fasttext:
-            plan.append((f"text_fasttext_maxn0_t{t}", f"from text: fastText CBOW+HS, maxn 0, {t} thread(s)",
-                         lambda t=t: time_fasttext_from_text(ptb_dir / "train.txt", t, "0")))
-            if t == T:  # the subword model only at the main thread count: it is ~4x slower
-                plan.append((f"text_fasttext_subwords_t{t}", f"from text: fastText CBOW+HS, subwords, {t} thread(s)",
-                             lambda t=t: time_fasttext_from_text(ptb_dir / "train.txt", t, "default")))
     tree = random_tree(V, 0)
     hlbl = make_model(V, "tree", tree, counts)
+    plan: list[tuple[str, str, Callable[[], dict | None]]] = []
     plan += [
         ("ptb_hlbl_fast", f"HLBL fast engine, {T} threads", lambda: time_fast(hlbl, train, pad, cfg, T)),
         ("ptb_hlbl_fast_1thread", "HLBL fast engine, 1 thread (deterministic)",
@@ -320,7 +278,7 @@ def main(argv=None) -> int:
          lambda: time_torch(make_model(V, "adaptive", None, counts), train, pad, cfg, args.adaptive_batches, T)),
         ("ptb_eval", "scoring (evaluate.token_log_probs)", lambda: time_eval(hlbl, train, pad)),
     ]
-    other_trees = {"huffman": huffman_tree(counts)}
+    other_trees["huffman"] = huffman_tree(counts)
     for copies in (2, 4):
         other_trees[f"x{copies}_random"] = stacked_random_trees(V, copies, 1)
     from hlbl.treebuild import build_tree_from_features, word_features  # learned trees (the paper's Section 5)
@@ -352,6 +310,65 @@ def main(argv=None) -> int:
          lambda: time_torch(make_model(V2, "adaptive", None, zc), zs, 0, cfg, args.adaptive_batches, T)),
     ]
 
+    return plan
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values)), "n": len(values)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--torch-batches", type=int, default=40, help="batches for the PyTorch HLBL path")
+    ap.add_argument("--flat-batches", type=int, default=8, help="batches for the flat LBL at V=10k")
+    ap.add_argument("--adaptive-batches", type=int, default=30)
+    ap.add_argument("--flat-batches-33k", type=int, default=4)
+    ap.add_argument("--zipf-tokens", type=int, default=1_000_000)
+    ap.add_argument("--skip-fasttext", action="store_true")
+    ap.add_argument("--fasttext-only", action="store_true", help="only part 1: HLBL and fastText from the text file")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds over all measurements (median and range reported)")
+    ap.add_argument("--out", default=str(ROOT / "results" / "throughput.json"), help="JSON with every measurement")
+    args = ap.parse_args(argv)
+    if args.rounds < 3:
+        ap.error("--rounds must be at least 3 (a median and a spread)")
+    T = args.threads
+    torch.set_num_threads(T)
+    torch.manual_seed(0)
+    load = os.getloadavg()
+    print(f"threads {T}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs",
+          file=sys.stderr)
+    cfg = TrainConfig(progress=False)
+    ptb_dir = resolve_corpus("ptb")
+    out: dict = {"threads": T, "rounds": args.rounds, "load_before": load}
+
+    def show(name, r):
+        extra = "" if "loss" not in r else f"  loss {r['loss']:.3f}"
+        extra += f"  (torch threads {r['torch_threads']})" if "torch_threads" in r else ""
+        extra += f"  ({r['wall_s']:.2f} s, of which training {r['train_s']:.2f} s)" if "train_s" in r else ""
+        extra += f"  (CPU {r['cpu_s']:.2f} s: {r['cpu_wps']:,.0f} words per CPU-second)" if "cpu_s" in r else ""
+        if r.get("reported_wps_per_thread"):
+            extra += f"  (its own words/sec/thread {r['reported_wps_per_thread']:,})"
+        print(f"{name:<52} {r['wps']:>12,.0f} words/s{extra}", file=sys.stderr)
+
+    # ---- what to measure ------------------------------------------------------------------
+    plan: list[tuple[str, str, Callable[[], dict | None]]] = []
+    for t in sorted({T, 1}):
+        plan += [
+            (f"text_hlbl_huffman_t{t}", f"from text: HLBL, Huffman tree, {t} thread(s)",
+             lambda t=t: time_hlbl_from_text(ptb_dir, "huffman", t)),
+            (f"text_hlbl_random_t{t}", f"from text: HLBL, RANDOM tree, {t} thread(s)",
+             lambda t=t: time_hlbl_from_text(ptb_dir, "random", t)),
+        ]
+        if not args.skip_fasttext:
+            plan.append((f"text_fasttext_maxn0_t{t}", f"from text: fastText CBOW+HS, maxn 0, {t} thread(s)",
+                         lambda t=t: time_fasttext_from_text(ptb_dir / "train.txt", t, "0")))
+            if t == T:  # the subword model only at the main thread count: it is ~4x slower
+                plan.append((f"text_fasttext_subwords_t{t}", f"from text: fastText CBOW+HS, subwords, {t} thread(s)",
+                             lambda t=t: time_fasttext_from_text(ptb_dir / "train.txt", t, "default")))
+    other_trees: dict[str, WordTree] = {}
+    if not args.fasttext_only:
+        plan += in_process_plan(args, cfg, out, other_trees)
     # ---- measure: the whole plan, round robin -----------------------------------------------
     rounds: dict[str, list[dict]] = {}
     for rnd in range(1, args.rounds + 1):
@@ -362,17 +379,25 @@ def main(argv=None) -> int:
                 continue
             rounds.setdefault(key, []).append(r)
             show(f"[{rnd}] {label}", r)
+        summary = write_summary(args, out, rounds, other_trees, load)  # after every round: a stopped run keeps its rounds
+    print(json.dumps(summary))
+    return 0
+
+
+def write_summary(args, out: dict, rounds: dict, other_trees: dict, load) -> dict:
+    """Medians, ranges and per-round ratios of the rounds so far, into ``args.out``."""
+    T = args.threads
     out["load_after"] = os.getloadavg()
     out["measurements"] = rounds
 
     def wps(key: str) -> dict | None:
         return spread([r["wps"] for r in rounds[key]]) if key in rounds else None
 
-    def ratio(key: str, base: str) -> dict | None:
-        """Median and range of the per-round ratios of two measurements."""
+    def ratio(key: str, base: str, field: str = "wps") -> dict | None:
+        """Median and range of the per-round ratios of two measurements (same round: back to back)."""
         if key not in rounds or base not in rounds:
             return None
-        return spread([a["wps"] / b["wps"] for a, b in zip(rounds[key], rounds[base])])
+        return spread([a[field] / b[field] for a, b in zip(rounds[key], rounds[base])])
 
     like = {}
     for t in sorted({T, 1}):
@@ -380,7 +405,9 @@ def main(argv=None) -> int:
         for name in ("hlbl_huffman", "hlbl_random", "fasttext_maxn0", "fasttext_subwords"):
             key = f"text_{name}_t{t}"
             if key in rounds:
-                like[f"{name}_t{t}"] = {"wps": wps(key), "vs_fasttext_maxn0": ratio(key, base)}
+                like[f"{name}_t{t}"] = {"wps": wps(key), "vs_fasttext_maxn0": ratio(key, base),
+                                        "cpu_wps": spread([r["cpu_wps"] for r in rounds[key]]),
+                                        "vs_fasttext_maxn0_cpu": ratio(key, base, "cpu_wps")}
                 if name.startswith("hlbl"):
                     like[f"{name}_t{t}"]["training_share"] = spread([r["train_s"] / r["wall_s"] for r in rounds[key]])
     summary = {
@@ -403,14 +430,13 @@ def main(argv=None) -> int:
         "v33k_hlbl_vs_flat": ratio("v33k_hlbl_fast", "v33k_flat"),
         "v33k_hlbl_vs_adaptive": ratio("v33k_hlbl_fast", "v33k_adaptive"),
         "threads": T,
-        "rounds": args.rounds,
+        "rounds": len(next(iter(rounds.values()))) if rounds else 0,
         "load_before": [round(x, 2) for x in load],
         "load_after": [round(x, 2) for x in out["load_after"]],
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"summary": summary, "details": out}, indent=1) + "\n")
-    print(json.dumps(summary))
-    return 0
+    return summary
 
 
 if __name__ == "__main__":
