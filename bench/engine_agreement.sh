@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's claim that the fast engine takes the PyTorch path's steps, on real data: 3 epochs
+# The claim (docs/engine.md) that the fast engine takes the PyTorch path's steps, on real data: 3 epochs
 # of HLBL (RANDOM tree, default recipe, one thread) on PTB with each engine, then their valid
 # perplexities and times side by side.
 #

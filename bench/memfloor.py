@@ -2,7 +2,7 @@
 
     python bench/memfloor.py            # about 1 minute, 1.7 GB of memory
 
-At V = 1M a training step meets thousands of rows that are in no cache (README, Speed). This
+At V = 1M a training step meets thousands of rows that are in no cache (docs/engine.md). This
 times, on one thread, what bringing such a row up to date costs with nothing else going on: V = 1M
 rows of d = 100 float32 parameters and their momentum rows (2 x 400 MB, on huge pages where the
 kernel allows, as in the engine), 7,700 random rows a round (a step's worth), each row

@@ -1,6 +1,6 @@
 """Benchmark of the Kneser-Ney baseline on PTB: times, peak memory, perplexities.
 
-    HLBL_DATA=/path/to/data python bench/ngram.py [--data ptb] [--orders 3 4 5] [--out DIR]
+    python bench/ngram.py [--data ptb] [--orders 3 4 5] [--out DIR]
 
 For each order: estimation time (counting + discounts + probabilities, corpus already
 encoded), ARPA write time, test scoring time from the model in memory, and, for the highest

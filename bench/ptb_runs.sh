@@ -3,7 +3,7 @@
 # tree trained by `hlbl train` (one thread: deterministic), and the HLBL x4 + KN5 mixture.
 #
 #   bash bench/ptb_runs.sh                                # ~3 minutes; PTB from $HLBL_DATA or the cache
-#   WORK=/tmp/hlbl-ptb bash bench/ptb_runs.sh             # where `hlbl reproduce --work` left its runs
+#   WORK=runs/reproduce-ptb bash bench/ptb_runs.sh     # where `hlbl reproduce --work` left its runs
 #
 # Writes results/ptb_train/{random,huffman}.txt (the command's output: perplexities, test token
 # count, top words, sample) with each run's metrics.jsonl, and x4_kn5.json (`hlbl eval` of the

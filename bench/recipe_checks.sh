@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's recipe numbers that no other script writes: the validation-set tuning of the
+# The training recipe's checks (docs/reproduction.md) that no other script writes: the validation-set tuning of the
 # default recipe on PTB (RANDOM tree) and the Brown --min-count comparison. One thread, so every
 # number is deterministic under the seed and reruns give the same perplexities.
 #

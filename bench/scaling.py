@@ -1,7 +1,7 @@
 """Training cost vs vocabulary size: HLBL fast engine on synthetic Zipf corpora, V = 10k .. 1M.
 
     python bench/scaling.py                          # about 4 minutes, ~3 GB of memory at V = 1M
-    python bench/scaling.py --sizes 10000,100000 --threads 1 --out /tmp/scaling.json  # not over results/
+    python bench/scaling.py --sizes 10000,100000 --threads 1 --out scaling-small.json  # not over results/
 
 For each V, a child process (so that peak RSS is that size's alone) builds a BALANCED tree
 (recursive halving of the words in frequency order; depth ceil(log2 V)), an HLBL with d = 100,
@@ -84,7 +84,7 @@ def fasttext_rate(V: int, tokens: int, threads: int) -> dict | None:
     """fastText's training-loop words/s on the child's corpus, written as text; None if not installed."""
     import tempfile
 
-    from throughput import time_fasttext, zipf_stream
+    from throughput import time_fasttext_from_text, zipf_stream
 
     stream = zipf_stream(V, tokens, seed=2)
     with tempfile.TemporaryDirectory() as tmp:
@@ -93,7 +93,7 @@ def fasttext_rate(V: int, tokens: int, threads: int) -> dict | None:
         with open(path, "w") as f:
             for i in range(0, len(words), 20):  # 20-word lines: fastText reads lines of text
                 f.write(" ".join(words[i : i + 20]) + "\n")
-        r = time_fasttext(path, threads, maxn=0)
+        r = time_fasttext_from_text(path, threads, "0")
     if r is None or r["reported_wps_per_thread"] is None:
         return None
     return {"wps": r["reported_wps_per_thread"] * threads, "wall_wps": r["wps"], "vocab_seen": r["vocab"]}
@@ -115,7 +115,7 @@ def plot(by_threads: dict[int, list[dict]], path: Path) -> None:
         if ft:
             a.plot(*zip(*[(v, w / 1e3) for v, w in ft]), "x--", color=line.get_color(), alpha=0.6,
                    label=f"fastText CBOW+HS maxn 0, {T} thread{'s' * (T > 1)}")
-    a.plot([], [], ":", color="gray", label="if cost were $\propto$ tree depth")
+    a.plot([], [], ":", color="gray", label=r"if cost were $\propto$ tree depth")
     a.set_xscale("log")
     a.set_ylim(bottom=0)
     a.set_xlabel("vocabulary size V")

@@ -1,36 +1,40 @@
-"""Training and scoring throughput: HLBL (fast and PyTorch engines) vs flat LBL, adaptive softmax, fastText.
+"""Training and scoring throughput: HLBL beside fastText (like for like), the flat LBL and the adaptive softmax.
 
-    python bench/throughput.py                 # about 3-8 minutes; needs $HLBL_DATA with ptb/
-    python bench/throughput.py --threads 1 --skip-fasttext --out /tmp/throughput.json  # not over results/
+    python bench/throughput.py                          # everything; ~10 minutes on 2 idle cores
+    python bench/throughput.py --fasttext-only --out results/fasttext.json  # part 1 only
+    python bench/throughput.py --threads 1 --skip-fasttext --out throughput-1t.json
 
-All in one process (fastText in a child process), on the same data, with the same thread
-count (default 2); words/s = training tokens / wall time of the training call (data already in
-memory, kernels compiled by a warm-up). The machine is shared, so every measurement runs
-``--repeats`` times (default 2), round robin over the whole list so that a burst of load hits
-one round of everything rather than one contender, and the best is kept (all are in the JSON).
-Each measurement also reports words per CPU-second (process CPU time, the child's for
-fastText), which depends much less on what else runs.
+1. Like for like with fastText (``fasttext`` package, ``pip install -e ".[bench]"``): each tool
+   runs in its own child process, and the child times, with ``time.perf_counter``, the same part
+   of the work: from the text file ``ptb/train.txt`` to a model trained for one epoch on it
+   (reading the text, building the vocabulary, initialising the model, one training pass).
+   Interpreter start-up and imports are outside the clock, and so is numba's compilation of the
+   HLBL kernels (a warm-up on a tiny corpus first: it happens once per installation, as
+   compiling fastText does). HLBL: d = 100, context 5, batch 1000, momentum 0.9, L2 as in
+   ``hlbl.train``, on a Huffman tree (fastText's) and on a RANDOM tree; ``threads`` lock-free
+   threads. fastText 0.9.3: CBOW + hierarchical softmax, dim 100, ws 5, t 1 (no subsampling),
+   minCount 1, epoch 1, ``maxn 0`` (no subword features: the word-level model; this row is the
+   1x), the same thread count. A row with fastText's default subwords (minn 3, maxn 6), at the
+   main thread count only, is labelled as such. Each child measures wall time and its process's
+   CPU time (all its threads) over the same span; CPU time depends much less on what else runs
+   on the machine. The HLBL child also reports how much of the span was the training call;
+   fastText's own words/sec/thread figure (its own clock, training loop only) is kept beside.
+2. The rest (in this process, data already in memory, kernels compiled; the clock is around the
+   training call only): HLBL's PyTorch engine, the flat-softmax LBL, the LBL with
+   ``nn.AdaptiveLogSoftmaxWithLoss``, HLBL on other trees (300 batches each: Huffman, stacks of
+   2 and 4 RANDOM trees, learned ADAPTIVE(0.4) and ADAPTIVE(0.4) x2 trees), scoring
+   (``hlbl.evaluate.token_log_probs``), and a synthetic Zipf(1) corpus with V = 33,278
+   (WikiText-2's vocabulary size): HLBL, flat and adaptive again.
 
-1. PTB (V = 10,000, d = 100, context 5, batch 1000, lr 1e-3, momentum 0.9, L2 as in train.py):
-   (a) HLBL on a single-code RANDOM tree: the fast engine (Hogwild threads; and one thread,
-       deterministic) for a full epoch; the PyTorch engine (autograd) on ``--torch-batches``;
-   (b) flat-softmax LBL (PyTorch) on ``--flat-batches`` (every PyTorch measurement runs with
-       the thread count and with one thread, and keeps the faster);
-   (c) the same LBL encoder with ``nn.AdaptiveLogSoftmaxWithLoss`` (output "adaptive");
-   (d) fastText 0.9.3 CBOW + hierarchical softmax: dim 100, ws 5, t 1 (no subsampling), epoch 1,
-       minCount 1, same threads, otherwise defaults (so with character n-grams, minn 3 / maxn 6),
-       timed around ``train_unsupervised`` (which includes its vocabulary pass over the file);
-       fastText's own words/sec/thread is printed beside it, and a run with maxn 0 (no
-       subwords: the word2vec-style model) as well;
-   (e) scoring: ``hlbl.evaluate.token_log_probs`` over the training stream;
-   (f) other trees with the fast engine (300 batches each), with their mean code length: Huffman
-       (fastText's tree), x2 and x4 stacks of RANDOM trees (every word 2 / 4 codes, the shape of
-       the paper's T6/T7), and, when ``hlbl.treebuild`` is there, learned ADAPTIVE(0.4) and
-       ADAPTIVE(0.4) x2 trees built from the word features of the model trained in (a).
-2. A synthetic Zipf(1) corpus with V = 33,278 (WikiText-2's vocabulary size), ``--zipf-tokens``
-   tokens: (a), (b), (c) again.
+Every measurement runs ``--rounds`` times (default 5), round robin over the whole list, so that a
+burst of load from other processes hits one round of everything rather than one contender. The
+JSON keeps every round; the summary gives the median and the range, and each HLBL/fastText ratio
+is the median of the per-round ratios (both measured in the same round, back to back), by wall
+time and by CPU time.
 
-The last line is one JSON object; results/throughput.json gets the same object.
+The last line of stdout is the summary as one JSON object; ``--out`` (default
+``results/throughput.json``) gets the summary and every measurement, rewritten after every round.
+Needs PTB (found as ``hlbl train --data ptb`` finds it).
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ import copy
 import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import time
@@ -145,30 +148,87 @@ def time_torch(model: LBL, stream: np.ndarray, pad: int, cfg: TrainConfig, batch
     return best
 
 
-def time_fasttext(path: Path, threads: int, maxn: int | None = None) -> dict | None:
-    """fastText CBOW + HS in a child process; None when fasttext is not installed."""
-    extra = "" if maxn is None else f", maxn={maxn}"
-    code = (
-        "import fasttext, json, time\n"
-        "t = time.perf_counter()\n"
-        f"m = fasttext.train_unsupervised({str(path)!r}, model='cbow', loss='hs', dim=100, ws=5, t=1, "
-        f"thread={threads}, epoch=1, minCount=1, verbose=2{extra})\n"
-        "wall = time.perf_counter() - t\n"
-        "words, freq = m.get_words(include_freq=True)\n"
-        "print(json.dumps({'wall': wall, 'tokens': int(sum(freq)), 'vocab': len(words)}))\n"
-    )
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+HLBL_CHILD = """
+import json, sys, tempfile, time
+import numpy as np, torch
+from hlbl import fast
+from hlbl.data import load_corpus
+from hlbl.model import LBL, LBLConfig
+from hlbl.train import TrainConfig, make_optimizer
+from hlbl.tree import huffman_tree, random_tree
+
+corpus_dir, kind, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.set_num_threads(1)
+cfg = TrainConfig(progress=False)
+
+def build(vocab):
+    counts = np.asarray(vocab.counts, np.float64)
+    tree = huffman_tree(counts) if kind == "huffman" else random_tree(len(vocab), 0)
+    model = LBL(LBLConfig(len(vocab), dim=100, context=5, output="tree"), tree, torch.Generator().manual_seed(0))
+    model.init_unigram(counts)
+    return model
+
+def epoch(model, stream, pad):
+    return fast.train_epoch(model, make_optimizer(model, cfg, cfg.lr), stream, pad, cfg, 1, False, threads=threads)
+
+with tempfile.TemporaryDirectory() as tiny, tempfile.TemporaryDirectory() as cache:
+    with open(tiny + "/train.txt", "w") as f:  # warm-up: numba loads (or compiles) the kernels
+        f.write("the cat sat on the mat\\n" * 200)
+    c = load_corpus(tiny, splits=("train",), cache_dir=cache + "/warm")
+    epoch(build(c.vocab), c["train"], c.vocab.eos)
+    t0, c0 = time.perf_counter(), time.process_time()
+    corpus = load_corpus(corpus_dir, splits=("train",), cache_dir=cache + "/run")  # count, encode
+    model = build(corpus.vocab)
+    t1 = time.perf_counter()
+    loss, _ = epoch(model, corpus["train"], corpus.vocab.eos)
+    t2, c2 = time.perf_counter(), time.process_time()
+print(json.dumps({"wall": t2 - t0, "cpu": c2 - c0, "train_s": t2 - t1, "tokens": len(corpus["train"]),
+                  "vocab": len(corpus.vocab), "loss": loss}))
+"""
+
+FASTTEXT_CHILD = """
+import json, sys, time
+import fasttext
+
+path, threads, maxn = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+extra = {} if maxn == "default" else {"maxn": int(maxn)}
+t0, c0 = time.perf_counter(), time.process_time()
+m = fasttext.train_unsupervised(path, model="cbow", loss="hs", dim=100, ws=5, t=1, thread=threads, epoch=1,
+                                minCount=1, verbose=2, **extra)
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+words, freq = m.get_words(include_freq=True)
+print(json.dumps({"wall": wall, "cpu": cpu, "tokens": int(sum(freq)), "vocab": len(words)}))
+"""
+
+
+def run_child(code: str, args: list[str]) -> tuple[dict, str] | None:
+    """Run ``code`` in a child Python; its last stdout line (JSON) and its whole output. None: fastText missing."""
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     if proc.returncode != 0:
         if "No module named 'fasttext'" in proc.stderr:
             return None
-        raise RuntimeError(f"fastText failed: {proc.stderr[-2000:]}")
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    own = re.findall(r"words/sec/thread:\s*(\d+)", proc.stdout + proc.stderr)
-    return {"wps": res["tokens"] / res["wall"], "cpu_wps": res["tokens"] / max(cpu, 1e-9), "tokens": res["tokens"],
-            "wall_s": res["wall"], "vocab": res["vocab"],
+        raise RuntimeError(f"child failed: {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
+
+
+def time_hlbl_from_text(corpus_dir: Path, kind: str, threads: int) -> dict:
+    """HLBL, text file to a model trained one epoch (see the module's docstring)."""
+    res, _ = run_child(HLBL_CHILD, [str(corpus_dir), kind, str(threads)])
+    return {"wps": res["tokens"] / res["wall"], "cpu_wps": res["tokens"] / res["cpu"], "tokens": res["tokens"],
+            "wall_s": res["wall"], "cpu_s": res["cpu"], "train_s": res["train_s"], "vocab": res["vocab"],
+            "loss": res["loss"]}
+
+
+def time_fasttext_from_text(path: Path, threads: int, maxn: str) -> dict | None:
+    """fastText CBOW + HS, text file to a model trained one epoch; None when fasttext is not installed."""
+    out = run_child(FASTTEXT_CHILD, [str(path), str(threads), maxn])
+    if out is None:
+        return None
+    res, text = out
+    own = re.findall(r"words/sec/thread:\s*(\d+)", text)
+    return {"wps": res["tokens"] / res["wall"], "cpu_wps": res["tokens"] / res["cpu"], "tokens": res["tokens"],
+            "wall_s": res["wall"], "cpu_s": res["cpu"], "vocab": res["vocab"],
             "reported_wps_per_thread": int(own[-1]) if own else None}
 
 
@@ -197,79 +257,47 @@ def warm_up(threads: int) -> None:
     token_log_probs(m, s, 0)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--torch-batches", type=int, default=40, help="batches for the PyTorch HLBL path")
-    ap.add_argument("--flat-batches", type=int, default=8, help="batches for the flat LBL at V=10k")
-    ap.add_argument("--adaptive-batches", type=int, default=30)
-    ap.add_argument("--flat-batches-33k", type=int, default=4)
-    ap.add_argument("--zipf-tokens", type=int, default=1_000_000)
-    ap.add_argument("--skip-fasttext", action="store_true")
-    ap.add_argument("--repeats", type=int, default=2, help="rounds over all measurements; the best of each is kept")
-    ap.add_argument("--out", default=str(ROOT / "results" / "throughput.json"), help="JSON with every measurement")
-    args = ap.parse_args(argv)
+def in_process_plan(args, cfg: TrainConfig, out: dict, other_trees: dict) -> list:
+    """Part 2 of the module's docstring: what runs in this process, data in memory, kernels compiled."""
     T = args.threads
-    torch.set_num_threads(T)
-    torch.manual_seed(0)
-    load = os.getloadavg()
-    print(f"threads {T}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs", file=sys.stderr)
-    cfg = TrainConfig(progress=False)
     warm_up(T)
-
     corpus = load_corpus("ptb")
     V, pad, counts = len(corpus.vocab), corpus.vocab.eos, np.asarray(corpus.vocab.counts, np.float64)
     train = corpus["train"]
-    out: dict = {"threads": T, "load_before": load}
-
-    def show(name, r):
-        extra = "" if "loss" not in r else f"  loss {r['loss']:.3f}"
-        extra += f"  (torch threads {r['torch_threads']})" if "torch_threads" in r else ""
-        print(f"{name:<48} {r['wps']:>12,.0f} words/s  ({r['cpu_wps']:>12,.0f} per CPU-second){extra}", file=sys.stderr)
-
-    # ---- what to measure ------------------------------------------------------------------
-    plan: list[tuple[str, str, Callable[[], dict | None]]] = []
     tree = random_tree(V, 0)
     hlbl = make_model(V, "tree", tree, counts)
+    plan: list[tuple[str, str, Callable[[], dict | None]]] = []
     plan += [
-        ("ptb_hlbl_fast", f"HLBL fast engine, {T} Hogwild threads", lambda: time_fast(hlbl, train, pad, cfg, T)),
-        ("ptb_hlbl_fast_1thread", "HLBL fast engine, 1 thread (deterministic)", lambda: time_fast(hlbl, train, pad, cfg, 1)),
+        ("ptb_hlbl_fast", f"HLBL fast engine, {T} threads", lambda: time_fast(hlbl, train, pad, cfg, T)),
+        ("ptb_hlbl_fast_1thread", "HLBL fast engine, 1 thread (deterministic)",
+         lambda: time_fast(hlbl, train, pad, cfg, 1)),
         ("ptb_hlbl_torch", "HLBL PyTorch engine", lambda: time_torch(hlbl, train, pad, cfg, args.torch_batches, T)),
         ("ptb_flat", "flat LBL (PyTorch)",
          lambda: time_torch(make_model(V, "flat", None, counts), train, pad, cfg, args.flat_batches, T)),
         ("ptb_adaptive", "LBL + AdaptiveLogSoftmaxWithLoss",
          lambda: time_torch(make_model(V, "adaptive", None, counts), train, pad, cfg, args.adaptive_batches, T)),
+        ("ptb_eval", "scoring (evaluate.token_log_probs)", lambda: time_eval(hlbl, train, pad)),
     ]
-    if not args.skip_fasttext:
-        path = resolve_corpus("ptb") / "train.txt"
-        plan += [("fasttext", "fastText CBOW+HS (defaults, subwords)", lambda: time_fasttext(path, T)),
-                 ("fasttext_maxn0", "fastText CBOW+HS, maxn 0 (no subwords)", lambda: time_fasttext(path, T, maxn=0))]
-    plan.append(("ptb_eval", "scoring (evaluate.token_log_probs)", lambda: time_eval(hlbl, train, pad)))
-    other_trees = {"huffman": huffman_tree(counts)}
+    other_trees["huffman"] = huffman_tree(counts)
     for copies in (2, 4):
         other_trees[f"x{copies}_random"] = stacked_random_trees(V, copies, 1)
-    try:  # learned trees (the paper's Section 5), from the features of an HLBL trained one epoch
-        from hlbl.treebuild import build_tree_from_features, word_features
+    from hlbl.treebuild import build_tree_from_features, word_features  # learned trees (the paper's Section 5)
 
-        with Clock() as c:
-            trained = copy.deepcopy(hlbl)
-            fast.train_epoch(trained, make_optimizer(trained, cfg, cfg.lr), train, pad, cfg, 1, False)
-            X, _ = word_features(trained, train, pad)
-            for copies in (1, 2):
-                other_trees[f"adaptive0.4_x{copies}"] = build_tree_from_features(X, "adaptive:0.4", seed=0, copies=copies)
-        print(f"(learned ADAPTIVE(0.4) trees: one epoch of training and the builds took {c.wall:.0f} s)", file=sys.stderr)
-    except ImportError:
-        print("hlbl.treebuild not available: learned trees skipped", file=sys.stderr)
+    trained = copy.deepcopy(hlbl)  # features from an HLBL trained one epoch
+    fast.train_epoch(trained, make_optimizer(trained, cfg, cfg.lr), train, pad, cfg, 1, False)
+    X, _ = word_features(trained, train, pad)
+    for copies in (1, 2):
+        other_trees[f"adaptive0.4_x{copies}"] = build_tree_from_features(X, "adaptive:0.4", seed=0, copies=copies)
     for name, mt in other_trees.items():
         m = make_model(V, "tree", mt, counts)
         out[f"tree_{name}"] = {"mean_code_length": mean_code_length(mt, counts),
                                "codes_per_word": float((counts / counts.sum() * mt.codes_per_word).sum())}
-        plan.append((f"ptb_hlbl_fast_{name}", f"HLBL fast, {name} (code length {out[f'tree_{name}']['mean_code_length']:.1f})",
+        plan.append((f"ptb_hlbl_fast_{name}",
+                     f"HLBL fast, {name} (code length {out[f'tree_{name}']['mean_code_length']:.1f})",
                      lambda m=m: time_fast(m, train, pad, cfg, T, max_batches=300)))
     out["ptb_mean_code_length_single"] = mean_code_length(tree, counts)
 
-    # synthetic Zipf, V = 33,278
-    V2 = 33_278
+    V2 = 33_278  # synthetic Zipf
     zs = zipf_stream(V2, args.zipf_tokens, seed=1)
     zc = np.bincount(zs, minlength=V2).astype(np.float64)
     h2 = make_model(V2, "tree", random_tree(V2, 0), zc)
@@ -282,54 +310,133 @@ def main(argv=None) -> int:
          lambda: time_torch(make_model(V2, "adaptive", None, zc), zs, 0, cfg, args.adaptive_batches, T)),
     ]
 
-    # ---- measure: the whole plan ``--repeats`` times, round robin; keep each one's best -----
-    for rnd in range(1, args.repeats + 1):
+    return plan
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values)), "n": len(values)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--torch-batches", type=int, default=40, help="batches for the PyTorch HLBL path")
+    ap.add_argument("--flat-batches", type=int, default=8, help="batches for the flat LBL at V=10k")
+    ap.add_argument("--adaptive-batches", type=int, default=30)
+    ap.add_argument("--flat-batches-33k", type=int, default=4)
+    ap.add_argument("--zipf-tokens", type=int, default=1_000_000)
+    ap.add_argument("--skip-fasttext", action="store_true")
+    ap.add_argument("--fasttext-only", action="store_true", help="only part 1: HLBL and fastText from the text file")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds over all measurements (median and range reported)")
+    ap.add_argument("--out", default=str(ROOT / "results" / "throughput.json"), help="JSON with every measurement")
+    args = ap.parse_args(argv)
+    if args.rounds < 3:
+        ap.error("--rounds must be at least 3 (a median and a spread)")
+    T = args.threads
+    torch.set_num_threads(T)
+    torch.manual_seed(0)
+    load = os.getloadavg()
+    print(f"threads {T}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs",
+          file=sys.stderr)
+    cfg = TrainConfig(progress=False)
+    ptb_dir = resolve_corpus("ptb")
+    out: dict = {"threads": T, "rounds": args.rounds, "load_before": load}
+
+    def show(name, r):
+        extra = "" if "loss" not in r else f"  loss {r['loss']:.3f}"
+        extra += f"  (torch threads {r['torch_threads']})" if "torch_threads" in r else ""
+        extra += f"  ({r['wall_s']:.2f} s, of which training {r['train_s']:.2f} s)" if "train_s" in r else ""
+        extra += f"  (CPU {r['cpu_s']:.2f} s: {r['cpu_wps']:,.0f} words per CPU-second)" if "cpu_s" in r else ""
+        if r.get("reported_wps_per_thread"):
+            extra += f"  (its own words/sec/thread {r['reported_wps_per_thread']:,})"
+        print(f"{name:<52} {r['wps']:>12,.0f} words/s{extra}", file=sys.stderr)
+
+    # ---- what to measure ------------------------------------------------------------------
+    plan: list[tuple[str, str, Callable[[], dict | None]]] = []
+    for t in sorted({T, 1}):
+        plan += [
+            (f"text_hlbl_huffman_t{t}", f"from text: HLBL, Huffman tree, {t} thread(s)",
+             lambda t=t: time_hlbl_from_text(ptb_dir, "huffman", t)),
+            (f"text_hlbl_random_t{t}", f"from text: HLBL, RANDOM tree, {t} thread(s)",
+             lambda t=t: time_hlbl_from_text(ptb_dir, "random", t)),
+        ]
+        if not args.skip_fasttext:
+            plan.append((f"text_fasttext_maxn0_t{t}", f"from text: fastText CBOW+HS, maxn 0, {t} thread(s)",
+                         lambda t=t: time_fasttext_from_text(ptb_dir / "train.txt", t, "0")))
+            if t == T:  # the subword model only at the main thread count: it is ~4x slower
+                plan.append((f"text_fasttext_subwords_t{t}", f"from text: fastText CBOW+HS, subwords, {t} thread(s)",
+                             lambda t=t: time_fasttext_from_text(ptb_dir / "train.txt", t, "default")))
+    other_trees: dict[str, WordTree] = {}
+    if not args.fasttext_only:
+        plan += in_process_plan(args, cfg, out, other_trees)
+    # ---- measure: the whole plan, round robin -----------------------------------------------
+    rounds: dict[str, list[dict]] = {}
+    for rnd in range(1, args.rounds + 1):
         for key, label, fn in plan:
             r = fn()
             if r is None:
-                print(f"{label}: not installed (pip install fasttext==0.9.3), skipped", file=sys.stderr)
+                print(f"{label}: fasttext is not installed (pip install -e \".[bench]\"), skipped", file=sys.stderr)
                 continue
-            runs = out.get(key, {}).get("all_wps", []) + [r["wps"]]
-            if key not in out or r["wps"] > out[key]["wps"]:
-                out[key] = r
-            out[key]["all_wps"] = runs
+            rounds.setdefault(key, []).append(r)
             show(f"[{rnd}] {label}", r)
-            if key.startswith("fasttext"):
-                print(f"{'':<48} fastText's own figure: {r['reported_wps_per_thread']} words/sec/thread, "
-                      f"{r['tokens']:,} tokens", file=sys.stderr)
-    for name in other_trees:
-        out[f"ptb_hlbl_fast_{name}"].update(out[f"tree_{name}"])
+        summary = write_summary(args, out, rounds, other_trees, load)  # after every round: a stopped run keeps its rounds
+    print(json.dumps(summary))
+    return 0
 
+
+def write_summary(args, out: dict, rounds: dict, other_trees: dict, load) -> dict:
+    """Medians, ranges and per-round ratios of the rounds so far, into ``args.out``."""
+    T = args.threads
     out["load_after"] = os.getloadavg()
-    ft = out.get("fasttext")
+    out["measurements"] = rounds
+
+    def wps(key: str) -> dict | None:
+        return spread([r["wps"] for r in rounds[key]]) if key in rounds else None
+
+    def ratio(key: str, base: str, field: str = "wps") -> dict | None:
+        """Median and range of the per-round ratios of two measurements (same round: back to back)."""
+        if key not in rounds or base not in rounds:
+            return None
+        return spread([a[field] / b[field] for a, b in zip(rounds[key], rounds[base])])
+
+    like = {}
+    for t in sorted({T, 1}):
+        base = f"text_fasttext_maxn0_t{t}"
+        for name in ("hlbl_huffman", "hlbl_random", "fasttext_maxn0", "fasttext_subwords"):
+            key = f"text_{name}_t{t}"
+            if key in rounds:
+                like[f"{name}_t{t}"] = {"wps": wps(key), "vs_fasttext_maxn0": ratio(key, base),
+                                        "cpu_wps": spread([r["cpu_wps"] for r in rounds[key]]),
+                                        "vs_fasttext_maxn0_cpu": ratio(key, base, "cpu_wps")}
+                if name.startswith("hlbl"):
+                    like[f"{name}_t{t}"]["training_share"] = spread([r["train_s"] / r["wall_s"] for r in rounds[key]])
     summary = {
-        "hlbl_wps": out["ptb_hlbl_fast"]["wps"],
-        "fasttext_wps": ft["wps"] if ft else None,
-        "ratio_vs_fasttext": out["ptb_hlbl_fast"]["wps"] / ft["wps"] if ft else None,
-        "hlbl_wps_v33k": out["v33k_hlbl_fast"]["wps"],
-        "flat_wps_v33k": out["v33k_flat"]["wps"],
-        "adaptive_wps_v33k": out["v33k_adaptive"]["wps"],
-        "ratio_vs_flat_v33k": out["v33k_hlbl_fast"]["wps"] / out["v33k_flat"]["wps"],
-        "ratio_vs_adaptive_v33k": out["v33k_hlbl_fast"]["wps"] / out["v33k_adaptive"]["wps"],
-        "eval_wps": out["ptb_eval"]["wps"],
-        "eval_vs_train": out["ptb_eval"]["wps"] / out["ptb_hlbl_fast"]["wps"],
-        "hlbl_wps_1thread": out["ptb_hlbl_fast_1thread"]["wps"],
-        "torch_hlbl_wps": out["ptb_hlbl_torch"]["wps"],
-        "flat_wps": out["ptb_flat"]["wps"],
-        "adaptive_wps": out["ptb_adaptive"]["wps"],
-        "fasttext_maxn0_wps": out["fasttext_maxn0"]["wps"] if out.get("fasttext_maxn0") else None,
-        "fasttext_reported_wps_per_thread": ft["reported_wps_per_thread"] if ft else None,
-        "hlbl_wps_by_tree": {k[len("ptb_hlbl_fast_"):]: {"wps": round(v["wps"]), "mean_code_length": round(v["mean_code_length"], 1)}
-                             for k, v in out.items() if k.startswith("ptb_hlbl_fast_") and "mean_code_length" in v},
-        "cpu_ratio_vs_fasttext": out["ptb_hlbl_fast"]["cpu_wps"] / ft["cpu_wps"] if ft else None,
+        "like_for_like_from_text": like,
+        "hlbl_fast_wps": wps("ptb_hlbl_fast"),
+        "hlbl_fast_1thread_wps": wps("ptb_hlbl_fast_1thread"),
+        "hlbl_torch_wps": wps("ptb_hlbl_torch"),
+        "flat_wps": wps("ptb_flat"),
+        "adaptive_wps": wps("ptb_adaptive"),
+        "eval_wps": wps("ptb_eval"),
+        "eval_vs_train": ratio("ptb_eval", "ptb_hlbl_fast"),
+        "hlbl_vs_adaptive": ratio("ptb_hlbl_fast", "ptb_adaptive"),
+        "hlbl_vs_flat": ratio("ptb_hlbl_fast", "ptb_flat"),
+        "hlbl_wps_by_tree": {name: {"wps": wps(f"ptb_hlbl_fast_{name}"),
+                                    "mean_code_length": round(out[f"tree_{name}"]["mean_code_length"], 1)}
+                             for name in other_trees},
+        "v33k_hlbl_wps": wps("v33k_hlbl_fast"),
+        "v33k_flat_wps": wps("v33k_flat"),
+        "v33k_adaptive_wps": wps("v33k_adaptive"),
+        "v33k_hlbl_vs_flat": ratio("v33k_hlbl_fast", "v33k_flat"),
+        "v33k_hlbl_vs_adaptive": ratio("v33k_hlbl_fast", "v33k_adaptive"),
         "threads": T,
+        "rounds": len(next(iter(rounds.values()))) if rounds else 0,
         "load_before": [round(x, 2) for x in load],
         "load_after": [round(x, 2) for x in out["load_after"]],
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"summary": summary, "details": out}, indent=1) + "\n")
-    print(json.dumps(summary))
-    return 0
+    return summary
 
 
 if __name__ == "__main__":

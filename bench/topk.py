@@ -139,7 +139,7 @@ def ensure_run(out: Path, data: str, tree: str, epochs: int, seed: int) -> Path:
     if (out / "best.safetensors").is_file() and (out / "state.json").is_file():
         return out
     if out.exists():
-        shutil.rmtree(out)  # an interrupted earlier attempt
+        shutil.rmtree(out)  # left by an interrupted run
     print(f"training {out.name} ({epochs} epochs)...", file=sys.stderr, flush=True)
     rc = main(["train", "--data", data, "--tree", tree, "--out", str(out), "--epochs", str(epochs),
                "--threads", "1", "--quiet", "--device", "cpu", "--seed", str(seed)])

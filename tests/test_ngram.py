@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import data_root
+from conftest import ptb_root
 from hlbl.data import EOS, DataError, Vocab, load_corpus
 from hlbl.ngram import (
     ArpaError,
@@ -572,17 +572,14 @@ def test_cli_interpolation_refuses_a_foreign_ngram_vocabulary(tmp_path, monkeypa
 # ------------------------------------------------------------------------------------- PTB
 
 
-def _ptb_or_skip():
-    root = data_root()  # fails, not skips, when HLBL_DATA is set but wrong
-    if root is None:
-        pytest.skip("set HLBL_DATA to the shared corpora to run PTB tests")
-    return load_corpus(root / "ptb")
+def _ptb():
+    return load_corpus(ptb_root())
 
 
 def test_ptb_matches_kenlm_reference():
     """KenLM lmplz on PTB (<unk> an ordinary word, one </s> a line): test 148.28 / 142.72 / 141.19
     for orders 3 / 4 / 5, valid 148.01 for order 5."""
-    corpus = _ptb_or_skip()
+    corpus = _ptb()
     assert len(corpus["test"]) == 82430
     for order in (3, 4, 5):
         model = train_kneser_ney(corpus["train"], corpus.vocab, order)
@@ -595,7 +592,7 @@ def test_ptb_matches_kenlm_reference():
 
 def test_arpa_vocabulary_with_a_literal_eos_word():
     """An ARPA from a corpus with explicit <eos> markers lists <eos> as a word: it is our <eos>."""
-    from hlbl.ngram.commands import arpa_vocab
+    from hlbl.cli.ngram import arpa_vocab
 
     class Fake:
         words = ("<unk>", "<s>", "</s>", "the", "<eos>")

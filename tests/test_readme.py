@@ -7,22 +7,20 @@ between CPUs (vector widths in the numba kernels), not a different result.
 """
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import data_root, needs_ptb
+from conftest import ptb_root
 
 
 @pytest.mark.slow
-@needs_ptb
 def test_readme_main_command_reproduces_the_random_tree_row(tmp_path):
-    env_data = str(data_root())
+    ptb_root()  # $HLBL_DATA's PTB if set, else the default one in this pytest run's cache, as the command finds it
     cmd = [sys.executable, "-m", "hlbl", "train", "--data", "ptb", "--tree", "random", "--out", str(tmp_path / "run"),
            "--quiet"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "HLBL_DATA": env_data})
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.splitlines()
     report = json.loads(lines[0])

@@ -274,7 +274,7 @@ def test_a_refused_engine_leaves_no_run_directory(tmp_path, corpus):
 
     V = len(corpus.vocab)
     flat = LBL(LBLConfig(V, dim=8, context=3, output="flat"), None, torch.Generator().manual_seed(0))
-    with pytest.raises(DataError, match="engine fast"):
+    with pytest.raises(DataError, match="engine='fast' cannot train this model"):
         fit(flat, corpus, TrainConfig(engine="fast", progress=False), tmp_path / "r", log=lambda *a: None)
     assert not (tmp_path / "r").exists()
 

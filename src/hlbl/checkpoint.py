@@ -678,4 +678,4 @@ def publish(run_dir: str | os.PathLike, checkpoint: Path, names: tuple[str, ...]
         atomic.fault_point(f"fsync {run_dir}")
     except OSError as e:
         raise CheckpointError(f"cannot update the files of {run_dir}: {write_error(e)}{_named(e)} (the checkpoint "
-                              f"{checkpoint} is complete: --resume continues from it)") from None
+                              f"{checkpoint} is complete: a resume continues from it)") from None

@@ -36,7 +36,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from . import atomic
-from .errors import DataError
+from .errors import ConfigError, DataError
 from .progress import progress
 
 EOS = "<eos>"
@@ -193,11 +193,11 @@ class Vocab:
         seen, and such words would dominate the perplexity.
         """
         if max_vocab is not None and max_vocab < 2:
-            raise DataError("--max-vocab must be at least 2 (<eos> and <unk>)")
+            raise ConfigError("max_vocab must be at least 2 (<eos> and <unk>)", field="max_vocab")
         if min_count == "auto":
             min_count = 1 if counts.get(UNK, 0) > 0 else 2
         if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-            raise DataError(f"--min-count must be a positive whole number or auto, got {min_count!r}")
+            raise ConfigError(f"min_count must be a positive whole number or auto, got {min_count!r}", field="min_count")
         counts = Counter(counts)
         counts.setdefault(UNK, 0)
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))

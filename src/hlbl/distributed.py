@@ -67,7 +67,7 @@ def init_from_env(device: str) -> str:
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if local >= torch.cuda.device_count():
             raise DataError(f"LOCAL_RANK {local} but this node has {torch.cuda.device_count()} CUDA device(s): "
-                            "start at most one process per GPU (--nproc_per_node)")
+                            "start at most one process per GPU (torchrun's --nproc_per_node)")
         device = f"cuda:{local}"
         torch.cuda.set_device(local)  # nccl collectives and barriers run on the current device
     if not dist.is_initialized():

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 
 class HlblError(Exception):
-    """Base of every error hlbl raises for bad input, files or settings."""
+    """Base of every error hlbl raises for bad input, files or settings.
+
+    Messages name settings as the library's parameters (``max_vocab``, ``engine='fast'``), never
+    as command-line flags; ``field``, when set, is the parameter the message starts with, so that
+    the CLI can name its flag instead.
+    """
+
+    def __init__(self, *args, field: str | None = None):
+        super().__init__(*args)
+        self.field = field
 
 
 class DataError(HlblError, ValueError):

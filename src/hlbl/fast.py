@@ -182,7 +182,7 @@ def unsupported(model, optimizer: torch.optim.Optimizer | None = None, cfg=None)
     if not isinstance(out, TreeSoftmax):
         return "it handles the tree output layer only"
     if model.config.full_context:
-        return "it handles diagonal context weights only (not --full-context)"
+        return "it handles diagonal context weights only, not full context matrices"
     for p in model.parameters():
         if p.device.type != "cpu" or p.dtype != torch.float32 or not p.is_contiguous():
             return "it needs contiguous float32 parameters on the CPU"

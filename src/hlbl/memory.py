@@ -3,8 +3,8 @@
 Why: the fast engine reads and writes random rows of tables that, for a large vocabulary, are far
 bigger than what the CPU's TLB maps with 4 KiB pages (V = 1M, d = 100: four 400 MB tables with
 their momentum buffers). Every row is then a TLB miss and a page walk on top of the cache miss.
-On 2 MiB pages the TLB covers gigabytes; measured on the 2-core benchmark machine, training at
-V = 1M runs ~7% faster (median, 7-18%: bench/hugepages.py); at V = 10k the tables are below ``MIN_BYTES``.
+On 2 MiB pages the TLB covers gigabytes (``bench/hugepages.py`` measures the gain at V = 1M:
+``results/hugepages.log``); at V = 10k the tables are below ``MIN_BYTES``.
 
 Many systems set THP to ``madvise`` (only regions that ask get huge pages), so we ask:
 ``madvise(MADV_HUGEPAGE)`` for future faults and ``madvise(MADV_COLLAPSE)`` (Linux >= 6.1) to

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -35,11 +37,14 @@ import torch
 from . import atomic
 from . import checkpoint as ckpt
 from .data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus
+from .errors import ConfigError
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .train import TrainConfig, epoch_runner, fit
 from .tree import WordTree, build_tree
 from .treebuild import DEFAULT_EM_ITERS, BuildReport, build_tree_from_features, tree_label, word_features
+
+logger = logging.getLogger(__name__)
 
 # (name, policy or "random", copies): the paper's Table 1 trees.
 TREES = (
@@ -65,7 +70,7 @@ class ReproConfig:
     out: str | None = None  # tables; default results/<corpus name> (runs/reproduce-<name>-quick/tables for --quick)
     work: str | None = None  # checkpoints, features, trees; default runs/reproduce-<corpus name>[-quick]
     epochs: int = 40  # cap for every HLBL run, as `hlbl train` (early stopping ends sooner)
-    flat_epochs: int = 3  # cap for the flat LBL (~30x slower per epoch than HLBL on a RANDOM tree, PTB)
+    flat_epochs: int = 3  # cap for the flat LBL (an epoch costs O(V) per token, against O(log V) for HLBL)
     dim: int = 100
     context: int = 5
     seed: int = 0
@@ -88,9 +93,11 @@ class ReproConfig:
             self.epochs = min(self.epochs, 2)
             self.flat_epochs = min(self.flat_epochs, 1)
         if self.threads is not None and self.threads < 1:
-            raise ValueError(f"--threads must be at least 1, got {self.threads}")
-        if self.epochs < 1 or self.flat_epochs < 0:
-            raise ValueError("--epochs must be >= 1 and --flat-epochs >= 0")
+            raise ConfigError(f"threads must be at least 1, got {self.threads}", field="threads")
+        if self.epochs < 1:
+            raise ConfigError(f"epochs must be at least 1, got {self.epochs}", field="epochs")
+        if self.flat_epochs < 0:
+            raise ConfigError(f"flat_epochs must be at least 0, got {self.flat_epochs}", field="flat_epochs")
         known = {t[0] for t in TREES[1:]} | {"flat", "KN5"}
         bad = set(self.skip) - known
         if bad:
@@ -117,14 +124,14 @@ def _engine_name(model: LBL, cfg: TrainConfig) -> str:
 class Reproduction:
     """The pipeline's state: paths, corpus, and the results gathered so far."""
 
-    def __init__(self, cfg: ReproConfig, log=print):
+    def __init__(self, cfg: ReproConfig, log: Callable[[str], None] | None = None):
         self.cfg = cfg
         # Not under OUT: the work directory holds ~300 MB of checkpoints, OUT the tables to keep. A
         # smoke test keeps away from both a real run's work and the committed tables.
         name = Path(str(cfg.data)).resolve().name + ("-quick" if cfg.quick else "")  # (".": the directory's name)
         self.work = Path(cfg.work) if cfg.work else Path("runs") / f"reproduce-{name}"
         self.out = Path(cfg.out) if cfg.out else (self.work / "tables" if cfg.quick else Path("results") / name)
-        self.log = log
+        self.log = log or logger.info
         self.corpus: Corpus = load_corpus(cfg.data, max_vocab=cfg.max_vocab)  # first: bad --data creates nothing
         if "KN5" not in cfg.skip:  # before hours of training, not after
             from .ngram.kneser_ney import check_vocab
@@ -155,7 +162,7 @@ class Reproduction:
             differ = [k for k in identity if old.get(k) != identity[k]]
             if differ:
                 raise DataError(f"{self.work} holds a reproduction with another {', '.join(differ)}; "
-                                "pass another --work, or delete it to start over")
+                                "choose another work directory, or delete it to start over")
             return
         self.work.mkdir(parents=True, exist_ok=True)
         atomic.write_text(path, json.dumps(identity, indent=1))  # (a work dir from before this file: trusted)
@@ -294,8 +301,7 @@ class Reproduction:
     # ---- reports ----------------------------------------------------------------------------
 
     def header(self, what: str) -> str:
-        return (f"# {what}\n\nProduced by `{self.cfg.command or 'hlbl reproduce'}` at commit `{git_commit()}` "
-                f"on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
+        return (f"# {what}\n\nProduced by `{self.cfg.command or 'hlbl reproduce'}` at commit `{git_commit()}`.\n"
                 f"Corpus `{self.cfg.data}`: {self.V:,} words, {len(self.train_stream):,} training tokens"
                 + (f", valid/test cut to {self.cfg.max_eval_tokens:,} tokens" if self.cfg.max_eval_tokens else "")
                 + ".\n"
@@ -364,7 +370,13 @@ class Reproduction:
                                                     "rows": self.rows()})
 
     def write_plot(self) -> None:
-        import matplotlib
+        try:
+            import matplotlib
+        except ImportError:  # the plot extra is optional: the tables are the results
+            if not getattr(self, "_said_no_plot", False):
+                self.log("matplotlib is not installed (pip install 'hlbl[plot]'): perplexity_vs_time.png skipped")
+                self._said_no_plot = True
+            return
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -431,6 +443,7 @@ class Reproduction:
         return {"out": str(self.out), "rows": self.rows()}
 
 
-def reproduce(cfg: ReproConfig, log=print) -> dict:
-    """Run (or resume) the whole pipeline; returns the rows of Table 3."""
+def reproduce(cfg: ReproConfig, log: Callable[[str], None] | None = None) -> dict:
+    """Run (or resume) the whole pipeline; returns the rows of Table 3. Progress lines go to ``log``
+    (default: the ``hlbl.reproduce`` logger at INFO level)."""
     return Reproduction(cfg, log).run()

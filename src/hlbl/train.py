@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -43,9 +45,12 @@ from . import atomic
 from . import checkpoint as ckpt
 from . import distributed as ddp
 from .data import Corpus, DataError, contexts, corpus_meta, epoch_order, stream_fingerprint
+from .errors import ConfigError
 from .evaluate import evaluate
 from .model import LBL
 from .progress import progress
+
+logger = logging.getLogger(__name__)
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 ENGINES = ("torch", "fast", "auto")  # see epoch_runner
@@ -179,8 +184,8 @@ def epoch_runner(model: LBL, cfg: TrainConfig):
         return train_epoch
     if ddp.is_distributed():  # checked first: fast.unsupported's reasons would not be the point
         if cfg.engine == "fast":
-            raise DataError(f"--engine fast runs in a single process; with {ddp.world_size()} processes (torchrun) "
-                            "use --engine torch (or auto)")
+            raise ConfigError(f"engine='fast' runs in a single process; with {ddp.world_size()} processes (torchrun) "
+                              "use engine='torch' (or engine='auto')")
         return train_epoch
     from . import fast  # lazily: numba compiles its kernels on first use
 
@@ -188,7 +193,7 @@ def epoch_runner(model: LBL, cfg: TrainConfig):
     if why is None:
         return fast.train_epoch  # threads: cfg.hogwild
     if cfg.engine == "fast":
-        raise DataError(f"--engine fast cannot train this model: {why}")  # a user error: one line
+        raise ConfigError(f"engine='fast' cannot train this model: {why}")  # a user error: one line
     return train_epoch
 
 
@@ -217,7 +222,7 @@ def check_memory(model: LBL, cfg: TrainConfig, tokens: int) -> None:
     except (ValueError, OSError, AttributeError):  # not on every system
         return
     if need > have:
-        raise DataError(f"--batch-size {cfg.batch_size:,} needs about {need / 2**30:,.0f} GiB for one minibatch's "
+        raise ConfigError(f"batch_size={cfg.batch_size} needs about {need / 2**30:,.0f} GiB for one minibatch's "
                         f"buffers, more than this machine's {have / 2**30:,.0f} GiB; the training split has "
                         f"{tokens:,} tokens")
 
@@ -233,23 +238,26 @@ def check_model_memory(config, what: str = "the model") -> None:
     except (ValueError, OSError, AttributeError):
         return
     if need > have:
-        raise DataError(f"{what} needs about {need / 2**30:,.0f} GiB ({params:,} parameters with their gradients "
-                        f"and optimiser state), more than this machine's {have / 2**30:,.0f} GiB; lower --dim")
+        raise ConfigError(f"{what} needs about {need / 2**30:,.0f} GiB ({params:,} parameters with their gradients "
+                        f"and optimiser state), more than this machine's {have / 2**30:,.0f} GiB; lower the feature size (dim)")
 
 
 def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool = False,
-        corpus_spec: str = "", log=print, options: dict | None = None) -> dict:
+        corpus_spec: str = "", log: Callable[[str], None] | None = None, options: dict | None = None) -> dict:
     """Train with early stopping; checkpoint each epoch into ``run_dir``. Returns the final state.
 
     ``resume``: continue the run in ``run_dir`` from its newest complete checkpoint (from the
     start when it has none); ``model`` and ``cfg`` must be the run's own (run.json), apart from
     :data:`RUNTIME_SETTINGS`. A directory that holds something else than a run is refused.
-    ``options``: recorded in run.json (the CLI's vocabulary and tree flags).
+    ``options``: recorded in run.json (the CLI's vocabulary and tree settings).
+    ``log`` receives one line per epoch and per learning-rate decision; by default they go to the
+    ``hlbl.train`` logger at INFO level.
 
     Distributed (a process group of W > 1 ranks, see the module docstring): call it on every rank
     with the same model, corpus and config; only rank 0 logs and writes ``run_dir``, and every rank
     returns holding the best weights.
     """
+    log = log or logger.info
     run_dir = Path(run_dir)
     model.to(torch.device(cfg.device))  # (the engine's choice depends on where the parameters are)
     epoch_runner(model, cfg)  # before the directory exists: a refused engine leaves no run behind
@@ -285,8 +293,8 @@ def refuse_foreign_directory(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise DataError(f"{run_dir} is a file, not a run directory")
     if not (run_dir / "run.json").exists() and not is_unstarted(run_dir):
-        raise DataError(f"{run_dir} is not an hlbl run (it has no run.json) and is not empty: --resume writes only "
-                        "into the run it continues; choose another --out")
+        raise DataError(f"{run_dir} is not an hlbl run (it has no run.json) and is not empty: a resume writes only "
+                        "into the run it continues; choose another run directory")
 
 
 def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool, corpus_spec: str,
@@ -326,9 +334,10 @@ def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bo
         state["elapsed"] += time.perf_counter() - t0
         if not math.isfinite(loss) or not math.isfinite(ppl):
             n = model.config.context
-            hint = f" or --context ({n}: the context vector sums {n} word vectors)" if n > 10 else ""
+            hint = f" or the context size (context={n}: the context vector sums {n} word vectors)" if n > 10 else ""
             raise FloatingPointError(f"training diverged in epoch {epoch}: train loss {loss:.4g} per token, "
-                                     f"validation perplexity {ppl:.4g}; lower --lr{hint}")
+                                     f"validation perplexity {ppl:.4g}; lower the learning rate "
+                                     f"(lr={state['lr']:g}){hint}")
         improved = ppl < state["best_valid_ppl"]
         line = {"epoch": epoch, "train_loss": loss, "train_ppl": math.exp(loss), "valid_ppl": ppl,
                 "words_per_sec": wps, "epoch_minutes": train_time / 60, "lr": state["lr"],

@@ -6,34 +6,77 @@ User errors (bad data, trees, checkpoints, arguments) print one line and exit wi
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 
+from .._version import __version__
 from ..errors import HlblError
-from . import infer, reproduce, serve, train, tree
+from . import infer, ngram, reproduce, serve, train, tree
 from .common import Parser
 
 USER_ERRORS = (HlblError, FloatingPointError)
 
+# Library parameters that messages may name as ``name=value``, and the flags that set them.
+PARAMETER_FLAGS = ("max_vocab", "min_count", "threads", "epochs", "flat_epochs", "engine", "lr", "lr_final", "order",
+                   "hogwild", "device", "batch_size", "optimizer", "dim", "context")
+_PARAMETER = re.compile(r"\b(%s)=('?)([^\s',;)]*)\2" % "|".join(PARAMETER_FLAGS))
+
+
+def flag_message(e: BaseException) -> str:
+    """The library's message with its parameters named as this command line's flags:
+    ``max_vocab must be ...`` -> ``--max-vocab must be ...``, ``engine='fast'`` -> ``--engine fast``."""
+    text = str(e)
+    field = getattr(e, "field", None)
+    if field and text.startswith(field):
+        text = "--" + field.replace("_", "-") + text[len(field):]
+    return _PARAMETER.sub(lambda m: f"--{m.group(1).replace('_', '-')} {m.group(3)}", text)
+
+
+def show_library_log(quiet: bool = False) -> None:
+    """The library's ``hlbl`` logger to stderr, message text only (as the commands print their own lines)."""
+    logger = logging.getLogger("hlbl")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.WARNING if quiet else logging.INFO)
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is at the time of each message."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
 
 def build_parser() -> Parser:
     p = Parser(prog="hlbl", description="Hierarchical log-bilinear language models.")
+    p.add_argument("--version", action="version", version=f"hlbl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     for group in (train, tree, reproduce, infer, serve):
         group.add_commands(sub)
-    from ..ngram import add_subcommands as add_ngram_commands  # hlbl ngram train|eval
-
-    add_ngram_commands(sub)
+    ngram.add_subcommands(sub)  # hlbl ngram train|eval
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    show_library_log(getattr(args, "quiet", False))
     try:
         return args.func(args)
     except USER_ERRORS as e:
-        print(f"hlbl: error: {e}", file=sys.stderr)
+        print(f"hlbl: error: {flag_message(e)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader went away (hlbl ... | head): stop quietly, as a killed pipe writer
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush

@@ -11,9 +11,10 @@ from .common import DATA_HELP, seed_arg, set_threads
 
 
 def _reproduce_command(args) -> str:
-    """The full command line with every option spelled out (defaults included), for the tables."""
+    """The command line with every option that shapes the results spelled out (defaults included), for
+    the tables (not ``--work``: where checkpoints go changes no result, and it is often a machine path)."""
     parts = ["hlbl reproduce"]
-    for k in ("data", "out", "work", "epochs", "flat_epochs", "dim", "seed", "threads", "max_train_tokens",
+    for k in ("data", "out", "epochs", "flat_epochs", "dim", "seed", "threads", "max_train_tokens",
               "max_vocab", "em_iters", "skip"):
         v = getattr(args, k)
         if v is not None:
@@ -31,6 +32,8 @@ def cmd_reproduce(args) -> int:
                           max_train_tokens=args.max_train_tokens, max_vocab=args.max_vocab, em_iters=args.em_iters,
                           skip=tuple(x for x in (args.skip or "").split(",") if x), quick=args.quick,
                           command=_reproduce_command(args))
+    except DataError:
+        raise
     except ValueError as e:
         raise DataError(str(e)) from None
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -158,7 +158,7 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
         raise DataError(str(e)) from None
     from ..train import check_model_memory
 
-    check_model_memory(mcfg, f"--dim {args.dim} with {V:,} words")
+    check_model_memory(mcfg, f"dim={args.dim} with {V:,} words")
     tree = build_tree(args.tree or "random", V, corpus.vocab.counts, args.seed) if takes_tree(args.output) else None
     model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
     model.init_unigram(corpus.vocab.counts)
@@ -247,7 +247,7 @@ def cmd_eval(args) -> int:
     corpus = load_corpus(args.data or run_corpus(info), vocab=vocab, splits=tuple(needed),
                          blank_lines=args.blank_lines or info.get("blank_lines", "drop"))  # the run's protocol by default
     if args.interpolate:  # mixture with an n-gram model (hlbl.ngram)
-        from ..ngram.commands import interpolated_report
+        from .ngram import interpolated_report
 
         report = interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device)
     else:

@@ -51,7 +51,7 @@ Public API
 ----------
 :func:`train_kneser_ney`, :class:`NgramModel`, :func:`write_arpa`, :func:`read_arpa`,
 :func:`parse_arpa`, :class:`ArpaError`, :func:`token_log_probs`, :func:`interpolate`,
-:func:`tune_weight`, :func:`add_subcommands` (``hlbl ngram train|eval``).
+:func:`tune_weight`.
 """
 
 from __future__ import annotations
@@ -69,7 +69,6 @@ from .model import LN10, NgramModel, stream_log10
 __all__ = [
     "ArpaError",
     "NgramModel",
-    "add_subcommands",
     "interpolate",
     "modified_kn_discounts",
     "parse_arpa",
@@ -90,10 +89,3 @@ def token_log_probs(arpa_or_model: NgramModel | str | os.PathLike, stream: np.nd
     """
     model = arpa_or_model if isinstance(arpa_or_model, NgramModel) else read_arpa(arpa_or_model)
     return stream_log10(model, stream, vocab.words, vocab.eos) * LN10
-
-
-def add_subcommands(subparsers) -> None:
-    """Register ``hlbl ngram train`` and ``hlbl ngram eval`` on the CLI's subparsers."""
-    from .commands import add_subcommands as _add
-
-    _add(subparsers)

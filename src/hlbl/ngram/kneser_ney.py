@@ -97,7 +97,7 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
     for k in range(2, order + 1):
         at = np.flatnonzero(pos >= k - 1)  # windows of length k that stay inside a sentence
         if len(at) == 0:
-            raise DataError(f"no sentence is long enough for {k}-grams; lower --order")
+            raise DataError(f"no sentence is long enough for {k}-grams; lower the order (order={order})")
         key = row_prev[at - 1].astype(np.int64) * base + seq[at]  # int64: rows x V' can pass 2^31
         uniq, first, inv, cnt = np.unique(key, return_index=True, return_inverse=True, return_counts=True)
         del key

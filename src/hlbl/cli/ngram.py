@@ -1,4 +1,4 @@
-"""``hlbl ngram train`` and ``hlbl ngram eval``: registered on the main parser by ``hlbl.cli``.
+"""``hlbl ngram train`` and ``hlbl ngram eval``, and ``hlbl eval --interpolate``: registered on the main parser by ``hlbl.cli``.
 
 Errors are :class:`hlbl.data.DataError` (``ArpaError`` is one), which the CLI prints as one line.
 """
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli.common import DATA_HELP, min_count_arg
 from ..data import BLANK_LINES, EOS, UNK, DataError, Vocab, load_corpus
-from .arpa import read_arpa, write_arpa
-from .model import BOS_WORD, EOS_WORD
-from .kneser_ney import train_kneser_ney
-from . import token_log_probs
-from .mixture import interpolate, tune_weight
+from ..ngram import token_log_probs
+from ..ngram.arpa import read_arpa, write_arpa
+from ..ngram.kneser_ney import train_kneser_ney
+from ..ngram.mixture import interpolate, tune_weight
+from ..ngram.model import BOS_WORD, EOS_WORD
+from .common import DATA_HELP, min_count_arg
 
 SPLITS = ("train", "valid", "test")
 BLANK_HELP = ("drop: a blank line is no sentence; keep: every line, blank or not, is a sentence ending in </s> "
