@@ -274,6 +274,21 @@ class Vocab:
 # Encoding and caching
 
 
+def text_lines(words: Sequence[str]) -> list[str]:
+    """Words as text: every ``<eos>`` ends a line (and is not shown); words after the last one
+    make a last line."""
+    lines, cur = [], []
+    for w in words:
+        if w == EOS:
+            lines.append(" ".join(cur))
+            cur = []
+        else:
+            cur.append(w)
+    if cur:
+        lines.append(" ".join(cur))
+    return lines
+
+
 def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20, blank_lines: str = "drop",
                 stats: dict | None = None) -> int:
     """Write the ``int32`` stream of ``path`` to ``out`` (raw little-endian); return its length.

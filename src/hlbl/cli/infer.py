@@ -168,7 +168,7 @@ class _LongSentence:
 
 
 def cmd_generate(args) -> int:
-    from ..data import EOS
+    from ..data import text_lines
 
     if args.tokens < 0:
         raise DataError(f"--tokens must be at least 0, got {args.tokens}")
@@ -184,16 +184,7 @@ def cmd_generate(args) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     sample = model.generate(ids, args.tokens, vocab.eos, gen, args.temperature, args.per_node_temperature)
     # The prompt as typed, then the sample; every <eos> ends a line.
-    lines, cur = [], list(prompt)
-    for w in vocab.decode(sample):
-        if w == EOS:
-            lines.append(" ".join(cur))
-            cur = []
-        else:
-            cur.append(w)
-    if cur:
-        lines.append(" ".join(cur))
-    print("\n".join(lines))
+    print("\n".join(text_lines(prompt + vocab.decode(sample))))
     return 0
 
 

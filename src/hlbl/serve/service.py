@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..checkpoint import load_model
-from ..data import EOS
+from ..data import text_lines
 from ..errors import HlblError
 from ..scoring import encode_context, score_report, score_sentences
 
@@ -200,15 +200,7 @@ class Service:
         gen = torch.Generator().manual_seed(seed)
         sample = self.vocab.decode(self.model.generate(ids, tokens, self.vocab.eos, gen, temperature, per_node))
         # As `hlbl generate` prints it: the prompt as typed, then the sample; every <eos> ends a line.
-        lines, cur = [], list(words)
-        for w in sample:
-            if w == EOS:
-                lines.append(" ".join(cur))
-                cur = []
-            else:
-                cur.append(w)
-        if cur:
-            lines.append(" ".join(cur))
+        lines = text_lines(words + sample)
         return {"prompt_oov": oov, "words": sample, "text": "\n".join(lines), "seed": seed,
                 "temperature": temperature, "per_node_temperature": per_node}
 
