@@ -19,7 +19,9 @@ import torch
 from ..checkpoint import load_model
 from ..data import text_lines
 from ..errors import HlblError
+from ..output import TreeSoftmax
 from ..scoring import encode_context, score_report, score_sentences
+from ..search import TreeSearch, layer_tree_arrays
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,12 @@ class Service:
         self.counts = np.asarray(vocab.counts, dtype=np.int64)
         tree = model.tree
         self.index = TreeIndex(tree, self.counts) if tree is not None else None
+        # The tree search with its arrays and scratch kept between requests (a few contexts per
+        # call: most of model.topk's time would otherwise go to setting them up); CPU only.
+        self.search = None
+        if isinstance(model.out, TreeSoftmax) and self.device.type == "cpu":
+            out = model.out
+            self.search = TreeSearch(out.tree, out.weight, out.bias, layer_tree_arrays(out))
         self.model_info = self._model_info()
 
     def warm_up(self) -> None:
@@ -176,10 +184,16 @@ class Service:
         return ids, oov, self.vocab.decode(ids)
 
     def topk(self, contexts: list[list[int]], k: int) -> tuple[list[list[float]], list[list[int]]]:
-        """Exact top-k (probabilities, word ids) for a batch of encoded contexts."""
+        """Exact top-k (probabilities, word ids) for a batch of encoded contexts: ``model.topk``'s."""
         ctx = torch.tensor(contexts, dtype=torch.int64, device=self.device).view(len(contexts), self.n)
-        values, idx = self.model.topk(ctx, k)
-        return values.double().exp().cpu().tolist(), idx.cpu().tolist()
+        if self.search is None:
+            values, idx = self.model.topk(ctx, k)
+            return values.double().exp().cpu().tolist(), idx.cpu().tolist()
+        with torch.inference_mode():
+            h = self.model.context_vector(ctx)
+        values, idx = self.search.topk(h.numpy().astype(np.float64), k)
+        # model.topk returns the log-probabilities in the context vectors' dtype: rounded the same way.
+        return np.exp(values.astype(h.numpy().dtype).astype(np.float64)).tolist(), idx.tolist()
 
     def prediction(self, context_words: list[str], oov: int, probs: list[float], ids: list[int]) -> dict:
         return {"context": context_words, "oov": oov, "words": self.vocab.decode(ids), "probs": probs}
