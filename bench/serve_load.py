@@ -20,7 +20,7 @@ load of a shared machine drifts), and reports each one's run of median requests/
 
 Next to it, in this process: the in-process time of the model's exact top-k for one context
 (``model.topk``, batch of 1) and per context in batches of 8 (what the server's batching does),
-median over the same contexts.
+and the same for the server's own call (``Service.topk``), median over the same contexts.
 
 Target (issue 20): p50 under 2 ms and at least 1,000 requests/s with 8 clients, k = 10, on a PTB
 model. The figures depend on what else the machine runs: the output records its load average.
@@ -163,11 +163,13 @@ async def load(port: int, requests: list[bytes], clients: int, warmup: float, se
 
 
 def in_process_topk(run: Path, contexts: list[str], k: int, threads: int | None) -> dict:
-    """Median time of the model's top-k per context: one at a time, and in batches of 8."""
+    """Median time of the model's top-k per context, one at a time and in batches of 8: the
+    library's ``model.topk`` and the server's ``Service.topk`` (probabilities, as lists)."""
     import torch
 
     from hlbl.checkpoint import load_model
     from hlbl.scoring import encode_context
+    from hlbl.serve.service import Service
 
     if threads:
         torch.set_num_threads(threads)
@@ -177,17 +179,30 @@ def in_process_topk(run: Path, contexts: list[str], k: int, threads: int | None)
     ctx = torch.tensor([encode_context(vocab, c.split(), n)[0] for c in contexts[:2000]])
     for i in range(50):  # compile and warm up
         model.topk(ctx[i:i + 1], k)
-    one, eight = [], []
+    # What the server calls: the same search with its arrays and scratch kept between calls.
+    service = Service(model, vocab, {}, run)
+    ids = ctx.tolist()
+    service.topk(ids[:8], k)
+    one, eight, s_one, s_eight = [], [], [], []
     for i in range(0, len(ctx) - 8, 8):
         t0 = time.perf_counter()
         model.topk(ctx[i:i + 1], k)
         t1 = time.perf_counter()
         model.topk(ctx[i:i + 8], k)
         t2 = time.perf_counter()
+        service.topk(ids[i:i + 1], k)
+        t3 = time.perf_counter()
+        service.topk(ids[i:i + 8], k)
+        t4 = time.perf_counter()
         one.append(t1 - t0)
         eight.append((t2 - t1) / 8)
-    return {"batch_1_us": round(1e6 * statistics.median(one), 1),
-            "batch_8_per_context_us": round(1e6 * statistics.median(eight), 1), "contexts": len(one)}
+        s_one.append(t3 - t2)
+        s_eight.append((t4 - t3) / 8)
+
+    def us(ts):
+        return round(1e6 * statistics.median(ts), 1)
+    return {"batch_1_us": us(one), "batch_8_per_context_us": us(eight),
+            "service_batch_1_us": us(s_one), "service_batch_8_per_context_us": us(s_eight), "contexts": len(one)}
 
 
 def cpu_seconds(pid: int) -> float:

@@ -9,7 +9,7 @@ import torch
 from conftest import _halve, duplicated_tree, multi_code_tree, random_layer, unbalanced_tree
 from hlbl.model import LBL, LBLConfig
 from hlbl.output import TreeSoftmax
-from hlbl.search import full_topk, topk_matches, tree_topk
+from hlbl.search import TreeSearch, full_topk, topk_matches, tree_topk
 from hlbl.tree import WordTree, balanced_tree, huffman_tree, random_tree
 from hlbl.treebuild import build_tree_from_features
 
@@ -152,6 +152,27 @@ def test_batching_and_threads_do_not_change_results():
         assert torch.equal(a.values, b.values) and torch.equal(a.indices, b.indices) and torch.equal(a.nodes, b.nodes)
     for i, r in zip((0, 77, 149), rows):
         assert torch.equal(r.indices[0], whole.indices[i]) and int(r.nodes[0]) == int(whole.nodes[i])
+
+
+@pytest.mark.parametrize("name", ["random", "duplicated", "multi_code_small"])
+def test_tree_search_reusing_its_scratch_equals_tree_topk(name):
+    """TreeSearch keeps its scratch between calls (stamped, not cleared): any sequence of calls,
+    batch sizes and k gives tree_topk's answers, bit for bit, in float64."""
+    tree = TREES[name]
+    layer, H = random_layer(tree, 8, seed=3, scale=1.0, dtype=torch.float64)
+    H = H[:60]
+    search = TreeSearch(tree, layer.weight, layer.bias)
+    for k in (1, 5, tree.num_words + 3):
+        whole = tree_topk(tree, layer.weight, layer.bias, H, k)
+        for size in (1, 7, 60):
+            for i in range(0, len(H), size):
+                v, w = search.topk(H[i : i + size].numpy(), k)
+                assert np.array_equal(v, whole.values[i : i + size].numpy())
+                assert np.array_equal(w, whole.indices[i : i + size].numpy())
+    with pytest.raises(ValueError, match="k must be"):
+        search.topk(H.numpy(), 0)
+    with pytest.raises(ValueError, match="shape"):
+        search.topk(np.zeros((1, 9)), 1)
 
 
 def test_topk_rejects_bad_arguments():

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -89,6 +90,23 @@ def test_predict_is_the_models_exact_top_k(client, tiny_run, context, k):
     assert got["probs"] == pytest.approx(values[0].double().exp().tolist(), rel=1e-12)
     assert got["context"] == vocab.decode(ids) and got["oov"] == oov
     assert got["oov"] == (1 if "zebra" in context else 0)
+
+
+def test_prediction_json_is_json_dumps_of_the_prediction(service, monkeypatch):
+    """The endpoint's hand-assembled body is byte for byte what json.dumps writes, including
+    words that JSON has to escape."""
+    words = list(service.vocab.words)
+    odd = ['say "hi"', "back\\slash", "naïve", "tab\there", "</script>"]
+    words[1:1 + len(odd)] = odd
+    monkeypatch.setattr(service, "vocab", types.SimpleNamespace(words=words))
+    monkeypatch.setattr(service, "_word_json", {})
+    ctx = [1, 2, 0]
+    for probs, ids in (([0.5, 1e-300, 0.1 + 0.2, 1.0], [3, 1, 5, 0]), ([], [])):
+        expected = {"context": [words[i] for i in ctx], "oov": 2, "words": [words[i] for i in ids], "probs": probs}
+        assert service.prediction_json(ctx, 2, probs, ids) == json.dumps(
+            expected, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    with pytest.raises(ValueError):
+        service.prediction_json(ctx, 0, [float("nan")], [1])
 
 
 def test_predict_defaults_to_k_10_and_the_sentence_start(client, tiny_run):

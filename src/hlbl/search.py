@@ -49,6 +49,7 @@ Sampling is in :mod:`hlbl.sampling`, sentence scoring in :mod:`hlbl.scoring`.
 from __future__ import annotations
 
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -272,7 +273,6 @@ def _topk_range(H, W, b, children, ncodes, log_codes, log_codes_below, word_leav
     """Contexts ``start:stop`` of H (B, d). Releases the GIL, so slices run in parallel threads."""
     N = W.shape[0]
     V = ncodes.shape[0]
-    single = ncodes.max() == 1
     # Scratch shared by the contexts of the slice; stamps (context index + 1) avoid clearing.
     hk = np.empty(N + 2, dtype=np.float64)
     hp = np.empty(N + 2, dtype=np.float64)
@@ -281,10 +281,21 @@ def _topk_range(H, W, b, children, ncodes, log_codes, log_codes_below, word_leav
     stamp = np.zeros(N, dtype=np.int64)
     resolved = np.zeros(V, dtype=np.int64)
     buf = np.empty(word_leaves.shape[1], dtype=np.float64)
+    _topk_range_scratch(H, W, b, children, ncodes, log_codes, log_codes_below, word_leaves, path_nodes, path_bits,
+                        leaf_depth, k, start, stop, out_v, out_w, out_nodes, ncodes.max() == 1,
+                        hk, hp, hb, score, stamp, resolved, buf, 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _topk_range_scratch(H, W, b, children, ncodes, log_codes, log_codes_below, word_leaves, path_nodes, path_bits,
+                        leaf_depth, k, start, stop, out_v, out_w, out_nodes, single,
+                        hk, hp, hb, score, stamp, resolved, buf, tag0):
+    """:func:`_topk_range` with the caller's scratch: context i is stamped ``tag0 + i + 1``, so
+    scratch whose stamps are all at most ``tag0`` needs no clearing."""
     for i in range(start, stop):
         out_nodes[i] = _topk_one(H[i], W, b, children, ncodes, log_codes, log_codes_below, single,
                                  word_leaves, path_nodes, path_bits, leaf_depth, k, hk, hp, hb, score,
-                                 stamp, resolved, i + 1, buf, out_v[i], out_w[i])
+                                 stamp, resolved, tag0 + i + 1, buf, out_v[i], out_w[i])
 
 
 # ---- top-k ------------------------------------------------------------------------------------
@@ -390,6 +401,53 @@ def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: t
                 torch.from_numpy(out_n).to(dev))
 
 
+class TreeSearch:
+    """:func:`tree_topk` for many small calls on weights that stay put (a served model): the
+    kernel's arrays, the weights' views and its scratch are taken once, instead of per call,
+    which is most of the cost of a call for a few contexts. ``topk`` takes and returns numpy
+    arrays and computes exactly what :func:`tree_topk` does. Each thread gets its own scratch.
+
+    The weights are read through :func:`node_weights`, i.e. zero-copy views of contiguous float32
+    or float64 CPU tensors: updates in place are seen, a tensor replaced by another is not.
+    """
+
+    def __init__(self, tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, arrays: TreeArrays | None = None):
+        self.tree = tree
+        self.arrays = tree_arrays(tree) if arrays is None else arrays
+        self.W, self.b = node_weights(tree, weight, bias)
+        self.single = bool(self.arrays.ncodes.max() == 1)
+        self._local = threading.local()
+
+    def _scratch(self):
+        s = getattr(self._local, "scratch", None)
+        if s is None:
+            N, V = self.W.shape[0], self.arrays.ncodes.shape[0]
+            s = self._local.scratch = [np.empty(N + 2), np.empty(N + 2), np.empty(N + 2, dtype=np.int64),
+                                       np.empty(N), np.zeros(N, dtype=np.int64), np.zeros(V, dtype=np.int64),
+                                       np.empty(self.arrays.word_leaves.shape[1]), 0]
+        return s
+
+    def topk(self, H: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(log-probs (B, k) float64, word ids (B, k) int64), best first, for contexts H (B, d)
+        float64; k > V gives all V words. The same values as :func:`tree_topk` before its cast
+        to the input's dtype."""
+        k = _check_k(k, self.tree.num_words)
+        H = np.ascontiguousarray(H, dtype=np.float64)
+        if H.ndim != 2 or H.shape[1] != self.W.shape[1]:
+            raise ValueError(f"H must have shape (B, {self.W.shape[1]}), got {H.shape}")
+        B = H.shape[0]
+        out_v = np.full((B, k), -np.inf)
+        out_w = np.full((B, k), -1, dtype=np.int64)
+        out_n = np.empty(B, dtype=np.int64)
+        s = self._scratch()
+        tag0, s[7] = s[7], s[7] + B  # (taken before the call: stamps stay unique even after an error)
+        a = self.arrays
+        _topk_range_scratch(H, self.W, self.b, a.children, a.ncodes, a.log_codes, a.log_codes_below, a.word_leaves,
+                            a.path_nodes, a.path_bits, a.leaf_depth, k, 0, B, out_v, out_w, out_n, self.single,
+                            *s[:7], tag0)
+        return out_v, out_w
+
+
 def _check_k(k: int, vocab_size: int) -> int:
     if isinstance(k, bool) or int(k) != k:
         raise ValueError(f"k must be a whole number, got {k!r}")
@@ -423,6 +481,6 @@ def topk_matches(values: torch.Tensor, indices: torch.Tensor, full_log_prob: tor
 
 
 __all__ = [
-    "TopK", "tree_topk", "full_topk", "topk_matches", "TreeArrays", "tree_arrays", "layer_tree_arrays",
+    "TopK", "TreeSearch", "tree_topk", "full_topk", "topk_matches", "TreeArrays", "tree_arrays", "layer_tree_arrays",
     "node_weights", "codes_below",
 ]

@@ -282,9 +282,9 @@ class Predict:
                 f = Fields(parse_object(await read_body(scope, receive, limits.max_body)), ("context", "k"))
                 text = f.text("context", limits.max_text, default="")
                 k = f.integer("k", 10, 1, limits.max_k)
-                ids, oov, words = service.context_ids(text)
+                ids, oov = service.context(text)
                 probs, idx = await self.batcher.topk(ids, k)
-                status, body = 200, encode_json(service.prediction(words, oov, probs, idx))
+                status, body = 200, service.prediction_json(ids, oov, probs, idx)
             except ApiError as e:
                 status, body = e.status, encode_json({"error": e.message})
         except Exception as e:

@@ -19,7 +19,9 @@ import torch
 from ..checkpoint import load_model
 from ..data import text_lines
 from ..errors import HlblError
+from ..output import TreeSoftmax
 from ..scoring import encode_context, score_report, score_sentences
+from ..search import TreeSearch, layer_tree_arrays
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,14 @@ class Service:
         self.counts = np.asarray(vocab.counts, dtype=np.int64)
         tree = model.tree
         self.index = TreeIndex(tree, self.counts) if tree is not None else None
+        # The tree search with its arrays and scratch kept between requests (a few contexts per
+        # call: most of model.topk's time would otherwise go to setting them up); CPU only.
+        self.search = None
+        if isinstance(model.out, TreeSoftmax) and self.device.type == "cpu":
+            out = model.out
+            self.search = TreeSearch(out.tree, out.weight, out.bias, layer_tree_arrays(out))
         self.model_info = self._model_info()
+        self._word_json: dict[int, bytes] = {}  # word id -> its JSON string (the words answered so far)
 
     def warm_up(self) -> None:
         """Run each kind of query once, so that the numba kernels are compiled (or loaded from their
@@ -171,18 +180,45 @@ class Service:
     def context_ids(self, text: str) -> tuple[list[int], int, list[str]]:
         """The model's context for ``text`` (the start of a sentence): the last n words' ids,
         <eos>-padded; how many of those words are out of the vocabulary; and the words as read."""
-        words = text.split()[-self.n:] if self.n else []
-        ids, oov = encode_context(self.vocab, words, self.n)
+        ids, oov = self.context(text)
         return ids, oov, self.vocab.decode(ids)
 
+    def context(self, text: str) -> tuple[list[int], int]:
+        """:meth:`context_ids` without the words."""
+        return encode_context(self.vocab, text.split()[-self.n:] if self.n else [], self.n)
+
     def topk(self, contexts: list[list[int]], k: int) -> tuple[list[list[float]], list[list[int]]]:
-        """Exact top-k (probabilities, word ids) for a batch of encoded contexts."""
+        """Exact top-k (probabilities, word ids) for a batch of encoded contexts: ``model.topk``'s."""
         ctx = torch.tensor(contexts, dtype=torch.int64, device=self.device).view(len(contexts), self.n)
-        values, idx = self.model.topk(ctx, k)
-        return values.double().exp().cpu().tolist(), idx.cpu().tolist()
+        if self.search is None:
+            values, idx = self.model.topk(ctx, k)
+            return values.double().exp().cpu().tolist(), idx.cpu().tolist()
+        with torch.inference_mode():
+            h = self.model.context_vector(ctx)
+        values, idx = self.search.topk(h.numpy().astype(np.float64), k)
+        # model.topk returns the log-probabilities in the context vectors' dtype: rounded the same way.
+        return np.exp(values.astype(h.numpy().dtype).astype(np.float64)).tolist(), idx.tolist()
 
     def prediction(self, context_words: list[str], oov: int, probs: list[float], ids: list[int]) -> dict:
         return {"context": context_words, "oov": oov, "words": self.vocab.decode(ids), "probs": probs}
+
+    def prediction_json(self, context: list[int], oov: int, probs: list[float], ids: list[int]) -> bytes:
+        """:meth:`prediction` as compact UTF-8 JSON (what ``json.dumps`` writes), from the context's
+        word ids: the words' JSON strings are encoded once each and reused, floats written as
+        ``json`` writes them (``repr``), at about a third of ``json.dumps``'s time."""
+        if not all(map(math.isfinite, probs)):  # json's allow_nan=False error, as elsewhere
+            json.dumps(probs, allow_nan=False)
+        cache = self._word_json
+        words = self.vocab.words
+
+        def enc(i: int) -> bytes:
+            b = cache.get(i)
+            if b is None:
+                b = cache[i] = json.dumps(words[i], ensure_ascii=False).encode("utf-8")
+            return b
+        return b'{"context":[%b],"oov":%d,"words":[%b],"probs":[%b]}' % (
+            b",".join([enc(i) for i in context]), oov, b",".join([enc(i) for i in ids]),
+            ",".join(map(float.__repr__, probs)).encode())
 
     def predict(self, text: str, k: int) -> dict:
         ids, oov, words = self.context_ids(text)
