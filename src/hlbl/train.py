@@ -13,6 +13,11 @@ Default recipe, after Mnih & Hinton (2008, appendix; 2007 for what 2008 leaves o
 * non-bias weights from N(0, 0.1^2) (the context weights C_i around 1), node biases set so
   the untrained model predicts the unigram distribution.
 
+Output layers trained by sampling (``nce``, ``sampled``; :mod:`hlbl.sampled_output`) minimise
+their sampled loss with the same recipe; their ``train_loss`` in metrics.jsonl is that loss (its
+``train_ppl`` is no perplexity), while the validation perplexity that drives early stopping is
+always exact (full softmax).
+
 ``--optimizer sgd|adam|adagrad`` are options (the same per-example learning rate).
 Data parallelism (``torchrun --nproc_per_node N -m hlbl train ... --engine torch``; see
 :mod:`hlbl.distributed`): under a process group of W > 1 ranks every rank walks the same seeded
@@ -46,6 +51,7 @@ from . import distributed as ddp
 from .data import Corpus, DataError, contexts, epoch_order, stream_fingerprint
 from .evaluate import evaluate
 from .model import LBL
+from .sampled_output import noise_seed
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 ENGINES = ("torch", "fast", "auto")  # see epoch_runner
@@ -146,6 +152,11 @@ def train_epoch(model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray
                disable=None if show else True,  # None: no bar when stderr is not a terminal (logs stay clean)
                leave=False, file=sys.stderr, mininterval=1.0)
     model.train()
+    # Layers whose loss samples (nce, sampled) restart their noise generator from (seed, epoch):
+    # the same --seed draws the same noise, and a run resumed after an epoch draws what the
+    # uninterrupted run drew. Under W ranks every rank draws the same k words per step (one draw
+    # per forward), which are the single-process step's shared samples.
+    model.out.reseed(noise_seed(cfg.seed, epoch))
     for first in range(0, len(order), cfg.batch_size):
         batch = order[first : first + cfg.batch_size]  # (B,) positions of the global minibatch
         lo, hi = ddp.shard_bounds(len(batch), rank, world)

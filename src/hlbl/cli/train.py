@@ -13,9 +13,10 @@ import torch
 from .. import distributed
 from ..checkpoint import load_model, read_run, read_state
 from ..data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus, stream_fingerprint
-from ..evaluate import evaluate
+from ..evaluate import evaluate, self_normalisation
 from ..model import LBL, LBLConfig
 from ..output import OUTPUT_KINDS, takes_tree
+from ..sampled_output import SAMPLED_KINDS
 from ..train import ENGINES, OPTIMIZERS, TrainConfig, fit
 from ..tree import build_tree
 from .common import corpus_args, pick_device, run_args, seed_arg, set_threads, with_oov
@@ -87,13 +88,18 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
     """A new model and recipe from the flags; the vocabulary comes from the training split."""
     if args.tree is not None and not takes_tree(args.output):
         raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
+    if args.output not in SAMPLED_KINDS and (args.samples is not None or args.noise_power is not None):
+        raise DataError(f"--samples and --noise-power apply to --output {' or '.join(SAMPLED_KINDS)} only, not {args.output}")
+    args.samples = LBLConfig.samples if args.samples is None else args.samples
+    args.noise_power = LBLConfig.noise_power if args.noise_power is None else args.noise_power
     if args.momentum is not None and args.optimizer != "momentum":
         raise DataError(f"--momentum applies to --optimizer momentum only, not {args.optimizer}")
     corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits)
     V = len(corpus.vocab)
     try:
         mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
-                         output=args.output, init_std=args.init_std)
+                         output=args.output, init_std=args.init_std, samples=args.samples,
+                         noise_power=args.noise_power)
         cfg = TrainConfig(lr=args.lr, lr_final=args.lr_final, batch_size=args.batch_size,
                           max_epochs=args.epochs or TrainConfig.max_epochs, optimizer=args.optimizer,
                           momentum=TrainConfig.momentum if args.momentum is None else args.momentum,
@@ -152,6 +158,9 @@ def _train(args, device: str) -> int:
         test = evaluate(model, corpus["test"], corpus.vocab.eos, device=device)  # fit left the best weights in
         test = with_oov(test, corpus["test"], corpus.vocab, "test")
         report.update(test_perplexity=test["perplexity"], test_tokens=test["tokens"], test_oov=test["oov"])
+        norm = self_normalisation(model, corpus["test"], corpus.vocab.eos, device=device)
+        if norm is not None:  # nce / sampled: how far from Z = 1 (the perplexity above is exact)
+            report["test_self_normalisation"] = norm
     else:
         print("note: the corpus has no test.txt: no test perplexity", file=sys.stderr)
     print(json.dumps({**report, "run": str(out)}))
@@ -186,6 +195,9 @@ def cmd_eval(args) -> int:
         report = interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device)
     else:
         report = evaluate(model, corpus[args.split], vocab.eos, device=device)
+        norm = self_normalisation(model, corpus[args.split], vocab.eos, device=device)
+        if norm is not None:  # nce / sampled: log Z statistics (the perplexity above is exact)
+            report["self_normalisation"] = norm
     print(json.dumps(with_oov(report, corpus[args.split], vocab, args.split)))
     return 0
 
@@ -197,7 +209,14 @@ def add_commands(sub) -> None:
     t = sub.add_parser("train", help="train a model and report valid/test perplexity")
     corpus_args(t, "; with --resume, the run's own by default")
     t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
-    t.add_argument("--output", choices=OUTPUT_KINDS, default="tree", help="output layer: tree = HLBL, flat = LBL")
+    t.add_argument("--output", choices=OUTPUT_KINDS, default="tree",
+                   help="output layer: tree = HLBL, flat = LBL, adaptive = PyTorch's adaptive softmax, "
+                        "nce = noise-contrastive estimation, sampled = sampled softmax (nce and sampled train on "
+                        "--samples noise words per step and are evaluated with the exact full softmax)")
+    t.add_argument("--samples", type=int, default=None,
+                   help=f"K noise words per training step, shared by the minibatch (nce/sampled; default {m['samples']})")
+    t.add_argument("--noise-power", type=float, default=None,
+                   help=f"noise distribution = unigram ** this (nce/sampled; default {m['noise_power']}; 0.75 as word2vec)")
     t.add_argument("--tree", default=None, help="random (the default), huffman, or a tree file (JSON/npz); tree output only")
     t.add_argument("--dim", type=int, default=m["dim"], help="feature vector size")
     t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
