@@ -48,9 +48,18 @@ def grads(lay, h, target, noise):
     return out, h.grad, lay.weight.grad.clone(), lay.bias.grad.clone()
 
 
+def per_example(noise, B):
+    """(B, k) noise ids of each example: a (k,) draw is shared by all; (G, k) gives group g the
+    examples [g m, (g+1) m), m = ceil(B / G) (written out with a loop, not the layer's repeat)."""
+    if noise.dim() == 1:
+        return np.tile(noise.numpy(), (B, 1))
+    m = -(-B // noise.shape[0])
+    return np.stack([noise[i // m].numpy() for i in range(B)])
+
+
 def direct_grads(lay, h, target, noise, ds_t, ds_n):
-    """Gradients of sum_i loss_i from d loss_i / d s(target_i) (B,) and d loss_i / d s(noise_j) (B, k),
-    written out without autograd: ds/dq_w = h, ds/db_w = 1, ds/dh = q_w."""
+    """Gradients of sum_i loss_i from d loss_i / d s(target_i) (B,) and d loss_i / d s(noise_ij) (B, k),
+    written out without autograd: ds/dq_w = h, ds/db_w = 1, ds/dh = q_w. ``noise``: (B, k) ids."""
     W, b = lay.weight.detach().numpy(), lay.bias.detach().numpy()
     gW, gb = np.zeros_like(W), np.zeros_like(b)
     gh = np.zeros((len(target), W.shape[1]))
@@ -59,7 +68,7 @@ def direct_grads(lay, h, target, noise, ds_t, ds_n):
         gW[t] += ds_t[i] * hn[i]
         gb[t] += ds_t[i]
         gh[i] += ds_t[i] * W[t]
-        for j, w in enumerate(noise.tolist()):
+        for j, w in enumerate(noise[i].tolist()):
             gW[w] += ds_n[i, j] * hn[i]
             gb[w] += ds_n[i, j]
             gh[i] += ds_n[i, j] * W[w]
@@ -70,16 +79,23 @@ def sig(x):
     return 1 / (1 + np.exp(-x))
 
 
-def test_nce_loss_and_gradients_match_the_formula():
+GROUPED = torch.tensor([[3, 5, 5, 12, 0], [1, 1, 7, 9, 2], [12, 4, 6, 0, 3]])  # 3 groups of 2 examples
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_nce_loss_and_gradients_match_the_formula(grouped):
     lay = layer("nce")
     assert isinstance(lay, NCEOutput)
     h, target, noise = case()
+    if grouped:
+        noise = GROUPED
     out, gh, gW, gb = grads(lay, h, target, noise)
+    noise = per_example(noise, B)
     W, b = lay.weight.detach().numpy(), lay.bias.detach().numpy()
     logpn = lay.noise_log_prob.numpy()
-    k = len(noise)
+    k = noise.shape[1]
     s_t = (h.numpy() * W[target]).sum(1) + b[target]
-    s_n = h.numpy() @ W[noise].T + b[noise]
+    s_n = np.einsum("bd,bkd->bk", h.numpy(), W[noise]) + b[noise]
     d_t = s_t - np.log(k) - logpn[target]
     d_n = s_n - np.log(k) - logpn[noise]
     loss = -(np.log(sig(d_t)) + np.log(sig(-d_n)).sum(1))  # hits and duplicates kept: NCE's estimator
@@ -92,17 +108,21 @@ def test_nce_loss_and_gradients_match_the_formula():
     np.testing.assert_allclose(gb.numpy(), eb, rtol=1e-9, atol=1e-12)
 
 
-def test_sampled_softmax_loss_and_gradients_match_the_formula():
+@pytest.mark.parametrize("grouped", [False, True])
+def test_sampled_softmax_loss_and_gradients_match_the_formula(grouped):
     lay = layer("sampled")
     assert isinstance(lay, SampledSoftmax)
     h, target, noise = case()
+    if grouped:
+        noise = GROUPED
     out, gh, gW, gb = grads(lay, h, target, noise)
+    noise = per_example(noise, B)
     W, b = lay.weight.detach().numpy(), lay.bias.detach().numpy()
     logq = lay.noise_log_prob.numpy()
     s_t = (h.numpy() * W[target]).sum(1) + b[target]
-    s_n = h.numpy() @ W[noise].T + b[noise]
+    s_n = np.einsum("bd,bkd->bk", h.numpy(), W[noise]) + b[noise]
     logits = np.concatenate([(s_t - logq[target])[:, None], s_n - logq[noise]], 1)
-    hit = noise.numpy()[None, :] == target.numpy()[:, None]  # (B, k)
+    hit = noise == target.numpy()[:, None]  # (B, k)
     assert hit.any()  # the case exercises accidental hits
     logits[:, 1:][hit] = -np.inf
     m = logits.max(1, keepdims=True)
@@ -157,6 +177,17 @@ def test_init_unigram_starts_self_normalised_and_sets_the_noise():
         assert lay.log_normaliser(torch.randn(2, 3)).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("share,groups", [(0, 1), (1, 7), (3, 3), (25, 1)])
+def test_forward_draws_one_noise_sample_per_group_of_examples(share, groups, monkeypatch):
+    lay = make_output_layer("nce", D, V, samples=4, noise_share=share)
+    lay.init_unigram(np.arange(1, V + 1))
+    asked = []
+    draw = lay.draw_noise
+    monkeypatch.setattr(lay, "draw_noise", lambda g=1: asked.append(g) or draw(g))
+    lay(torch.randn(7, D), torch.arange(7))
+    assert asked == [groups]
+
+
 def test_noise_is_reproducible_and_follows_the_distribution():
     counts = np.array([60, 25, 10, 4, 1] + [0] * 3)
     a, b = (make_output_layer("nce", 3, 8, samples=20) for _ in range(2))
@@ -185,6 +216,8 @@ def test_bad_settings_are_refused():
         make_output_layer("sampled", 3, 8, noise_power=-1)
     with pytest.raises(ValueError):
         LBLConfig(8, output="nce", samples=0)
+    with pytest.raises(ValueError):
+        LBLConfig(8, output="nce", noise_share=-1)
     assert {"nce", "sampled"} <= set(OUTPUT_KINDS)
 
 

@@ -343,11 +343,12 @@ class AdaptiveSoftmax(OutputLayer):
 
 def make_output_layer(kind: str, in_features: int, vocab_size: int, tree: WordTree | None = None,
                       init_std: float = 0.0, generator: torch.Generator | None = None,
-                      samples: int = 25, noise_power: float = 1.0) -> OutputLayer:
+                      samples: int = 25, noise_power: float = 1.0, noise_share: int = 25) -> OutputLayer:
     """The one place that maps an output kind to a layer. ``init_std`` > 0 draws the tree, flat
     and sampled layers' weights from N(0, init_std^2) with ``generator`` (0: zeros); the adaptive
-    softmax keeps PyTorch's own initialisation (from torch's global generator). ``samples`` (k)
-    and ``noise_power`` apply to the ``nce`` and ``sampled`` kinds only."""
+    softmax keeps PyTorch's own initialisation (from torch's global generator). ``samples`` (k),
+    ``noise_power`` and ``noise_share`` apply to the ``nce`` and ``sampled`` kinds only
+    (:mod:`hlbl.sampled_output`)."""
     if takes_tree(kind):
         if tree is None:
             raise ValueError("the tree output layer needs a WordTree")
@@ -364,5 +365,5 @@ def make_output_layer(kind: str, in_features: int, vocab_size: int, tree: WordTr
         from .sampled_output import NCEOutput, SampledSoftmax  # it imports this module
 
         cls = NCEOutput if kind == "nce" else SampledSoftmax
-        return cls(in_features, vocab_size, samples, noise_power, init_std, generator)
+        return cls(in_features, vocab_size, samples, noise_power, init_std, generator, noise_share=noise_share)
     raise ValueError(f"unknown output layer {kind!r}; choose from {', '.join(OUTPUT_KINDS)}")

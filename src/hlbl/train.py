@@ -155,7 +155,8 @@ def train_epoch(model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray
     # Layers whose loss samples (nce, sampled) restart their noise generator from (seed, epoch):
     # the same --seed draws the same noise, and a run resumed after an epoch draws what the
     # uninterrupted run drew. Under W ranks every rank draws the same k words per step (one draw
-    # per forward), which are the single-process step's shared samples.
+    # per forward), which are the single-process step's shared samples when one draw serves the
+    # whole minibatch (noise_share 0; with groups a rank's shard is grouped on its own).
     model.out.reseed(noise_seed(cfg.seed, epoch))
     for first in range(0, len(order), cfg.batch_size):
         batch = order[first : first + cfg.batch_size]  # (B,) positions of the global minibatch

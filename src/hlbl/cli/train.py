@@ -88,8 +88,10 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
     """A new model and recipe from the flags; the vocabulary comes from the training split."""
     if args.tree is not None and not takes_tree(args.output):
         raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
-    if args.output not in SAMPLED_KINDS and (args.samples is not None or args.noise_power is not None):
-        raise DataError(f"--samples and --noise-power apply to --output {' or '.join(SAMPLED_KINDS)} only, not {args.output}")
+    if args.output not in SAMPLED_KINDS and any(x is not None for x in (args.samples, args.noise_power, args.noise_share)):
+        raise DataError(f"--samples, --noise-power and --noise-share apply to --output {' or '.join(SAMPLED_KINDS)} only, "
+                        f"not {args.output}")
+    args.noise_share = LBLConfig.noise_share if args.noise_share is None else args.noise_share
     args.samples = LBLConfig.samples if args.samples is None else args.samples
     args.noise_power = LBLConfig.noise_power if args.noise_power is None else args.noise_power
     if args.momentum is not None and args.optimizer != "momentum":
@@ -99,7 +101,7 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
     try:
         mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
                          output=args.output, init_std=args.init_std, samples=args.samples,
-                         noise_power=args.noise_power)
+                         noise_power=args.noise_power, noise_share=args.noise_share)
         cfg = TrainConfig(lr=args.lr, lr_final=args.lr_final, batch_size=args.batch_size,
                           max_epochs=args.epochs or TrainConfig.max_epochs, optimizer=args.optimizer,
                           momentum=TrainConfig.momentum if args.momentum is None else args.momentum,
@@ -214,9 +216,12 @@ def add_commands(sub) -> None:
                         "nce = noise-contrastive estimation, sampled = sampled softmax (nce and sampled train on "
                         "--samples noise words per step and are evaluated with the exact full softmax)")
     t.add_argument("--samples", type=int, default=None,
-                   help=f"K noise words per training step, shared by the minibatch (nce/sampled; default {m['samples']})")
+                   help=f"K noise words per example (nce/sampled; default {m['samples']})")
     t.add_argument("--noise-power", type=float, default=None,
                    help=f"noise distribution = unigram ** this (nce/sampled; default {m['noise_power']}; 0.75 as word2vec)")
+    t.add_argument("--noise-share", type=int, default=None,
+                   help=f"examples that share one draw of K noise words (nce/sampled; default {m['noise_share']}; "
+                        "0 = the whole minibatch)")
     t.add_argument("--tree", default=None, help="random (the default), huffman, or a tree file (JSON/npz); tree output only")
     t.add_argument("--dim", type=int, default=m["dim"], help="feature vector size")
     t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
