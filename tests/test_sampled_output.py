@@ -331,6 +331,8 @@ def test_cli_trains_nce_end_to_end_and_reports_self_normalisation(tmp_path, caps
     # flags that would be ignored are errors
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "x"), "--samples", "3"]) == 2
     assert "--samples" in capsys.readouterr().err
+    assert main(["train", "--data", str(data), "--out", str(tmp_path / "x"), "--output", "flat", "--noise-share", "5"]) == 2
+    assert "--noise-share" in capsys.readouterr().err
 
 
 def test_train_help_lists_the_output_kinds(capsys):
@@ -338,3 +340,4 @@ def test_train_help_lists_the_output_kinds(capsys):
         main(["train", "--help"])
     text = capsys.readouterr().out
     assert "nce" in text and "sampled" in text and "--samples" in text and "--noise-power" in text
+    assert "--noise-share" in text
