@@ -29,8 +29,8 @@ either way (sharing only correlates the noise of the examples of a group). Why n
 minibatch: with the recipe's B = 1000 and momentum, every step then pushes down the same k rows
 with the weight of 1000 examples, and on PTB NCE k=25 learned far more slowly (valid perplexity
 415 after two epochs of 300k tokens, against 302 with groups of 25 and 297 with a draw per
-example; docs/sampling.md), while per-example draws (B k rows) cost ~100x more per step in
-PyTorch on the CPU than groups of 25.
+example; docs/sampling.md), while per-example draws (B k rows gathered and scattered through
+autograd) made a step several times slower in PyTorch on the CPU than groups of 25.
 
 **Reproducibility.** Each layer owns a ``torch.Generator`` (no module-level state): the training
 loop calls :meth:`reseed` at every epoch with a seed derived from the run's seed and the epoch, so
