@@ -136,7 +136,7 @@ def _run_row(run: Path, speed_ratio: dict) -> dict:
     if kind != "flat" and mc.get("noise_power", 1.0) != 1.0:
         name += f" (unigram^{mc['noise_power']:g})"
     row = {
-        "model": kind, "name": name, "run": run.name,
+        "model": kind, "name": name, "run": run.name, "samples": mc.get("samples") if kind != "flat" else None,
         "test_ppl": test, "valid_ppl": valid,
         "minutes_per_epoch": float(np.mean([x["epoch_minutes"] for x in lines])),
         "epochs": state["epoch"], "converged": bool(state["done"]),
@@ -180,7 +180,7 @@ def table(args) -> None:
         flat_ref["words_per_s_side_by_side"] = sp["words_per_s_median"]["flat"]
     rows += [flat_ref] + [dict(r) for r in REFERENCE[1:]]
     order = {"flat": 0, "tree": 1, "nce": 2, "sampled": 3}
-    rows.sort(key=lambda r: (order.get(r["model"], 9), r["name"]))
+    rows.sort(key=lambda r: (order.get(r["model"], 9), r.get("samples") or 0, r["name"]))
     (out / "sampling.json").write_text(json.dumps(rows, indent=1) + "\n")
     md = ["# Sampling-based output layers on PTB (exact perplexity)", "",
           "Produced by `bench/sampling.sh` and `python bench/sampling.py table`; one run per row (seed 0), "
