@@ -54,3 +54,37 @@ def perplexity_report(log_probs: np.ndarray) -> dict:
 def evaluate(model, stream: np.ndarray, pad: int, batch_size: int = 4096,
              device: str | torch.device = "cpu", engine: str = "auto") -> dict:
     return perplexity_report(token_log_probs(model, stream, pad, batch_size, device, engine))
+
+
+@torch.no_grad()
+def self_normalisation(model, stream: np.ndarray, pad: int, batch_size: int = 4096,
+                       device: str | torch.device = "cpu") -> dict | None:
+    """How self-normalised a sampled-output model (nce, sampled) is on ``stream``: statistics of
+    ``log Z(h) = log sum_w exp s(w, h)`` over its contexts, and the perplexity one would report by
+    trusting Z = 1, i.e. exp(-mean s(target, h)) from the unnormalised scores. None for layers
+    without unnormalised scores (tree, flat, adaptive: their outputs are normalised by design).
+
+    This is a diagnostic: the model's perplexity is :func:`evaluate`'s, from the full softmax.
+    """
+    out = model.out
+    if not (hasattr(out, "log_normaliser") and hasattr(out, "score")):
+        return None
+    was_training = model.training
+    model.eval()
+    log_z = np.empty(len(stream), dtype=np.float64)
+    scores = np.empty(len(stream), dtype=np.float64)
+    i = 0
+    for ctx, tgt in batches(stream, model.config.context, batch_size, pad):
+        h = model.context_vector(torch.from_numpy(ctx).to(device))  # (b, d)
+        t = torch.from_numpy(tgt).to(device)
+        log_z[i : i + len(tgt)] = out.log_normaliser(h).double().cpu().numpy()
+        scores[i : i + len(tgt)] = out.score(h, t).double().cpu().numpy()
+        i += len(tgt)
+    model.train(was_training)
+    pct = np.percentile(log_z, [1, 5, 25, 50, 75, 95, 99])
+    trusting = perplexity_report(scores)
+    exact = perplexity_report(scores - log_z)  # log P = s - log Z: the same as evaluate(), for the record
+    return {"log_z_mean": float(log_z.mean()), "log_z_std": float(log_z.std()),
+            "log_z_percentiles": {f"p{q}": float(v) for q, v in zip((1, 5, 25, 50, 75, 95, 99), pct)},
+            "perplexity_trusting_z1": trusting["perplexity"], "perplexity": exact["perplexity"],
+            "tokens": len(stream)}

@@ -19,7 +19,17 @@ What :class:`OutputLayer` derives from them (a layer overrides them where it kno
   ``torch.nn.AdaptiveLogSoftmaxWithLoss``;
 * ``topk(input, k)`` and ``sample(input, generator, temperature, per_node)``: by default from
   ``log_prob``; the tree layer overrides both with exact searches that visit few nodes
-  (:mod:`hlbl.search`, :mod:`hlbl.sampling`), and only it takes ``per_node`` (temperature applied at each node).
+  (:mod:`hlbl.search`, :mod:`hlbl.sampling`), and only it takes ``per_node`` (temperature applied at each node);
+* ``reseed(seed)``: a no-op except for layers whose training loss samples (below).
+
+The kinds: ``tree`` (hierarchical softmax, the HLBL), ``flat`` (the LBL's full softmax),
+``adaptive`` (PyTorch's adaptive softmax), and ``nce`` / ``sampled`` (:mod:`hlbl.sampled_output`):
+the flat layer's parameters trained by noise-contrastive estimation or a sampled softmax on k
+noise words. **Only their training loss samples**: their ``log_prob``, ``target_log_prob``,
+``topk``, ``sample`` and eval-mode ``forward`` are the exact, fully normalised softmax over all V
+words (they have no tree, so top-k sorts the full distribution); in training mode their
+``forward`` returns the sampled loss, with ``output`` = minus the per-example loss (not a
+log-probability).
 
 :func:`make_output_layer` is the one place that chooses a layer.
 
@@ -46,7 +56,7 @@ from torch import nn
 
 from .tree import WordTree
 
-OUTPUT_KINDS = ("tree", "flat", "adaptive")
+OUTPUT_KINDS = ("tree", "flat", "adaptive", "nce", "sampled")
 
 
 def takes_tree(kind: str) -> bool:
@@ -55,8 +65,10 @@ def takes_tree(kind: str) -> bool:
 
 
 class LayerOutput(NamedTuple):
-    output: torch.Tensor  # (B,) log P(target | input)
-    loss: torch.Tensor  # () mean negative log-likelihood
+    # (B,) log P(target | input); exact for every layer in eval mode. In training mode a sampled
+    # layer (nce, sampled) gives minus its per-example sampled loss here instead.
+    output: torch.Tensor
+    loss: torch.Tensor  # () mean training loss (the NLL, except for sampled layers in training mode)
 
 
 def _unigram(counts: Sequence[float], vocab_size: int) -> np.ndarray:
@@ -109,6 +121,10 @@ class OutputLayer(nn.Module):
 
     def init_unigram(self, counts: Sequence[float]) -> None:
         raise NotImplementedError
+
+    def reseed(self, seed: int) -> None:
+        """Restart the generator of a layer whose training loss samples (called by the training
+        loop every epoch); layers with a deterministic loss have none."""
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
         lp = self.target_log_prob(input, target)
@@ -326,10 +342,13 @@ class AdaptiveSoftmax(OutputLayer):
 
 
 def make_output_layer(kind: str, in_features: int, vocab_size: int, tree: WordTree | None = None,
-                      init_std: float = 0.0, generator: torch.Generator | None = None) -> OutputLayer:
-    """The one place that maps an output kind to a layer. ``init_std`` > 0 draws the tree and
-    flat layers' weights from N(0, init_std^2) with ``generator`` (0: zeros); the adaptive
-    softmax keeps PyTorch's own initialisation (from torch's global generator)."""
+                      init_std: float = 0.0, generator: torch.Generator | None = None,
+                      samples: int = 25, noise_power: float = 1.0, noise_share: int = 25) -> OutputLayer:
+    """The one place that maps an output kind to a layer. ``init_std`` > 0 draws the tree, flat
+    and sampled layers' weights from N(0, init_std^2) with ``generator`` (0: zeros); the adaptive
+    softmax keeps PyTorch's own initialisation (from torch's global generator). ``samples`` (k),
+    ``noise_power`` and ``noise_share`` apply to the ``nce`` and ``sampled`` kinds only
+    (:mod:`hlbl.sampled_output`)."""
     if takes_tree(kind):
         if tree is None:
             raise ValueError("the tree output layer needs a WordTree")
@@ -342,4 +361,9 @@ def make_output_layer(kind: str, in_features: int, vocab_size: int, tree: WordTr
         return FlatSoftmax(in_features, vocab_size, init_std, generator)
     if kind == "adaptive":
         return AdaptiveSoftmax(in_features, vocab_size)
+    if kind in ("nce", "sampled"):
+        from .sampled_output import NCEOutput, SampledSoftmax  # it imports this module
+
+        cls = NCEOutput if kind == "nce" else SampledSoftmax
+        return cls(in_features, vocab_size, samples, noise_power, init_std, generator, noise_share=noise_share)
     raise ValueError(f"unknown output layer {kind!r}; choose from {', '.join(OUTPUT_KINDS)}")

@@ -13,6 +13,11 @@ Default recipe, after Mnih & Hinton (2008, appendix; 2007 for what 2008 leaves o
 * non-bias weights from N(0, 0.1^2) (the context weights C_i around 1), node biases set so
   the untrained model predicts the unigram distribution.
 
+Output layers trained by sampling (``nce``, ``sampled``; :mod:`hlbl.sampled_output`) minimise
+their sampled loss with the same recipe; their ``train_loss`` in metrics.jsonl is that loss (its
+``train_ppl`` is no perplexity), while the validation perplexity that drives early stopping is
+always exact (full softmax).
+
 ``--optimizer sgd|adam|adagrad`` are options (the same per-example learning rate).
 Data parallelism (``torchrun --nproc_per_node N -m hlbl train ... --engine torch``; see
 :mod:`hlbl.distributed`): under a process group of W > 1 ranks every rank walks the same seeded
@@ -49,6 +54,7 @@ from .errors import ConfigError
 from .evaluate import evaluate
 from .model import LBL
 from .progress import progress
+from .sampled_output import noise_seed
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +155,12 @@ def train_epoch(model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray
     start = time.perf_counter()
     bar = progress(len(order), f"epoch {epoch}", "w", show)  # a bar on a terminal, else a line every few seconds
     model.train()
+    # Layers whose loss samples (nce, sampled) restart their noise generator from (seed, epoch):
+    # the same --seed draws the same noise, and a run resumed after an epoch draws what the
+    # uninterrupted run drew. Under W ranks every rank draws the same k words per step (one draw
+    # per forward), which are the single-process step's shared samples when one draw serves the
+    # whole minibatch (noise_share 0; with groups a rank's shard is grouped on its own).
+    model.out.reseed(noise_seed(cfg.seed, epoch))
     for first in range(0, len(order), cfg.batch_size):
         batch = order[first : first + cfg.batch_size]  # (B,) positions of the global minibatch
         lo, hi = ddp.shard_bounds(len(batch), rank, world)

@@ -14,9 +14,10 @@ from .. import distributed
 from .. import checkpoint as ckpt
 from ..checkpoint import load_model, read_run, read_state
 from ..data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus, run_corpus, stream_fingerprint
-from ..evaluate import evaluate
+from ..evaluate import evaluate, self_normalisation
 from ..model import LBL, LBLConfig
 from ..output import OUTPUT_KINDS, takes_tree
+from ..sampled_output import SAMPLED_KINDS
 from ..train import ENGINES, OPTIMIZERS, TrainConfig, fit
 from ..tree import build_tree
 from .common import blank_lines_arg, corpus_args, pick_device, run_args, seed_arg, set_threads, with_oov
@@ -137,6 +138,12 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
     """A new model and recipe from the flags; the vocabulary comes from the training split."""
     if args.tree is not None and not takes_tree(args.output):
         raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
+    if args.output not in SAMPLED_KINDS and any(x is not None for x in (args.samples, args.noise_power, args.noise_share)):
+        raise DataError(f"--samples, --noise-power and --noise-share apply to --output {' or '.join(SAMPLED_KINDS)} only, "
+                        f"not {args.output}")
+    args.noise_share = LBLConfig.noise_share if args.noise_share is None else args.noise_share
+    args.samples = LBLConfig.samples if args.samples is None else args.samples
+    args.noise_power = LBLConfig.noise_power if args.noise_power is None else args.noise_power
     if args.momentum is not None and args.optimizer != "momentum":
         raise DataError(f"--momentum applies to --optimizer momentum only, not {args.optimizer}")
     if args.tree is not None and args.tree not in TREE_KINDS and not Path(args.tree).exists():
@@ -146,7 +153,8 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
     V = len(corpus.vocab)
     try:
         mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
-                         output=args.output, init_std=args.init_std)
+                         output=args.output, init_std=args.init_std, samples=args.samples,
+                         noise_power=args.noise_power, noise_share=args.noise_share)
         cfg = TrainConfig(lr=args.lr, lr_final=args.lr_final, batch_size=args.batch_size,
                           max_epochs=args.epochs or TrainConfig.max_epochs, optimizer=args.optimizer,
                           momentum=TrainConfig.momentum if args.momentum is None else args.momentum,
@@ -217,6 +225,9 @@ def _train(args, device: str) -> int:
         test = with_oov(test, corpus, "test")
         report.update(test_perplexity=test["perplexity"], test_tokens=test["tokens"], test_oov=test["oov"],
                       test_unk_in_text=test["unk_in_text"], test_blank_lines_dropped=test["blank_lines_dropped"])
+        norm = self_normalisation(model, corpus["test"], corpus.vocab.eos, device=device)
+        if norm is not None:  # nce / sampled: how far from Z = 1 (the perplexity above is exact)
+            report["test_self_normalisation"] = norm
     else:
         print("note: the corpus has no test.txt: no test perplexity", file=sys.stderr)
     print(json.dumps({**report, "run": str(out)}))
@@ -252,6 +263,9 @@ def cmd_eval(args) -> int:
         report = interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device)
     else:
         report = evaluate(model, corpus[args.split], vocab.eos, device=device)
+        norm = self_normalisation(model, corpus[args.split], vocab.eos, device=device)
+        if norm is not None:  # nce / sampled: log Z statistics (the perplexity above is exact)
+            report["self_normalisation"] = norm
     print(json.dumps(with_oov(report, corpus, args.split)))
     return 0
 
@@ -263,7 +277,17 @@ def add_commands(sub) -> None:
     t = sub.add_parser("train", help="train a model and report valid/test perplexity")
     corpus_args(t, "; with --resume, the run's own by default")
     t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
-    t.add_argument("--output", choices=OUTPUT_KINDS, default="tree", help="output layer: tree = HLBL, flat = LBL")
+    t.add_argument("--output", choices=OUTPUT_KINDS, default="tree",
+                   help="output layer: tree = HLBL, flat = LBL, adaptive = PyTorch's adaptive softmax, "
+                        "nce = noise-contrastive estimation, sampled = sampled softmax (nce and sampled train on "
+                        "--samples noise words per step and are evaluated with the exact full softmax)")
+    t.add_argument("--samples", type=int, default=None,
+                   help=f"K noise words per example (nce/sampled; default {m['samples']})")
+    t.add_argument("--noise-power", type=float, default=None,
+                   help=f"noise distribution = unigram ** this (nce/sampled; default {m['noise_power']}; 0.75 as word2vec)")
+    t.add_argument("--noise-share", type=int, default=None,
+                   help=f"examples that share one draw of K noise words (nce/sampled; default {m['noise_share']}; "
+                        "0 = the whole minibatch)")
     t.add_argument("--tree", default=None, help="random (the default), huffman, or a tree file (JSON/npz); tree output only")
     t.add_argument("--dim", type=int, default=m["dim"], help="feature vector size")
     t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
