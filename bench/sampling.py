@@ -174,7 +174,18 @@ def table(args) -> None:
     sp = json.loads((out / "speed.json").read_text()) if (out / "speed.json").is_file() else {}
     ratio = sp.get("ratio_to_flat_median", {})
     runs = sorted(p for p in Path(args.runs).iterdir() if (p / "state.json").is_file())
-    rows = [_run_row(r, ratio) for r in runs]
+    # Rows of runs already evaluated at the same epoch (sampling.json) are kept, not recomputed.
+    from hlbl.checkpoint import read_state
+
+    done = {}
+    if (out / "sampling.json").is_file():
+        done = {r["run"]: r for r in json.loads((out / "sampling.json").read_text()) if r.get("run")}
+    rows = []
+    for r in runs:
+        old = done.get(r.name)
+        st = read_state(r / "state.json")
+        same = old and old["epochs"] == st["epoch"] and old["converged"] == bool(st["done"])
+        rows.append(old if same else _run_row(r, ratio))
     flat_ref = dict(REFERENCE[0])
     if "flat" in sp.get("words_per_s_median", {}):
         flat_ref["words_per_s_side_by_side"] = sp["words_per_s_median"]["flat"]
