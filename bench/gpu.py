@@ -94,8 +94,11 @@ def agreement(device: torch.device) -> dict:
     V = 300
     base = random_tree(V, 0)
     off = base.num_nodes  # a second copy of the tree under a new root: every word has two codes
-    children = [[1, 1 + off]] + [[c + 1 if c >= 0 else c for c in row] for row in base.children] \
+    children = (
+        [[1, 1 + off]]
+        + [[c + 1 if c >= 0 else c for c in row] for row in base.children]
         + [[c + 1 + off if c >= 0 else c for c in row] for row in base.children]
+    )
     tree = WordTree(np.asarray(children, dtype=np.int64), V)
     stream = zipf_stream(V, 4000, seed=5)
     cpu = LBL(LBLConfig(V, dim=32, context=4), tree, torch.Generator().manual_seed(1))
@@ -108,13 +111,18 @@ def agreement(device: torch.device) -> dict:
     for m, d in ((cpu, "cpu"), (dev, str(device))):
         cfg = TrainConfig(progress=False, batch_size=4000, device=d, engine="torch", lr=0.01)
         train_epoch(m, make_optimizer(m, cfg, cfg.lr), stream, 0, cfg, 1, False)
-    out["step_param_max_abs_diff"] = max((a - b.cpu()).abs().max().item()
-                                        for a, b in zip(cpu.parameters(), dev.parameters()))
+    out["step_param_max_abs_diff"] = max(
+        (a - b.cpu()).abs().max().item() for a, b in zip(cpu.parameters(), dev.parameters())
+    )
     a = token_log_probs(cpu, stream, 0, device="cpu", engine="torch")
     b = token_log_probs(dev, stream, 0, device=device, engine="torch")
     out["score_max_abs_diff"] = float(np.abs(a - b).max())
-    out["ok"] = (out["log_prob_max_abs_diff"] < 1e-4 and out["topk_same_words"]
-                 and out["step_param_max_abs_diff"] < 1e-4 and out["score_max_abs_diff"] < 1e-4)
+    out["ok"] = (
+        out["log_prob_max_abs_diff"] < 1e-4
+        and out["topk_same_words"]
+        and out["step_param_max_abs_diff"] < 1e-4
+        and out["score_max_abs_diff"] < 1e-4
+    )
     return out
 
 
@@ -123,8 +131,11 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--quick", action="store_true", help="a few batches of each (a dry run)")
-    ap.add_argument("--out", default=None, help="JSON file (default: $OUT/gpu.json if $OUT is set, else "
-                                              "results/gpu.json; none with --quick)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON file (default: $OUT/gpu.json if $OUT is set, else results/gpu.json; none with --quick)",
+    )
     args = ap.parse_args(argv)
     if args.out is None and not args.quick:
         args.out = str(Path(os.environ["OUT"]) / "gpu.json" if os.environ.get("OUT") else ROOT / "results" / "gpu.json")
@@ -135,8 +146,11 @@ def main(argv=None) -> int:
     scale = 0.02 if args.quick else 1.0
     n = lambda k: max(2, int(k * scale))  # noqa: E731 (batches per measurement)
     B = args.batch
-    info = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "batch": B}
+    info = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "batch": B,
+    }
     print(json.dumps(info), file=sys.stderr)
     info["agreement_with_cpu"] = agreement(device)
     print(f"agreement with the CPU: {json.dumps(info['agreement_with_cpu'])}", file=sys.stderr, flush=True)
@@ -156,40 +170,76 @@ def main(argv=None) -> int:
     def run(key: str, label: str, fn) -> None:
         r = fn()
         results[key] = r
-        print(f"{label:<44} {r['wps']:>12,.0f} words/s  {json.dumps({k: v for k, v in r.items() if k != 'wps'})}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{label:<44} {r['wps']:>12,.0f} words/s  {json.dumps({k: v for k, v in r.items() if k != 'wps'})}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     tree = random_tree(V, 0)
-    run("hlbl_b1000", "PTB HLBL RANDOM, batch 1000",
-        lambda: time_train(model_for(V, "tree", tree, counts, device), train, pad, 1000, n(300), device))
-    run("hlbl", f"PTB HLBL RANDOM, batch {B}",
-        lambda: time_train(model_for(V, "tree", tree, counts, device), train, pad, B, n(200), device))
-    run("flat", f"PTB flat LBL, batch {B}",
-        lambda: time_train(model_for(V, "flat", None, counts, device), train, pad, B, n(100), device))
-    run("adaptive", f"PTB LBL + adaptive softmax, batch {B}",
-        lambda: time_train(model_for(V, "adaptive", None, counts, device), train, pad, B, n(100), device))
-    run("score", "PTB HLBL scoring",
-        lambda: time_score(model_for(V, "tree", tree, counts, device), train[: int(len(train) * max(scale, 0.1))], pad, device))
+    run(
+        "hlbl_b1000",
+        "PTB HLBL RANDOM, batch 1000",
+        lambda: time_train(model_for(V, "tree", tree, counts, device), train, pad, 1000, n(300), device),
+    )
+    run(
+        "hlbl",
+        f"PTB HLBL RANDOM, batch {B}",
+        lambda: time_train(model_for(V, "tree", tree, counts, device), train, pad, B, n(200), device),
+    )
+    run(
+        "flat",
+        f"PTB flat LBL, batch {B}",
+        lambda: time_train(model_for(V, "flat", None, counts, device), train, pad, B, n(100), device),
+    )
+    run(
+        "adaptive",
+        f"PTB LBL + adaptive softmax, batch {B}",
+        lambda: time_train(model_for(V, "adaptive", None, counts, device), train, pad, B, n(100), device),
+    )
+    run(
+        "score",
+        "PTB HLBL scoring",
+        lambda: time_score(
+            model_for(V, "tree", tree, counts, device), train[: int(len(train) * max(scale, 0.1))], pad, device
+        ),
+    )
 
     z = zipf_stream(33_278, 2_000_000, seed=2)
     zc = np.bincount(z, minlength=33_278).astype(np.float64)
-    run("hlbl_v33k", f"V=33k HLBL RANDOM, batch {B}",
-        lambda: time_train(model_for(33_278, "tree", random_tree(33_278, 0), zc, device), z, 0, B, n(200), device))
-    run("flat_v33k", f"V=33k flat LBL, batch {B}",
-        lambda: time_train(model_for(33_278, "flat", None, zc, device), z, 0, B, n(50), device))
-    run("adaptive_v33k", f"V=33k LBL + adaptive softmax, batch {B}",
-        lambda: time_train(model_for(33_278, "adaptive", None, zc, device), z, 0, B, n(100), device))
+    run(
+        "hlbl_v33k",
+        f"V=33k HLBL RANDOM, batch {B}",
+        lambda: time_train(model_for(33_278, "tree", random_tree(33_278, 0), zc, device), z, 0, B, n(200), device),
+    )
+    run(
+        "flat_v33k",
+        f"V=33k flat LBL, batch {B}",
+        lambda: time_train(model_for(33_278, "flat", None, zc, device), z, 0, B, n(50), device),
+    )
+    run(
+        "adaptive_v33k",
+        f"V=33k LBL + adaptive softmax, batch {B}",
+        lambda: time_train(model_for(33_278, "adaptive", None, zc, device), z, 0, B, n(100), device),
+    )
     V1 = 1_000_000 if not args.quick else 100_000
     z1 = zipf_stream(V1, 2_000_000, seed=2)
     z1c = np.bincount(z1, minlength=V1).astype(np.float64)
-    run("hlbl_vlarge", f"V={V1:,} HLBL BALANCED, batch {B}",
-        lambda: time_train(model_for(V1, "tree", balanced_tree(np.arange(V1)), z1c, device), z1, 0, B, n(200), device))
+    run(
+        "hlbl_vlarge",
+        f"V={V1:,} HLBL BALANCED, batch {B}",
+        lambda: time_train(model_for(V1, "tree", balanced_tree(np.arange(V1)), z1c, device), z1, 0, B, n(200), device),
+    )
 
-    summary = {**info, "v_large": V1, **{f"{k}_wps": r["wps"] for k, r in results.items()},
-               "ratio_vs_flat": results["hlbl"]["wps"] / results["flat"]["wps"],
-               "ratio_vs_flat_v33k": results["hlbl_v33k"]["wps"] / results["flat_v33k"]["wps"],
-               "ratio_vs_adaptive_v33k": results["hlbl_v33k"]["wps"] / results["adaptive_v33k"]["wps"],
-               "details": results}
+    summary = {
+        **info,
+        "v_large": V1,
+        **{f"{k}_wps": r["wps"] for k, r in results.items()},
+        "ratio_vs_flat": results["hlbl"]["wps"] / results["flat"]["wps"],
+        "ratio_vs_flat_v33k": results["hlbl_v33k"]["wps"] / results["flat_v33k"]["wps"],
+        "ratio_vs_adaptive_v33k": results["hlbl_v33k"]["wps"] / results["adaptive_v33k"]["wps"],
+        "details": results,
+    }
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)

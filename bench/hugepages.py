@@ -65,13 +65,24 @@ def main() -> None:
     for _ in range(args.rounds):
         got = {}
         for mode in ("on", "off"):
-            out = subprocess.run([sys.executable, __file__, "--child", mode, "--vocab", str(args.vocab),
-                                  "--batches", str(args.batches)], capture_output=True, text=True, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", mode, "--vocab", str(args.vocab), "--batches", str(args.batches)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             got[mode] = json.loads(out.stdout.strip().splitlines()[-1])
             print(json.dumps(got[mode]), flush=True)
         ratios.append(got["on"]["steps_wps"] / got["off"]["steps_wps"])
-    print(json.dumps({"V": args.vocab, "on_over_off": [round(r, 3) for r in ratios],
-                      "median_on_over_off": round(statistics.median(ratios), 3)}))
+    print(
+        json.dumps(
+            {
+                "V": args.vocab,
+                "on_over_off": [round(r, 3) for r in ratios],
+                "median_on_over_off": round(statistics.median(ratios), 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,11 @@ def main(argv=None) -> int:
     corpus = load_corpus(args.data)
     load_s = time.perf_counter() - t
     train, vocab = corpus["train"], corpus.vocab
-    print(f"{args.data}: {len(vocab):,} words, train {len(train):,} tokens, test {len(corpus['test']):,}; "
-          f"corpus load {load_s:.2f}s", file=sys.stderr)
+    print(
+        f"{args.data}: {len(vocab):,} words, train {len(train):,} tokens, test {len(corpus['test']):,}; "
+        f"corpus load {load_s:.2f}s",
+        file=sys.stderr,
+    )
     tmp = tempfile.TemporaryDirectory() if args.out is None else None
     out_dir = Path(args.out or tmp.name)
     if tmp is not None:  # the binary copies of temporary ARPA files go with them, not into the user's cache
@@ -67,8 +70,13 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         lp = token_log_probs(model, corpus["test"], vocab)
         score_s = time.perf_counter() - t
-        row = {"order": order, "ngrams": model.sizes(), "train_s": round(train_s, 3),
-               "score_test_s": round(score_s, 3), "test_ppl": round(ppl(lp), 3)}
+        row = {
+            "order": order,
+            "ngrams": model.sizes(),
+            "train_s": round(train_s, 3),
+            "score_test_s": round(score_s, 3),
+            "test_ppl": round(ppl(lp), 3),
+        }
         if order == max(args.orders):
             row["valid_ppl"] = round(ppl(token_log_probs(model, corpus["valid"], vocab)), 3)
         path = out_dir / f"kn{order}.arpa"
@@ -95,16 +103,29 @@ def main(argv=None) -> int:
             if ref is not None and f"{split}_ppl" in row:
                 row[f"{split}_kenlm"] = ref
         rows.append(row)
-        refs = ", ".join(f"{s} {row[f'{s}_ppl']} (KenLM {row.get(f'{s}_kenlm', '-')})"
-                         for s in ("test", "valid") if f"{s}_ppl" in row)
-        print(f"order {order}: train {train_s:.2f}s, score test {score_s:.2f}s, write ARPA {row['write_arpa_s']:.2f}s"
-              + (f", eval from ARPA {row['eval_parsing_arpa_s']:.2f}s parsing it, "
-                 f"{row['eval_cached_arpa_s']:.2f}s from the cached copy" if "parse_arpa_s" in row else "") + f"; {refs}; peak RSS {peak_rss_mb():.0f} MB", file=sys.stderr)
+        refs = ", ".join(
+            f"{s} {row[f'{s}_ppl']} (KenLM {row.get(f'{s}_kenlm', '-')})"
+            for s in ("test", "valid")
+            if f"{s}_ppl" in row
+        )
+        print(
+            f"order {order}: train {train_s:.2f}s, score test {score_s:.2f}s, write ARPA {row['write_arpa_s']:.2f}s"
+            + (
+                f", eval from ARPA {row['eval_parsing_arpa_s']:.2f}s parsing it, "
+                f"{row['eval_cached_arpa_s']:.2f}s from the cached copy"
+                if "parse_arpa_s" in row
+                else ""
+            )
+            + f"; {refs}; peak RSS {peak_rss_mb():.0f} MB",
+            file=sys.stderr,
+        )
 
     top = rows[-1]
     peak = peak_rss_mb()
     summary = {
-        "bench": "ngram", "data": args.data, "orders": rows,
+        "bench": "ngram",
+        "data": args.data,
+        "orders": rows,
         "peak_rss_mb": round(peak, 1),
         "within_budget": {
             "train": top["train_s"] <= BUDGET["train_s"],
@@ -114,8 +135,11 @@ def main(argv=None) -> int:
             "parse_arpa": top.get("parse_arpa_s", 0.0) <= BUDGET["score_s"],
             "memory": peak <= BUDGET["peak_rss_mb"],
         },
-        "matches_kenlm": all(abs(r[f"{s}_ppl"] - r[f"{s}_kenlm"]) <= 0.5
-                             for r in rows for s in ("test", "valid") if f"{s}_kenlm" in r) if args.data == "ptb" else None,
+        "matches_kenlm": all(
+            abs(r[f"{s}_ppl"] - r[f"{s}_kenlm"]) <= 0.5 for r in rows for s in ("test", "valid") if f"{s}_kenlm" in r
+        )
+        if args.data == "ptb"
+        else None,
     }
     if tmp is not None:
         tmp.cleanup()

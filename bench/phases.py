@@ -65,8 +65,9 @@ def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tok
         for _ in range(rounds):
             for S in blocks:  # interleaved, so that a noisy moment hits every block size
                 st = {}
-                fast.train_epoch(model, opt, stream, 0, cfg, epoch, False, threads=1, max_batches=batches, stats=st,
-                                 block=S)
+                fast.train_epoch(
+                    model, opt, stream, 0, cfg, epoch, False, threads=1, max_batches=batches, stats=st, block=S
+                )
                 epoch += 1
                 if S not in best or st["steps_s"] < best[S]["steps_s"]:
                     best[S] = st
@@ -75,8 +76,11 @@ def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tok
     out = {}
     for S, st in best.items():
         ms = {p: round(st["phases_s"][p] * 1e3 / batches, 3) for p in PHASES[:-1]}
-        out[S] = {"ms_per_batch": ms, "total_ms": round(st["steps_s"] * 1e3 / batches, 3),
-                  "distinct_rows_per_batch": round(st["rows_per_step"])}
+        out[S] = {
+            "ms_per_batch": ms,
+            "total_ms": round(st["steps_s"] * 1e3 / batches, 3),
+            "distinct_rows_per_batch": round(st["rows_per_step"]),
+        }
     return {"V": V, "depth": int(paths[:, :, 0].max()), "blocks": out}
 
 
@@ -85,8 +89,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="10000,1000000")
     from hlbl.fast import BLOCK
 
-    ap.add_argument("--blocks", default=f"1000,{BLOCK}", help="examples per block of a step, comma-separated "
-                    f"(default: 1000 = unblocked, and the engine's {BLOCK})")
+    ap.add_argument(
+        "--blocks",
+        default=f"1000,{BLOCK}",
+        help=f"examples per block of a step, comma-separated (default: 1000 = unblocked, and the engine's {BLOCK})",
+    )
     ap.add_argument("--batches", type=int, default=100, help="steps per timed round")
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds per block size (the fastest counts)")
     ap.add_argument("--warm", type=int, default=200, help="ordinary steps first")
@@ -104,9 +111,12 @@ def main(argv=None) -> int:
             runs.append((f" folded %{args.fold}", f))
         for tag, x in runs:
             for S, b in x["blocks"].items():
-                print(f"V={V:>9,}{tag} depth {x['depth']:>2} block {S:>4}  "
-                      + "  ".join(f"{p} {v:.2f}" for p, v in b["ms_per_batch"].items())
-                      + f"  total {b['total_ms']:.2f} ms/batch, {b['distinct_rows_per_batch']:,} rows", file=sys.stderr)
+                print(
+                    f"V={V:>9,}{tag} depth {x['depth']:>2} block {S:>4}  "
+                    + "  ".join(f"{p} {v:.2f}" for p, v in b["ms_per_batch"].items())
+                    + f"  total {b['total_ms']:.2f} ms/batch, {b['distinct_rows_per_batch']:,} rows",
+                    file=sys.stderr,
+                )
         rows.append(r)
     print(json.dumps({"rows": rows}))
     return 0

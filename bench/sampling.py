@@ -101,11 +101,15 @@ def speed(args) -> None:
             t2 = time.perf_counter()
             fb.append(t1 - t0)
             st.append(t2 - t1)
-        parts[part] = {"forward_backward_ms": 1e3 * statistics.median(fb),
-                       "optimizer_step_ms": 1e3 * statistics.median(st)}
+        parts[part] = {
+            "forward_backward_ms": 1e3 * statistics.median(fb),
+            "optimizer_step_ms": 1e3 * statistics.median(st),
+        }
     report = {
         "what": "training words/s, torch engine, momentum SGD, batch 1000, d 100, context 5, PTB V 10,000",
-        "threads": args.threads, "rounds": args.rounds, "tokens_per_round": args.tokens,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "tokens_per_round": args.tokens,
         "flat_tokens_per_round": args.flat_tokens,
         "words_per_s_median": {n: statistics.median(v) for n, v in wps.items()},
         "words_per_s": wps,
@@ -132,14 +136,23 @@ def _run_row(run: Path, speed_ratio: dict) -> dict:
     valid = evaluate(model, corpus["valid"], vocab.eos)["perplexity"]
     mc = info["model"]
     kind = mc["output"]
-    name = "LBL (flat softmax)" if kind == "flat" else f"{kind.upper() if kind == 'nce' else 'sampled softmax'} k={mc['samples']}"
+    name = (
+        "LBL (flat softmax)"
+        if kind == "flat"
+        else f"{kind.upper() if kind == 'nce' else 'sampled softmax'} k={mc['samples']}"
+    )
     if kind != "flat" and mc.get("noise_power", 1.0) != 1.0:
         name += f" (unigram^{mc['noise_power']:g})"
     row = {
-        "model": kind, "name": name, "run": run.name, "samples": mc.get("samples") if kind != "flat" else None,
-        "test_ppl": test, "valid_ppl": valid,
+        "model": kind,
+        "name": name,
+        "run": run.name,
+        "samples": mc.get("samples") if kind != "flat" else None,
+        "test_ppl": test,
+        "valid_ppl": valid,
         "minutes_per_epoch": float(np.mean([x["epoch_minutes"] for x in lines])),
-        "epochs": state["epoch"], "converged": bool(state["done"]),
+        "epochs": state["epoch"],
+        "converged": bool(state["done"]),
         "words_per_s": float(np.mean([x["words_per_sec"] for x in lines])),
         "command": (run / "command.txt").read_text().strip() if (run / "command.txt").is_file() else None,
     }
@@ -156,15 +169,42 @@ def _run_row(run: Path, speed_ratio: dict) -> dict:
 # the flat layer's side-by-side words/s is in speed.json). The flat run hit its 14-epoch cap, and
 # its validation perplexity rises at epoch 15 when run on (issue 15's rerun): converged.
 REFERENCE = [
-    {"model": "flat", "name": "LBL (flat softmax)", "test_ppl": 131.53, "valid_ppl": 139.83, "minutes_per_epoch": 4.16,
-     "epochs": 14, "converged": True, "words_per_s": 4301, "source": "results/ptb/table3.md",
-     "command": "hlbl reproduce --data ptb --out results/ptb --epochs 40 --flat-epochs 14 --dim 100 --seed 0 --threads 1 --em-iters 10"},
-    {"model": "tree", "name": "HLBL ADAPTIVE(0.4) x4", "test_ppl": 138.90, "valid_ppl": 148.54, "minutes_per_epoch": 0.322,
-     "epochs": 15, "converged": True, "words_per_s": 49154, "source": "results/ptb/table3.md",
-     "command": "hlbl reproduce --data ptb --out results/ptb --epochs 40 --flat-epochs 14 --dim 100 --seed 0 --threads 1 --em-iters 10"},
-    {"model": "tree", "name": "HLBL ADAPTIVE(0.25)", "test_ppl": 148.62, "valid_ppl": 160.7, "minutes_per_epoch": 0.0773,
-     "epochs": 15, "converged": True, "words_per_s": 208306, "source": "results/ptb/table3.md",
-     "command": "hlbl reproduce --data ptb --out results/ptb --epochs 40 --flat-epochs 14 --dim 100 --seed 0 --threads 1 --em-iters 10"},
+    {
+        "model": "flat",
+        "name": "LBL (flat softmax)",
+        "test_ppl": 131.53,
+        "valid_ppl": 139.83,
+        "minutes_per_epoch": 4.16,
+        "epochs": 14,
+        "converged": True,
+        "words_per_s": 4301,
+        "source": "results/ptb/table3.md",
+        "command": "hlbl reproduce --data ptb --out results/ptb --epochs 40 --flat-epochs 14 --dim 100 --seed 0 --threads 1 --em-iters 10",
+    },
+    {
+        "model": "tree",
+        "name": "HLBL ADAPTIVE(0.4) x4",
+        "test_ppl": 138.90,
+        "valid_ppl": 148.54,
+        "minutes_per_epoch": 0.322,
+        "epochs": 15,
+        "converged": True,
+        "words_per_s": 49154,
+        "source": "results/ptb/table3.md",
+        "command": "hlbl reproduce --data ptb --out results/ptb --epochs 40 --flat-epochs 14 --dim 100 --seed 0 --threads 1 --em-iters 10",
+    },
+    {
+        "model": "tree",
+        "name": "HLBL ADAPTIVE(0.25)",
+        "test_ppl": 148.62,
+        "valid_ppl": 160.7,
+        "minutes_per_epoch": 0.0773,
+        "epochs": 15,
+        "converged": True,
+        "words_per_s": 208306,
+        "source": "results/ptb/table3.md",
+        "command": "hlbl reproduce --data ptb --out results/ptb --epochs 40 --flat-epochs 14 --dim 100 --seed 0 --threads 1 --em-iters 10",
+    },
 ]
 
 
@@ -193,27 +233,47 @@ def table(args) -> None:
     order = {"flat": 0, "tree": 1, "nce": 2, "sampled": 3}
     rows.sort(key=lambda r: (order.get(r["model"], 9), r.get("samples") or 0, r["name"]))
     (out / "sampling.json").write_text(json.dumps(rows, indent=1) + "\n")
-    md = ["# Sampling-based output layers on PTB (exact perplexity)", "",
-          "Produced by `bench/sampling.sh` and `python bench/sampling.py table`; one run per row (seed 0), "
-          "100-d features, context 5, the default recipe (momentum SGD, lr 1e-3 then 3e-5, early stopping), "
-          "torch engine, 1 thread, on a shared machine. Perplexities are exact (full softmax over 10,000 words). "
-          "Minutes per epoch and words/s are each run's mean over its epochs (training only); runs were made one "
-          "after another on a machine shared with other jobs, so compare speed with the side-by-side "
-          "ratio column (median over rounds in one process, `speed.json`).", "",
-          "| model | test ppl | valid ppl | epochs | min/epoch | words/s (run) | speed vs flat (side by side) "
-          "| mean log Z (test) | std log Z | ppl trusting Z=1 |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+    md = [
+        "# Sampling-based output layers on PTB (exact perplexity)",
+        "",
+        "Produced by `bench/sampling.sh` and `python bench/sampling.py table`; one run per row (seed 0), "
+        "100-d features, context 5, the default recipe (momentum SGD, lr 1e-3 then 3e-5, early stopping), "
+        "torch engine, 1 thread, on a shared machine. Perplexities are exact (full softmax over 10,000 words). "
+        "Minutes per epoch and words/s are each run's mean over its epochs (training only); runs were made one "
+        "after another on a machine shared with other jobs, so compare speed with the side-by-side "
+        "ratio column (median over rounds in one process, `speed.json`).",
+        "",
+        "| model | test ppl | valid ppl | epochs | min/epoch | words/s (run) | speed vs flat (side by side) "
+        "| mean log Z (test) | std log Z | ppl trusting Z=1 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         n = r.get("test_self_normalisation") or {}
-        ratio_s = f"{r['speed_ratio_to_flat']:.1f}x" if r.get("speed_ratio_to_flat") else ("1x" if r["model"] == "flat" else "-")
+        ratio_s = (
+            f"{r['speed_ratio_to_flat']:.1f}x"
+            if r.get("speed_ratio_to_flat")
+            else ("1x" if r["model"] == "flat" else "-")
+        )
         ep = f"{r['epochs']}" + ("" if r["converged"] else " (not converged)")
         if r.get("source"):
             ep += " *"
-        md.append(f"| {r['name']} | {r['test_ppl']:.1f} | {r['valid_ppl']:.1f} | {ep} | {r['minutes_per_epoch']:.3f} | "
-                  f"{r['words_per_s']:,.0f} | {ratio_s} | "
-                  + (f"{n['log_z_mean']:.3f} | {n['log_z_std']:.3f} | {n['perplexity_trusting_z1']:.1f} |" if n else "- | - | - |"))
-    md += ["", "\\* copied from results/ptb/table3.md (trained earlier on the same machine; its words/s is "
-           "from that run, not side by side).", "", "Commands:", ""] + [f"- {r['name']}: `{r['command']}`" for r in rows if r["command"]]
+        md.append(
+            f"| {r['name']} | {r['test_ppl']:.1f} | {r['valid_ppl']:.1f} | {ep} | {r['minutes_per_epoch']:.3f} | "
+            f"{r['words_per_s']:,.0f} | {ratio_s} | "
+            + (
+                f"{n['log_z_mean']:.3f} | {n['log_z_std']:.3f} | {n['perplexity_trusting_z1']:.1f} |"
+                if n
+                else "- | - | - |"
+            )
+        )
+    md += [
+        "",
+        "\\* copied from results/ptb/table3.md (trained earlier on the same machine; its words/s is "
+        "from that run, not side by side).",
+        "",
+        "Commands:",
+        "",
+    ] + [f"- {r['name']}: `{r['command']}`" for r in rows if r["command"]]
     (out / "sampling.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 

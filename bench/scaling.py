@@ -74,10 +74,23 @@ def child(V: int, tokens: int, epochs: int, threads: int, optimizer: str) -> dic
     n_params = sum(p.numel() for p in model.parameters())
     state_bytes = (2 if optimizer == "momentum" else 1) * 4 * n_params  # float32 parameters (+ momentum buffers)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux -> MiB
-    return {"V": V, "wps": epochs_wps[-1], "cpu_wps": cpu_wps, "epoch_wps": epochs_wps,
-            "steps_wps": len(stream) / stats["steps_s"], "catch_up_s": stats["catch_up_s"], "loss": losses, "depth": int(tree.leaf_depth.max()),
-            "params": n_params, "params_plus_state_mb": state_bytes / 2**20, "peak_rss_mb": peak,
-            "rss_ratio": peak / (state_bytes / 2**20), "setup_s": setup_s, "tokens": tokens, "threads": threads}
+    return {
+        "V": V,
+        "wps": epochs_wps[-1],
+        "cpu_wps": cpu_wps,
+        "epoch_wps": epochs_wps,
+        "steps_wps": len(stream) / stats["steps_s"],
+        "catch_up_s": stats["catch_up_s"],
+        "loss": losses,
+        "depth": int(tree.leaf_depth.max()),
+        "params": n_params,
+        "params_plus_state_mb": state_bytes / 2**20,
+        "peak_rss_mb": peak,
+        "rss_ratio": peak / (state_bytes / 2**20),
+        "setup_s": setup_s,
+        "tokens": tokens,
+        "threads": threads,
+    }
 
 
 def fasttext_rate(V: int, tokens: int, threads: int) -> dict | None:
@@ -108,13 +121,18 @@ def plot(by_threads: dict[int, list[dict]], path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
     for T, rows in by_threads.items():
         V = [r["V"] for r in rows]
-        line, = a.plot(V, [r["wps"] / 1e3 for r in rows], "o-", label=f"fast engine, {T} thread{'s' * (T > 1)}")
+        (line,) = a.plot(V, [r["wps"] / 1e3 for r in rows], "o-", label=f"fast engine, {T} thread{'s' * (T > 1)}")
         base = rows[0]["wps"] * rows[0]["depth"]
         a.plot(V, [base / r["depth"] / 1e3 for r in rows], ":", color=line.get_color(), alpha=0.7)
         ft = [(r["V"], r["fasttext"]["wps"]) for r in rows if r.get("fasttext")]
         if ft:
-            a.plot(*zip(*[(v, w / 1e3) for v, w in ft]), "x--", color=line.get_color(), alpha=0.6,
-                   label=f"fastText CBOW+HS maxn 0, {T} thread{'s' * (T > 1)}")
+            a.plot(
+                *zip(*[(v, w / 1e3) for v, w in ft]),
+                "x--",
+                color=line.get_color(),
+                alpha=0.6,
+                label=f"fastText CBOW+HS maxn 0, {T} thread{'s' * (T > 1)}",
+            )
     a.plot([], [], ":", color="gray", label=r"if cost were $\propto$ tree depth")
     a.set_xscale("log")
     a.set_ylim(bottom=0)
@@ -141,13 +159,18 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=1_500_000)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--threads", default="2,1", help="comma-separated thread counts")
-    ap.add_argument("--optimizer", choices=("momentum", "sgd"), default="momentum",
-                    help="sgd: no momentum buffers (half the bytes per touched row)")
+    ap.add_argument(
+        "--optimizer",
+        choices=("momentum", "sgd"),
+        default="momentum",
+        help="sgd: no momentum buffers (half the bytes per touched row)",
+    )
     ap.add_argument("--rounds", type=int, default=2, help="runs per size; the best counts (shared machine)")
     ap.add_argument("--skip-fasttext", action="store_true", help="no fastText reference runs")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=str(ROOT / "results" / "scaling.json"),
-                    help="summary JSON; the plot goes beside it (.png)")
+    ap.add_argument(
+        "--out", default=str(ROOT / "results" / "scaling.json"), help="summary JSON; the plot goes beside it (.png)"
+    )
     args = ap.parse_args(argv)
     if args.child is not None:
         print(json.dumps(child(args.child, args.tokens, args.epochs, int(args.threads), args.optimizer)))
@@ -159,25 +182,45 @@ def main(argv=None) -> int:
         runs: dict[int, list[dict]] = {V: [] for V in sizes}
         for rnd in range(1, args.rounds + 1):  # sizes interleaved, so that a noisy minute hits all of them
             for V in sizes:
-                cmd = [sys.executable, __file__, "--child", str(V), "--tokens", str(args.tokens),
-                       "--epochs", str(args.epochs), "--threads", str(T), "--optimizer", args.optimizer]
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    str(V),
+                    "--tokens",
+                    str(args.tokens),
+                    "--epochs",
+                    str(args.epochs),
+                    "--threads",
+                    str(T),
+                    "--optimizer",
+                    args.optimizer,
+                ]
                 proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).parent)
                 if proc.returncode != 0:
                     raise RuntimeError(f"V={V} failed:\n{proc.stderr[-3000:]}")
                 r = json.loads(proc.stdout.strip().splitlines()[-1])
                 r["fasttext"] = None if args.skip_fasttext else fasttext_rate(V, args.tokens, T)
-                print(f"{T} thread(s) V={V:>9,} round {rnd}  depth {r['depth']:>2}  {r['wps']:>10,.0f} words/s "
-                      f"({r['cpu_wps']:,.0f} per CPU-second; epochs: "
-                      f"{', '.join(f'{w:,.0f}' for w in r['epoch_wps'])})  peak RSS {r['peak_rss_mb']:,.0f} MiB = "
-                      f"{r['rss_ratio']:.2f} x params+state ({r['params_plus_state_mb']:,.0f} MiB)"
-                      + (f"; fastText {r['fasttext']['wps']:,.0f}" if r["fasttext"] else ""), file=sys.stderr)
+                print(
+                    f"{T} thread(s) V={V:>9,} round {rnd}  depth {r['depth']:>2}  {r['wps']:>10,.0f} words/s "
+                    f"({r['cpu_wps']:,.0f} per CPU-second; epochs: "
+                    f"{', '.join(f'{w:,.0f}' for w in r['epoch_wps'])})  peak RSS {r['peak_rss_mb']:,.0f} MiB = "
+                    f"{r['rss_ratio']:.2f} x params+state ({r['params_plus_state_mb']:,.0f} MiB)"
+                    + (f"; fastText {r['fasttext']['wps']:,.0f}" if r["fasttext"] else ""),
+                    file=sys.stderr,
+                )
                 runs[V].append(r)
         by_threads[T] = []
         for V in sizes:  # the fastest round of each, and fastText's fastest, independently
             best = max(runs[V], key=lambda r: r["wps"])
             ft = [r["fasttext"] for r in runs[V] if r["fasttext"]]
-            by_threads[T].append({**best, "rounds_wps": [r["wps"] for r in runs[V]],
-                                  "fasttext": max(ft, key=lambda x: x["wps"]) if ft else None})
+            by_threads[T].append(
+                {
+                    **best,
+                    "rounds_wps": [r["wps"] for r in runs[V]],
+                    "fasttext": max(ft, key=lambda x: x["wps"]) if ft else None,
+                }
+            )
 
     def summarise(rows: list[dict]) -> dict:
         by = {str(r["V"]): r for r in rows}
@@ -193,12 +236,19 @@ def main(argv=None) -> int:
         return out
 
     first = next(iter(by_threads))
-    summary = {**summarise(by_threads[first]), "threads": first, "optimizer": args.optimizer,
-               "by_threads": {str(T): summarise(rows) for T, rows in by_threads.items()},
-               "load_before": [round(x, 2) for x in load], "load_after": [round(x, 2) for x in os.getloadavg()]}
+    summary = {
+        **summarise(by_threads[first]),
+        "threads": first,
+        "optimizer": args.optimizer,
+        "by_threads": {str(T): summarise(rows) for T, rows in by_threads.items()},
+        "load_before": [round(x, 2) for x in load],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"summary": summary, "sizes": {str(T): rows for T, rows in by_threads.items()}}, indent=1) + "\n")
+    out.write_text(
+        json.dumps({"summary": summary, "sizes": {str(T): rows for T, rows in by_threads.items()}}, indent=1) + "\n"
+    )
     plot(by_threads, out.with_suffix(".png"))
     print(json.dumps(summary))
     return 0

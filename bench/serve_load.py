@@ -65,9 +65,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-FLOOR_BODY = json.dumps({"context": ["<eos>", "<eos>", "the", "company", "said"], "oov": 0,
-                         "words": ["it", "the", "that", "<eos>", "he", "its", "a", "mr.", "they", "<unk>"],
-                         "probs": [0.20561453305298952] * 10}, separators=(",", ":")).encode()
+FLOOR_BODY = json.dumps(
+    {
+        "context": ["<eos>", "<eos>", "the", "company", "said"],
+        "oov": 0,
+        "words": ["it", "the", "that", "<eos>", "he", "its", "a", "mr.", "they", "<unk>"],
+        "probs": [0.20561453305298952] * 10,
+    },
+    separators=(",", ":"),
+).encode()
 
 
 async def floor_app(scope, receive, send):
@@ -76,8 +82,13 @@ async def floor_app(scope, receive, send):
         return
     while (await receive()).get("more_body"):
         pass
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(FLOOR_BODY)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(FLOOR_BODY)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": FLOOR_BODY})
 
 
@@ -110,12 +121,15 @@ def start_server(run: Path | None, port: int, extra: list[str]) -> subprocess.Po
 
 def request_bytes(port: int, context: str, k: int) -> bytes:
     body = json.dumps({"context": context, "k": k}).encode()
-    return (f"POST /v1/predict HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST /v1/predict HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
-async def client(port: int, requests: list[bytes], start: int, t_measure: float, t_end: float,
-                 lat: list[float], errors: list[str]) -> None:
+async def client(
+    port: int, requests: list[bytes], start: int, t_measure: float, t_end: float, lat: list[float], errors: list[str]
+) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     i = start
     try:
@@ -157,8 +171,9 @@ async def load(port: int, requests: list[bytes], clients: int, warmup: float, se
         await asyncio.sleep(seconds)
         cpu["end"] = (cpu_seconds(server_pid), time.process_time())
 
-    await asyncio.gather(meter(), *(client(port, requests, c * spread, t_measure, t_end, lat, errors)
-                                    for c in range(clients)))
+    await asyncio.gather(
+        meter(), *(client(port, requests, c * spread, t_measure, t_end, lat, errors) for c in range(clients))
+    )
     return lat, errors, [b - a for a, b in zip(cpu["start"], cpu["end"])]
 
 
@@ -178,7 +193,7 @@ def in_process_topk(run: Path, contexts: list[str], k: int, threads: int | None)
     n = model.config.context
     ctx = torch.tensor([encode_context(vocab, c.split(), n)[0] for c in contexts[:2000]])
     for i in range(50):  # compile and warm up
-        model.topk(ctx[i:i + 1], k)
+        model.topk(ctx[i : i + 1], k)
     # What the server calls: the same search with its arrays and scratch kept between calls.
     service = Service(model, vocab, {}, run)
     ids = ctx.tolist()
@@ -186,13 +201,13 @@ def in_process_topk(run: Path, contexts: list[str], k: int, threads: int | None)
     one, eight, s_one, s_eight = [], [], [], []
     for i in range(0, len(ctx) - 8, 8):
         t0 = time.perf_counter()
-        model.topk(ctx[i:i + 1], k)
+        model.topk(ctx[i : i + 1], k)
         t1 = time.perf_counter()
-        model.topk(ctx[i:i + 8], k)
+        model.topk(ctx[i : i + 8], k)
         t2 = time.perf_counter()
-        service.topk(ids[i:i + 1], k)
+        service.topk(ids[i : i + 1], k)
         t3 = time.perf_counter()
-        service.topk(ids[i:i + 8], k)
+        service.topk(ids[i : i + 8], k)
         t4 = time.perf_counter()
         one.append(t1 - t0)
         eight.append((t2 - t1) / 8)
@@ -201,8 +216,14 @@ def in_process_topk(run: Path, contexts: list[str], k: int, threads: int | None)
 
     def us(ts):
         return round(1e6 * statistics.median(ts), 1)
-    return {"batch_1_us": us(one), "batch_8_per_context_us": us(eight),
-            "service_batch_1_us": us(s_one), "service_batch_8_per_context_us": us(s_eight), "contexts": len(one)}
+
+    return {
+        "batch_1_us": us(one),
+        "batch_8_per_context_us": us(eight),
+        "service_batch_1_us": us(s_one),
+        "service_batch_8_per_context_us": us(s_eight),
+        "contexts": len(one),
+    }
 
 
 def cpu_seconds(pid: int) -> float:
@@ -232,8 +253,9 @@ def measure(run: Path | None, requests_of, args) -> dict:
             runner = uvloop.run
         except ImportError:
             runner = asyncio.run
-        lat, errors, (server_cpu, client_cpu) = runner(load(port, requests_of(port), args.clients, args.warmup,
-                                                            args.seconds, server.pid))
+        lat, errors, (server_cpu, client_cpu) = runner(
+            load(port, requests_of(port), args.clients, args.warmup, args.seconds, server.pid)
+        )
         health = {}
         if run is not None:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
@@ -252,10 +274,17 @@ def measure(run: Path | None, requests_of, args) -> dict:
         return round(1e3 * lat[min(len(lat) - 1, int(x * len(lat)))], 3)
 
     out = {
-        "requests": len(lat), "errors": len(errors), "first_errors": errors[:3],
+        "requests": len(lat),
+        "errors": len(errors),
+        "first_errors": errors[:3],
         "requests_per_s": round(len(lat) / args.seconds, 1),
-        "latency_ms": {"p50": q(0.50), "p90": q(0.90), "p99": q(0.99), "max": round(1e3 * lat[-1], 3),
-                       "mean": round(1e3 * statistics.fmean(lat), 3)},
+        "latency_ms": {
+            "p50": q(0.50),
+            "p90": q(0.90),
+            "p99": q(0.99),
+            "max": round(1e3 * lat[-1], 3),
+            "mean": round(1e3 * statistics.fmean(lat), 3),
+        },
         # CPU time per answered request: less sensitive than the rates to what else the machine
         # runs. The server is one process, so 1e6 / server_cpu_us_per_request bounds its rate on a free core.
         "server_cpu_us_per_request": round(1e6 * server_cpu / len(lat), 1),
@@ -277,9 +306,14 @@ def main(argv=None) -> dict:
     p.add_argument("--contexts", type=int, default=5000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--server-args", default="", help="extra arguments for hlbl serve (one string)")
-    p.add_argument("--repeat", type=int, default=1, help="measure each variant this many times, in turn (median reported)")
-    p.add_argument("--compare-thread", action="store_true",
-                   help="also measure hlbl serve --predict-thread (the search in a worker thread)")
+    p.add_argument(
+        "--repeat", type=int, default=1, help="measure each variant this many times, in turn (median reported)"
+    )
+    p.add_argument(
+        "--compare-thread",
+        action="store_true",
+        help="also measure hlbl serve --predict-thread (the search in a worker thread)",
+    )
     p.add_argument("--out", default=None, help="also write the JSON result here")
     args = p.parse_args(argv)
     if args.floor_port:
@@ -319,7 +353,10 @@ def main(argv=None) -> dict:
     inproc = in_process_topk(run, contexts, args.k, None)
     result = {
         "command": "python bench/serve_load.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "run": run.name, "clients": args.clients, "k": args.k, "seconds": args.seconds,
+        "run": run.name,
+        "clients": args.clients,
+        "k": args.k,
+        "seconds": args.seconds,
         **served,
         **others,
         "in_process_topk": inproc,

@@ -111,11 +111,17 @@ class Clock:
 
 
 def rate(tokens: int, clock: Clock) -> dict:
-    return {"wps": tokens / clock.wall, "cpu_wps": tokens / max(clock.cpu, 1e-9), "tokens": tokens, "wall_s": clock.wall}
+    return {
+        "wps": tokens / clock.wall,
+        "cpu_wps": tokens / max(clock.cpu, 1e-9),
+        "tokens": tokens,
+        "wall_s": clock.wall,
+    }
 
 
-def time_fast(model: LBL, stream: np.ndarray, pad: int, cfg: TrainConfig, threads: int,
-              max_batches: int | None = None) -> dict:
+def time_fast(
+    model: LBL, stream: np.ndarray, pad: int, cfg: TrainConfig, threads: int, max_batches: int | None = None
+) -> dict:
     """The fast engine, one epoch (or ``max_batches``) from a copy of ``model``."""
     m = copy.deepcopy(model)
     opt = make_optimizer(m, cfg, cfg.lr)
@@ -203,8 +209,12 @@ print(json.dumps({"wall": wall, "cpu": cpu, "tokens": int(sum(freq)), "vocab": l
 
 def run_child(code: str, args: list[str]) -> tuple[dict, str] | None:
     """Run ``code`` in a child Python; its last stdout line (JSON) and its whole output. None: fastText missing."""
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     if proc.returncode != 0:
         if "No module named 'fasttext'" in proc.stderr:
             return None
@@ -215,9 +225,16 @@ def run_child(code: str, args: list[str]) -> tuple[dict, str] | None:
 def time_hlbl_from_text(corpus_dir: Path, kind: str, threads: int) -> dict:
     """HLBL, text file to a model trained one epoch (see the module's docstring)."""
     res, _ = run_child(HLBL_CHILD, [str(corpus_dir), kind, str(threads)])
-    return {"wps": res["tokens"] / res["wall"], "cpu_wps": res["tokens"] / res["cpu"], "tokens": res["tokens"],
-            "wall_s": res["wall"], "cpu_s": res["cpu"], "train_s": res["train_s"], "vocab": res["vocab"],
-            "loss": res["loss"]}
+    return {
+        "wps": res["tokens"] / res["wall"],
+        "cpu_wps": res["tokens"] / res["cpu"],
+        "tokens": res["tokens"],
+        "wall_s": res["wall"],
+        "cpu_s": res["cpu"],
+        "train_s": res["train_s"],
+        "vocab": res["vocab"],
+        "loss": res["loss"],
+    }
 
 
 def time_fasttext_from_text(path: Path, threads: int, maxn: str) -> dict | None:
@@ -227,9 +244,15 @@ def time_fasttext_from_text(path: Path, threads: int, maxn: str) -> dict | None:
         return None
     res, text = out
     own = re.findall(r"words/sec/thread:\s*(\d+)", text)
-    return {"wps": res["tokens"] / res["wall"], "cpu_wps": res["tokens"] / res["cpu"], "tokens": res["tokens"],
-            "wall_s": res["wall"], "cpu_s": res["cpu"], "vocab": res["vocab"],
-            "reported_wps_per_thread": int(own[-1]) if own else None}
+    return {
+        "wps": res["tokens"] / res["wall"],
+        "cpu_wps": res["tokens"] / res["cpu"],
+        "tokens": res["tokens"],
+        "wall_s": res["wall"],
+        "cpu_s": res["cpu"],
+        "vocab": res["vocab"],
+        "reported_wps_per_thread": int(own[-1]) if own else None,
+    }
 
 
 def time_eval(model: LBL, stream: np.ndarray, pad: int) -> dict:
@@ -269,13 +292,22 @@ def in_process_plan(args, cfg: TrainConfig, out: dict, other_trees: dict) -> lis
     plan: list[tuple[str, str, Callable[[], dict | None]]] = []
     plan += [
         ("ptb_hlbl_fast", f"HLBL fast engine, {T} threads", lambda: time_fast(hlbl, train, pad, cfg, T)),
-        ("ptb_hlbl_fast_1thread", "HLBL fast engine, 1 thread (deterministic)",
-         lambda: time_fast(hlbl, train, pad, cfg, 1)),
+        (
+            "ptb_hlbl_fast_1thread",
+            "HLBL fast engine, 1 thread (deterministic)",
+            lambda: time_fast(hlbl, train, pad, cfg, 1),
+        ),
         ("ptb_hlbl_torch", "HLBL PyTorch engine", lambda: time_torch(hlbl, train, pad, cfg, args.torch_batches, T)),
-        ("ptb_flat", "flat LBL (PyTorch)",
-         lambda: time_torch(make_model(V, "flat", None, counts), train, pad, cfg, args.flat_batches, T)),
-        ("ptb_adaptive", "LBL + AdaptiveLogSoftmaxWithLoss",
-         lambda: time_torch(make_model(V, "adaptive", None, counts), train, pad, cfg, args.adaptive_batches, T)),
+        (
+            "ptb_flat",
+            "flat LBL (PyTorch)",
+            lambda: time_torch(make_model(V, "flat", None, counts), train, pad, cfg, args.flat_batches, T),
+        ),
+        (
+            "ptb_adaptive",
+            "LBL + AdaptiveLogSoftmaxWithLoss",
+            lambda: time_torch(make_model(V, "adaptive", None, counts), train, pad, cfg, args.adaptive_batches, T),
+        ),
         ("ptb_eval", "scoring (evaluate.token_log_probs)", lambda: time_eval(hlbl, train, pad)),
     ]
     other_trees["huffman"] = huffman_tree(counts)
@@ -290,11 +322,17 @@ def in_process_plan(args, cfg: TrainConfig, out: dict, other_trees: dict) -> lis
         other_trees[f"adaptive0.4_x{copies}"] = build_tree_from_features(X, "adaptive:0.4", seed=0, copies=copies)
     for name, mt in other_trees.items():
         m = make_model(V, "tree", mt, counts)
-        out[f"tree_{name}"] = {"mean_code_length": mean_code_length(mt, counts),
-                               "codes_per_word": float((counts / counts.sum() * mt.codes_per_word).sum())}
-        plan.append((f"ptb_hlbl_fast_{name}",
-                     f"HLBL fast, {name} (code length {out[f'tree_{name}']['mean_code_length']:.1f})",
-                     lambda m=m: time_fast(m, train, pad, cfg, T, max_batches=300)))
+        out[f"tree_{name}"] = {
+            "mean_code_length": mean_code_length(mt, counts),
+            "codes_per_word": float((counts / counts.sum() * mt.codes_per_word).sum()),
+        }
+        plan.append(
+            (
+                f"ptb_hlbl_fast_{name}",
+                f"HLBL fast, {name} (code length {out[f'tree_{name}']['mean_code_length']:.1f})",
+                lambda m=m: time_fast(m, train, pad, cfg, T, max_batches=300),
+            )
+        )
     out["ptb_mean_code_length_single"] = mean_code_length(tree, counts)
 
     V2 = 33_278  # synthetic Zipf
@@ -304,10 +342,16 @@ def in_process_plan(args, cfg: TrainConfig, out: dict, other_trees: dict) -> lis
     plan += [
         ("v33k_hlbl_fast", f"V=33k HLBL fast engine, {T} threads", lambda: time_fast(h2, zs, 0, cfg, T)),
         ("v33k_hlbl_torch", "V=33k HLBL PyTorch engine", lambda: time_torch(h2, zs, 0, cfg, args.torch_batches, T)),
-        ("v33k_flat", "V=33k flat LBL",
-         lambda: time_torch(make_model(V2, "flat", None, zc), zs, 0, cfg, args.flat_batches_33k, T)),
-        ("v33k_adaptive", "V=33k adaptive softmax",
-         lambda: time_torch(make_model(V2, "adaptive", None, zc), zs, 0, cfg, args.adaptive_batches, T)),
+        (
+            "v33k_flat",
+            "V=33k flat LBL",
+            lambda: time_torch(make_model(V2, "flat", None, zc), zs, 0, cfg, args.flat_batches_33k, T),
+        ),
+        (
+            "v33k_adaptive",
+            "V=33k adaptive softmax",
+            lambda: time_torch(make_model(V2, "adaptive", None, zc), zs, 0, cfg, args.adaptive_batches, T),
+        ),
     ]
 
     return plan
@@ -336,8 +380,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(T)
     torch.manual_seed(0)
     load = os.getloadavg()
-    print(f"threads {T}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs",
-          file=sys.stderr)
+    print(
+        f"threads {T}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs",
+        file=sys.stderr,
+    )
     cfg = TrainConfig(progress=False)
     ptb_dir = resolve_corpus("ptb")
     out: dict = {"threads": T, "rounds": args.rounds, "load_before": load}
@@ -355,17 +401,33 @@ def main(argv=None) -> int:
     plan: list[tuple[str, str, Callable[[], dict | None]]] = []
     for t in sorted({T, 1}):
         plan += [
-            (f"text_hlbl_huffman_t{t}", f"from text: HLBL, Huffman tree, {t} thread(s)",
-             lambda t=t: time_hlbl_from_text(ptb_dir, "huffman", t)),
-            (f"text_hlbl_random_t{t}", f"from text: HLBL, RANDOM tree, {t} thread(s)",
-             lambda t=t: time_hlbl_from_text(ptb_dir, "random", t)),
+            (
+                f"text_hlbl_huffman_t{t}",
+                f"from text: HLBL, Huffman tree, {t} thread(s)",
+                lambda t=t: time_hlbl_from_text(ptb_dir, "huffman", t),
+            ),
+            (
+                f"text_hlbl_random_t{t}",
+                f"from text: HLBL, RANDOM tree, {t} thread(s)",
+                lambda t=t: time_hlbl_from_text(ptb_dir, "random", t),
+            ),
         ]
         if not args.skip_fasttext:
-            plan.append((f"text_fasttext_maxn0_t{t}", f"from text: fastText CBOW+HS, maxn 0, {t} thread(s)",
-                         lambda t=t: time_fasttext_from_text(ptb_dir / "train.txt", t, "0")))
+            plan.append(
+                (
+                    f"text_fasttext_maxn0_t{t}",
+                    f"from text: fastText CBOW+HS, maxn 0, {t} thread(s)",
+                    lambda t=t: time_fasttext_from_text(ptb_dir / "train.txt", t, "0"),
+                )
+            )
             if t == T:  # the subword model only at the main thread count: it is ~4x slower
-                plan.append((f"text_fasttext_subwords_t{t}", f"from text: fastText CBOW+HS, subwords, {t} thread(s)",
-                             lambda t=t: time_fasttext_from_text(ptb_dir / "train.txt", t, "default")))
+                plan.append(
+                    (
+                        f"text_fasttext_subwords_t{t}",
+                        f"from text: fastText CBOW+HS, subwords, {t} thread(s)",
+                        lambda t=t: time_fasttext_from_text(ptb_dir / "train.txt", t, "default"),
+                    )
+                )
     other_trees: dict[str, WordTree] = {}
     if not args.fasttext_only:
         plan += in_process_plan(args, cfg, out, other_trees)
@@ -375,11 +437,13 @@ def main(argv=None) -> int:
         for key, label, fn in plan:
             r = fn()
             if r is None:
-                print(f"{label}: fasttext is not installed (pip install -e \".[bench]\"), skipped", file=sys.stderr)
+                print(f'{label}: fasttext is not installed (pip install -e ".[bench]"), skipped', file=sys.stderr)
                 continue
             rounds.setdefault(key, []).append(r)
             show(f"[{rnd}] {label}", r)
-        summary = write_summary(args, out, rounds, other_trees, load)  # after every round: a stopped run keeps its rounds
+        summary = write_summary(
+            args, out, rounds, other_trees, load
+        )  # after every round: a stopped run keeps its rounds
     print(json.dumps(summary))
     return 0
 
@@ -405,9 +469,12 @@ def write_summary(args, out: dict, rounds: dict, other_trees: dict, load) -> dic
         for name in ("hlbl_huffman", "hlbl_random", "fasttext_maxn0", "fasttext_subwords"):
             key = f"text_{name}_t{t}"
             if key in rounds:
-                like[f"{name}_t{t}"] = {"wps": wps(key), "vs_fasttext_maxn0": ratio(key, base),
-                                        "cpu_wps": spread([r["cpu_wps"] for r in rounds[key]]),
-                                        "vs_fasttext_maxn0_cpu": ratio(key, base, "cpu_wps")}
+                like[f"{name}_t{t}"] = {
+                    "wps": wps(key),
+                    "vs_fasttext_maxn0": ratio(key, base),
+                    "cpu_wps": spread([r["cpu_wps"] for r in rounds[key]]),
+                    "vs_fasttext_maxn0_cpu": ratio(key, base, "cpu_wps"),
+                }
                 if name.startswith("hlbl"):
                     like[f"{name}_t{t}"]["training_share"] = spread([r["train_s"] / r["wall_s"] for r in rounds[key]])
     summary = {
@@ -421,9 +488,13 @@ def write_summary(args, out: dict, rounds: dict, other_trees: dict, load) -> dic
         "eval_vs_train": ratio("ptb_eval", "ptb_hlbl_fast"),
         "hlbl_vs_adaptive": ratio("ptb_hlbl_fast", "ptb_adaptive"),
         "hlbl_vs_flat": ratio("ptb_hlbl_fast", "ptb_flat"),
-        "hlbl_wps_by_tree": {name: {"wps": wps(f"ptb_hlbl_fast_{name}"),
-                                    "mean_code_length": round(out[f"tree_{name}"]["mean_code_length"], 1)}
-                             for name in other_trees},
+        "hlbl_wps_by_tree": {
+            name: {
+                "wps": wps(f"ptb_hlbl_fast_{name}"),
+                "mean_code_length": round(out[f"tree_{name}"]["mean_code_length"], 1),
+            }
+            for name in other_trees
+        },
         "v33k_hlbl_wps": wps("v33k_hlbl_fast"),
         "v33k_flat_wps": wps("v33k_flat"),
         "v33k_adaptive_wps": wps("v33k_adaptive"),

@@ -141,8 +141,26 @@ def ensure_run(out: Path, data: str, tree: str, epochs: int, seed: int) -> Path:
     if out.exists():
         shutil.rmtree(out)  # left by an interrupted run
     print(f"training {out.name} ({epochs} epochs)...", file=sys.stderr, flush=True)
-    rc = main(["train", "--data", data, "--tree", tree, "--out", str(out), "--epochs", str(epochs),
-               "--threads", "1", "--quiet", "--device", "cpu", "--seed", str(seed)])
+    rc = main(
+        [
+            "train",
+            "--data",
+            data,
+            "--tree",
+            tree,
+            "--out",
+            str(out),
+            "--epochs",
+            str(epochs),
+            "--threads",
+            "1",
+            "--quiet",
+            "--device",
+            "cpu",
+            "--seed",
+            str(seed),
+        ]
+    )
     if rc != 0:
         raise SystemExit(f"training {out} failed")
     return out
@@ -207,11 +225,16 @@ def measure(run: Path, n_contexts: int, repeats: int) -> dict:
                 exact &= topk_matches(v64.values, v64.indices, ref, atol=1e-9)
                 exact &= torch.equal(v64.indices, r.indices[s : s + 1000])
 
-    out = {"tree": str(run), "contexts": B, "internal_nodes": N, "codes_per_word": float(tree.codes_per_word.mean()),
-           "top1_node_fraction": float(res[1].nodes.double().mean() / N),
-           "top10_node_fraction": float(res[10].nodes.double().mean() / N),
-           "top1_nodes_median": float(res[1].nodes.double().median()),
-           "top10_nodes_median": float(res[10].nodes.double().median())}
+    out = {
+        "tree": str(run),
+        "contexts": B,
+        "internal_nodes": N,
+        "codes_per_word": float(tree.codes_per_word.mean()),
+        "top1_node_fraction": float(res[1].nodes.double().mean() / N),
+        "top10_node_fraction": float(res[10].nodes.double().mean() / N),
+        "top1_nodes_median": float(res[1].nodes.double().median()),
+        "top10_nodes_median": float(res[10].nodes.double().median()),
+    }
 
     W = np.ascontiguousarray(layer.weight.detach().double().numpy())
     b = np.ascontiguousarray(layer.bias.detach().double().numpy())
@@ -244,20 +267,29 @@ def measure(run: Path, n_contexts: int, repeats: int) -> dict:
             t0 = time.process_time()
             tree_topk(tree, layer.weight, layer.bias, H, 10)
             t10.append(time.process_time() - t0)
-    out.update({"full_us_per_context": 1e6 * min(t_full) / B, "top1_us_per_context": 1e6 * min(t1) / B,
-                "top10_us_per_context": 1e6 * min(t10) / B,
-                "speedup_vs_full": min(t_full) / min(t10), "speedup_top1_vs_full": min(t_full) / min(t1),
-                "exact": bool(exact)})
+    out.update(
+        {
+            "full_us_per_context": 1e6 * min(t_full) / B,
+            "top1_us_per_context": 1e6 * min(t1) / B,
+            "top10_us_per_context": 1e6 * min(t10) / B,
+            "speedup_vs_full": min(t_full) / min(t10),
+            "speedup_top1_vs_full": min(t_full) / min(t1),
+            "exact": bool(exact),
+        }
+    )
     return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--run", action="append", default=[], help="run directory of a tree-output model (repeatable)")
-    p.add_argument("--trees", default=None,
-                   help="models to train/reuse when no --run: comma list of huffman, random, learned or tree files "
-                        "(learned = ADAPTIVE tree from the Huffman model's features; learned:adaptive:0.4 etc. "
-                        "for other policies; default learned,huffman)")
+    p.add_argument(
+        "--trees",
+        default=None,
+        help="models to train/reuse when no --run: comma list of huffman, random, learned or tree files "
+        "(learned = ADAPTIVE tree from the Huffman model's features; learned:adaptive:0.4 etc. "
+        "for other policies; default learned,huffman)",
+    )
     p.add_argument("--data", default="ptb")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
@@ -277,8 +309,9 @@ def main(argv=None) -> int:
         per_tree[name] = measure(run, args.contexts, args.repeats)
         print(json.dumps({name: per_tree[name]}), file=sys.stderr, flush=True)
     first = per_tree[runs[0][0]]
-    summary = {k: first[k] for k in ("top1_node_fraction", "top10_node_fraction", "speedup_vs_full",
-                                     "dfs_top10_node_fraction")}
+    summary = {
+        k: first[k] for k in ("top1_node_fraction", "top10_node_fraction", "speedup_vs_full", "dfs_top10_node_fraction")
+    }
     summary["exact"] = all(r["exact"] for r in per_tree.values())
     summary["model"] = runs[0][0]
     summary["per_tree"] = per_tree

@@ -57,9 +57,16 @@ def sklearn_adaptive_tree(X: np.ndarray, seed: int, iters: int = 10) -> WordTree
             var = np.array([((P[h] - mu[0]) ** 2).mean(), ((P[~h] - mu[1]) ** 2).mean()]) + reg
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                gm = GaussianMixture(2, covariance_type="spherical", max_iter=iters, tol=0, reg_covar=reg,
-                                     weights_init=[h.mean(), 1 - h.mean()], means_init=mu,
-                                     precisions_init=1 / var).fit(P)
+                gm = GaussianMixture(
+                    2,
+                    covariance_type="spherical",
+                    max_iter=iters,
+                    tol=0,
+                    reg_covar=reg,
+                    weights_init=[h.mean(), 1 - h.mean()],
+                    means_init=mu,
+                    precisions_init=1 / var,
+                ).fit(P)
             r = gm.predict_proba(P)[:, 0]
             left = r > 0.5
             if left.all() or not left.any():
@@ -86,10 +93,21 @@ def main() -> None:
     t0 = time.perf_counter()
     ref = sklearn_adaptive_tree(X, 0)
     t_sk = time.perf_counter() - t0
-    print(json.dumps({"compare": "adaptive", "words": len(X), "dim": args.dim, "ours_s": round(t_ours, 2),
-                      "sklearn_s": round(t_sk, 2), "speedup": round(t_sk / t_ours, 1),
-                      "ours_code_length": round(ours.stats()["mean_code_length"], 2),
-                      "sklearn_code_length": round(ref.stats()["mean_code_length"], 2)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "compare": "adaptive",
+                "words": len(X),
+                "dim": args.dim,
+                "ours_s": round(t_ours, 2),
+                "sklearn_s": round(t_sk, 2),
+                "speedup": round(t_sk / t_ours, 1),
+                "ours_code_length": round(ours.stats()["mean_code_length"], 2),
+                "sklearn_code_length": round(ref.stats()["mean_code_length"], 2),
+            }
+        ),
+        flush=True,
+    )
 
     X = clustered(args.words, args.dim, args.clusters)
     for pol in args.policies.split(","):
@@ -98,11 +116,23 @@ def main() -> None:
         tree = build_learned_tree(X, pol, 0, report=rep)
         dt = time.perf_counter() - t0
         st = tree.stats()
-        print(json.dumps({"policy": pol, "words": args.words, "dim": args.dim, "seconds": round(dt, 2),
-                          "levels": rep.levels, "em_nodes": rep.em_nodes, "fallback_nodes": rep.fallback_nodes,
-                          "codes_per_word": round(st["codes_per_word"], 3),
-                          "mean_code_length": round(st["mean_code_length"], 2),
-                          "denied_duplications": rep.denied_duplications}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "policy": pol,
+                    "words": args.words,
+                    "dim": args.dim,
+                    "seconds": round(dt, 2),
+                    "levels": rep.levels,
+                    "em_nodes": rep.em_nodes,
+                    "fallback_nodes": rep.fallback_nodes,
+                    "codes_per_word": round(st["codes_per_word"], 3),
+                    "mean_code_length": round(st["mean_code_length"], 2),
+                    "denied_duplications": rep.denied_duplications,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -64,12 +64,19 @@ def tiny_corpus(root: Path, n_train: int = 300, seed: int = 0) -> Path:
     nouns, verbs, adjs = ["cat", "dog", "bird", "fish"], ["eats", "sees", "likes"], ["big", "small", "red"]
 
     def sent():
-        return " ".join(["the", str(rng.choice(adjs)), str(rng.choice(nouns)), str(rng.choice(verbs)),
-                         "a", str(rng.choice(nouns))])
+        return " ".join(
+            ["the", str(rng.choice(adjs)), str(rng.choice(nouns)), str(rng.choice(verbs)), "a", str(rng.choice(nouns))]
+        )
 
-    return write_corpus(root, {"train": [sent() for _ in range(n_train)],
-                               "valid": [sent() for _ in range(40)] + ["the zebra eats"],
-                               "test": [sent() for _ in range(40)]})
+    return write_corpus(
+        root,
+        {
+            "train": [sent() for _ in range(n_train)],
+            "valid": [sent() for _ in range(40)] + ["the zebra eats"],
+            "test": [sent() for _ in range(40)],
+        },
+    )
+
 
 def _halve(block):
     """Nested pairs of the recursive halving of a list of word ids (first half left)."""
@@ -112,8 +119,26 @@ def tiny_run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("inference")
     data = tiny_corpus(root / "corpus", n_train=200)
-    rc = main(["train", "--data", str(data), "--out", str(root / "run"), "--epochs", "1", "--dim", "8",
-               "--context", "3", "--tree", "huffman", "--quiet", "--device", "cpu"])
+    rc = main(
+        [
+            "train",
+            "--data",
+            str(data),
+            "--out",
+            str(root / "run"),
+            "--epochs",
+            "1",
+            "--dim",
+            "8",
+            "--context",
+            "3",
+            "--tree",
+            "huffman",
+            "--quiet",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     model, vocab, _ = load_model(root / "run")
     return root / "run", model, vocab

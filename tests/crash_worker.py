@@ -89,9 +89,13 @@ def result(run: Path) -> dict:
     found = sorted((run / "checkpoints").iterdir())
     out["checkpoints"] = [p.name for p in found]
     out["optimizer"] = (found[-1] / "optimizer.safetensors").read_bytes().hex()
-    out["metrics"] = [{k: v for k, v in json.loads(x).items() if k not in CLOCK}
-                      for x in (run / "metrics.jsonl").read_text().splitlines()]
-    out["leftovers"] = sorted(str(p.relative_to(run)) for p in run.rglob("*") if ".tmp" in p.name or ".partial" in p.name)
+    out["metrics"] = [
+        {k: v for k, v in json.loads(x).items() if k not in CLOCK}
+        for x in (run / "metrics.jsonl").read_text().splitlines()
+    ]
+    out["leftovers"] = sorted(
+        str(p.relative_to(run)) for p in run.rglob("*") if ".tmp" in p.name or ".partial" in p.name
+    )
     return out
 
 
@@ -117,8 +121,12 @@ def main_() -> None:
         run = work / f"k{point.replace(':', '')}"
         log = work / f"log-{point.replace(':', '')}.txt"  # one per point: kill_when reads it
         if point.startswith("kill:"):
-            crashed = child([*args, "--out", str(run)], {"HLBL_TEST_PAUSE_AFTER": str(n)}, log,
-                            kill_when=f"paused at file operation {n} ")
+            crashed = child(
+                [*args, "--out", str(run)],
+                {"HLBL_TEST_PAUSE_AFTER": str(n)},
+                log,
+                kill_when=f"paused at file operation {n} ",
+            )
             crashed = atomic.CRASH_EXIT_STATUS if crashed == -signal.SIGKILL else crashed
         else:
             crashed = child([*args, "--out", str(run)], {"HLBL_TEST_CRASH_AFTER": str(n)}, log)
@@ -128,8 +136,11 @@ def main_() -> None:
         if resumed != 0:
             return f"resume exited {resumed}: {log.read_text()[-300:]}"
         got = result(run)
-        return "identical" if got == reference else "differs: " + ", ".join(
-            k for k in reference if got.get(k) != reference[k])
+        return (
+            "identical"
+            if got == reference
+            else "differs: " + ", ".join(k for k in reference if got.get(k) != reference[k])
+        )
 
     # Points run JOBS at a time, each in a forked process of its own (which forks the two runs).
     jobs = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2))
@@ -153,6 +164,7 @@ def main_() -> None:
         report["points"][point] = path.read_text() if path.exists() else "the sweep process died"
     report["points"] = dict(sorted(report["points"].items(), key=lambda kv: int(kv[0].removeprefix("kill:"))))
     print(json.dumps(report))
+
 
 if __name__ == "__main__":
     main_()

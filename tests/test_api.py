@@ -17,8 +17,14 @@ from hlbl.errors import ConfigError, DataError, HlblError
 def test_every_public_name_resolves_and_all_lists_exactly_them():
     for name in hlbl.__all__:
         assert getattr(hlbl, name) is not None, name
-    assert set(hlbl.__all__) == set(hlbl._LAZY) | {"__version__", "HlblError", "DataError", "ConfigError",
-                                                   "TreeError", "CheckpointError"}
+    assert set(hlbl.__all__) == set(hlbl._LAZY) | {
+        "__version__",
+        "HlblError",
+        "DataError",
+        "ConfigError",
+        "TreeError",
+        "CheckpointError",
+    }
     assert hlbl.LBL.__module__ == "hlbl.model" and hlbl.TreeSoftmax.__module__ == "hlbl.output"
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         hlbl.nothing  # noqa: B018
@@ -58,10 +64,12 @@ def test_library_messages_name_parameters_and_the_cli_names_flags():
     e = ConfigError("max_vocab must be at least 2 (<eos> and <unk>)", field="max_vocab")
     assert isinstance(e, DataError) and isinstance(e, HlblError) and e.field == "max_vocab"
     assert flag_message(e) == "--max-vocab must be at least 2 (<eos> and <unk>)"
-    e = ConfigError("engine='fast' runs in a single process; with 2 processes (torchrun) use engine='torch' "
-                    "(or engine='auto')")
-    assert flag_message(e) == ("--engine fast runs in a single process; with 2 processes (torchrun) use "
-                               "--engine torch (or --engine auto)")
+    e = ConfigError(
+        "engine='fast' runs in a single process; with 2 processes (torchrun) use engine='torch' (or engine='auto')"
+    )
+    assert flag_message(e) == (
+        "--engine fast runs in a single process; with 2 processes (torchrun) use --engine torch (or --engine auto)"
+    )
     e = FloatingPointError("training diverged in epoch 3 (loss nan); lower the learning rate (lr=0.001)")
     assert flag_message(e) == "training diverged in epoch 3 (loss nan); lower the learning rate (--lr 0.001)"
     assert flag_message(DataError("corpus x: no such file")) == "corpus x: no such file"  # nothing to map

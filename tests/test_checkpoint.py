@@ -36,11 +36,24 @@ def test_save_load_gives_identical_log_probs_and_tree(run):
 def test_files_are_safetensors_and_json(run):
     _, _, run_dir = run
     names = sorted(p.name for p in run_dir.iterdir())
-    assert names == ["best.safetensors", "checkpoints", "last.safetensors", "metrics.jsonl",
-                     "run.json", "state.json", "tree.json", "vocab.json"]
+    assert names == [
+        "best.safetensors",
+        "checkpoints",
+        "last.safetensors",
+        "metrics.jsonl",
+        "run.json",
+        "state.json",
+        "tree.json",
+        "vocab.json",
+    ]
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["epoch-000002"]  # the older one removed
     assert sorted(p.name for p in (run_dir / "checkpoints" / "epoch-000002").iterdir()) == [
-        "best.safetensors", "last.safetensors", "metrics.jsonl", "optimizer.safetensors", "state.json"]
+        "best.safetensors",
+        "last.safetensors",
+        "metrics.jsonl",
+        "optimizer.safetensors",
+        "state.json",
+    ]
     assert not list(run_dir.rglob("*.tmp"))
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [x["epoch"] for x in lines] == [1, 2]
@@ -74,10 +87,15 @@ def test_foreign_files_are_refused(run, tmp_path):
 
 def test_every_json_file_names_its_format_and_version(run):
     _, _, run_dir = run
-    formats = {name: json.loads((run_dir / name).read_text()) for name in ("run.json", "vocab.json", "state.json", "tree.json")}
+    formats = {
+        name: json.loads((run_dir / name).read_text()) for name in ("run.json", "vocab.json", "state.json", "tree.json")
+    }
     assert {k: (v["format"], v["version"]) for k, v in formats.items()} == {
-        "run.json": ("hlbl-run", 1), "vocab.json": ("hlbl-vocab", 1),
-        "state.json": ("hlbl-train-state", 1), "tree.json": ("hlbl-word-tree", 1)}
+        "run.json": ("hlbl-run", 1),
+        "vocab.json": ("hlbl-vocab", 1),
+        "state.json": ("hlbl-train-state", 1),
+        "tree.json": ("hlbl-word-tree", 1),
+    }
 
 
 def test_foreign_or_damaged_vocab_and_state_are_refused(run):
@@ -101,8 +119,14 @@ def test_foreign_or_damaged_vocab_and_state_are_refused(run):
     del state["optimizer"]
     state_path.write_text(json.dumps(state))
     with pytest.raises(ckpt.CheckpointError, match="damaged training state"):
-        fit(model, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False), run_dir, resume=True,
-            log=lambda *a: None)
+        fit(
+            model,
+            corpus,
+            TrainConfig(batch_size=64, max_epochs=3, progress=False),
+            run_dir,
+            resume=True,
+            log=lambda *a: None,
+        )
     (run_dir / "state.json").write_text(json.dumps({**state, "format": "hlbl-run"}))
     with pytest.raises(ckpt.CheckpointError, match="not an hlbl training state"):
         ckpt.read_state(run_dir / "state.json")
@@ -129,7 +153,11 @@ def test_an_inconsistent_run_directory_is_refused(run):
         ckpt.load_model(run_dir)
     model.tree.save(run_dir / "tree.json")
     vocab = json.loads((run_dir / "vocab.json").read_text())
-    short = {**vocab, "words": vocab["words"][:3] + vocab["words"][4:], "counts": vocab["counts"][:3] + vocab["counts"][4:]}
+    short = {
+        **vocab,
+        "words": vocab["words"][:3] + vocab["words"][4:],
+        "counts": vocab["counts"][:3] + vocab["counts"][4:],
+    }
     (run_dir / "vocab.json").write_text(json.dumps(short))
     with pytest.raises(ckpt.CheckpointError, match="words, the model"):
         ckpt.load_model(run_dir)
@@ -147,8 +175,15 @@ def test_files_get_the_permissions_of_a_plain_open(run):
     _, _, run_dir = run
     mask = os.umask(0)
     os.umask(mask)
-    for name in ("run.json", "vocab.json", "tree.json", "state.json", "best.safetensors",
-                 "checkpoints/epoch-000002/optimizer.safetensors", "checkpoints/epoch-000002/state.json"):
+    for name in (
+        "run.json",
+        "vocab.json",
+        "tree.json",
+        "state.json",
+        "best.safetensors",
+        "checkpoints/epoch-000002/optimizer.safetensors",
+        "checkpoints/epoch-000002/state.json",
+    ):
         assert (run_dir / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
 
 
@@ -182,8 +217,14 @@ def test_a_damaged_optimizer_state_is_a_checkpoint_error(run, optimizer_state):
     state["optimizer"] = optimizer_state
     path.write_text(json.dumps(state))
     with pytest.raises(ckpt.CheckpointError):
-        fit(model, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False), run_dir, resume=True,
-            log=lambda *a: None)
+        fit(
+            model,
+            corpus,
+            TrainConfig(batch_size=64, max_epochs=3, progress=False),
+            run_dir,
+            resume=True,
+            log=lambda *a: None,
+        )
 
 
 def test_a_deeply_nested_json_file_is_a_checkpoint_error(run):
@@ -210,8 +251,13 @@ def test_a_model_saved_from_memory_loads_with_identical_log_probs(tmp_path, vari
     tree = multi_code_tree() if variant not in ("flat", "adaptive") else None
     V = 6
     vocab = Vocab(("<eos>", "<unk>", "a", "b", "c", "d"), (3, 0, 2, 2, 1, 1))
-    config = LBLConfig(V, dim=5, context=2, output=variant if tree is None else "tree",
-                       full_context=variant == "multi_code_full_context")
+    config = LBLConfig(
+        V,
+        dim=5,
+        context=2,
+        output=variant if tree is None else "tree",
+        full_context=variant == "multi_code_full_context",
+    )
     model = LBL(config, tree, torch.Generator().manual_seed(3))
     with torch.no_grad():
         for p in model.parameters():
@@ -240,9 +286,16 @@ def test_a_fixed_seed_gives_byte_identical_checkpoint_files(run, tmp_path):
     model, corpus, run_dir = run
     again = LBL(model.config, model.tree, torch.Generator().manual_seed(0))
     again.init_unigram(corpus.vocab.counts)
-    fit(again, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), tmp_path / "again", log=lambda *a: None)
-    for name in ("best.safetensors", "last.safetensors", "checkpoints/epoch-000002/optimizer.safetensors",
-                 "tree.json", "vocab.json"):
+    fit(
+        again, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), tmp_path / "again", log=lambda *a: None
+    )
+    for name in (
+        "best.safetensors",
+        "last.safetensors",
+        "checkpoints/epoch-000002/optimizer.safetensors",
+        "tree.json",
+        "vocab.json",
+    ):
         assert (run_dir / name).read_bytes() == (tmp_path / "again" / name).read_bytes(), name
     for i in range(4):  # several saves in one process, each with a freshly seeded hash map
         ckpt.save_weights(tmp_path / f"w{i}.safetensors", model, epoch=2)

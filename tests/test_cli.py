@@ -15,16 +15,53 @@ from hlbl.scoring import score_report, score_sentences
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
     data = tiny_corpus(root / "corpus")
-    rc = main(["train", "--data", str(data), "--out", str(root / "run"), "--epochs", "1", "--dim", "8",
-               "--tree", "huffman", "--quiet", "--device", "cpu"])
+    rc = main(
+        [
+            "train",
+            "--data",
+            str(data),
+            "--out",
+            str(root / "run"),
+            "--epochs",
+            "1",
+            "--dim",
+            "8",
+            "--tree",
+            "huffman",
+            "--quiet",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     return root, data
 
 
 def test_train_output_format(tmp_path, capsys):
     data = tiny_corpus(tmp_path / "corpus")
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--epochs", "1", "--dim", "8",
-                 "--output", "flat", "--quiet", "--device", "cpu", "--max-train-tokens", "500"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "r"),
+                "--epochs",
+                "1",
+                "--dim",
+                "8",
+                "--output",
+                "flat",
+                "--quiet",
+                "--device",
+                "cpu",
+                "--max-train-tokens",
+                "500",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     result = json.loads(out[0])
     assert result["test_perplexity"] > 1 and result["test_tokens"] == 40 * 7
@@ -61,9 +98,25 @@ def test_train_refuses_to_overwrite_a_run(trained, capsys):
     assert "not empty" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["tree"], ["tree", "stats"], ["tree", "make"],
-                                     ["tree", "build"], ["reproduce"], ["ngram"], ["ngram", "train"],
-                                     ["ngram", "eval"], ["predict"], ["generate"], ["score"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["train"],
+        ["eval"],
+        ["tree"],
+        ["tree", "stats"],
+        ["tree", "make"],
+        ["tree", "build"],
+        ["reproduce"],
+        ["ngram"],
+        ["ngram", "train"],
+        ["ngram", "eval"],
+        ["predict"],
+        ["generate"],
+        ["score"],
+    ],
+)
 def test_help_on_every_command(capsys, command):
     with pytest.raises(SystemExit) as e:
         main(command + ["--help"])
@@ -72,8 +125,10 @@ def test_help_on_every_command(capsys, command):
     assert out.startswith("usage: hlbl") and " ".join(["hlbl", *command]) in out.splitlines()[0]
 
 
-@pytest.mark.parametrize("command", [["train", "--data", "x", "--out", "y"], ["tree", "make", "--out", "t.json"],
-                                     ["reproduce"], ["generate", "run"]])
+@pytest.mark.parametrize(
+    "command",
+    [["train", "--data", "x", "--out", "y"], ["tree", "make", "--out", "t.json"], ["reproduce"], ["generate", "run"]],
+)
 @pytest.mark.parametrize("seed", ["-1", str(2**64), "one"])
 def test_a_bad_seed_is_a_usage_error_not_a_traceback(capsys, command, seed):
     with pytest.raises(SystemExit) as e:
@@ -84,18 +139,56 @@ def test_a_bad_seed_is_a_usage_error_not_a_traceback(capsys, command, seed):
 
 def test_optimiser_flags_reach_the_recipe(tmp_path, capsys):
     data = tiny_corpus(tmp_path / "corpus")
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--epochs", "1", "--dim", "8",
-                 "--quiet", "--device", "cpu", "--max-train-tokens", "500", "--momentum", "0.5",
-                 "--weight-decay-words", "0", "--weight-decay", "2e-5"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "r"),
+                "--epochs",
+                "1",
+                "--dim",
+                "8",
+                "--quiet",
+                "--device",
+                "cpu",
+                "--max-train-tokens",
+                "500",
+                "--momentum",
+                "0.5",
+                "--weight-decay-words",
+                "0",
+                "--weight-decay",
+                "2e-5",
+            ]
+        )
+        == 0
+    )
     train = json.loads((tmp_path / "r" / "run.json").read_text())["train"]
     assert (train["momentum"], train["weight_decay_words"], train["weight_decay_other"]) == (0.5, 0.0, 2e-5)
 
 
-@pytest.mark.parametrize("flags", [
-    ["--epochs", "0"], ["--max-train-tokens", "0"], ["--lr", "-0.1"], ["--lr", "0"], ["--batch-size", "0"],
-    ["--context", "0"], ["--dim", "0"], ["--threads", "-1"], ["--init-std", "-1"], ["--device", "tpu"],
-    ["--momentum", "1.5"], ["--hogwild", "0"], ["--weight-decay", "-1"], ["--lr", "nan"],
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--epochs", "0"],
+        ["--max-train-tokens", "0"],
+        ["--lr", "-0.1"],
+        ["--lr", "0"],
+        ["--batch-size", "0"],
+        ["--context", "0"],
+        ["--dim", "0"],
+        ["--threads", "-1"],
+        ["--init-std", "-1"],
+        ["--device", "tpu"],
+        ["--momentum", "1.5"],
+        ["--hogwild", "0"],
+        ["--weight-decay", "-1"],
+        ["--lr", "nan"],
+    ],
+)
 def test_bad_numbers_are_one_line_errors_not_defaults(tmp_path, capsys, flags):
     data = tiny_corpus(tmp_path / "corpus")
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--quiet", *flags]) == 2
@@ -119,8 +212,25 @@ def test_a_test_split_shorter_than_the_context(tmp_path, capsys):
     from conftest import write_corpus
 
     data = write_corpus(tmp_path / "c", {"train": ["a b c d", "b c a"], "valid": ["a"], "test": ["b"]})
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--epochs", "1", "--dim", "4",
-                 "--quiet", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "r"),
+                "--epochs",
+                "1",
+                "--dim",
+                "4",
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert json.loads(out[0])["test_tokens"] == 2 and out[2].startswith("sample: ")
 
@@ -130,8 +240,10 @@ def test_eval_reports_out_of_vocabulary_tokens(trained, tmp_path, capsys):
 
     root, data = trained
     words = (data / "train.txt").read_text().split()[:5]
-    other = write_corpus(tmp_path / "o", {"train": [" ".join(words)], "valid": [" ".join(words)],
-                                           "test": [" ".join(words[:3] + ["zzqx", "qqzx"])]})
+    other = write_corpus(
+        tmp_path / "o",
+        {"train": [" ".join(words)], "valid": [" ".join(words)], "test": [" ".join(words[:3] + ["zzqx", "qqzx"])]},
+    )
     assert main(["eval", str(root / "run"), "--data", str(other), "--device", "cpu"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["oov"] == 2 and "out of the vocabulary" in captured.err
@@ -150,8 +262,24 @@ def test_resume_checks_the_corpus_and_the_checkpoint(trained, tmp_path, capsys):
     assert main(["train", "--out", str(tmp_path / "half"), "--resume", "--quiet", "--epochs", "1"]) == 0
     assert json.loads((tmp_path / "half" / "state.json").read_text())["epoch"] == 1
     assert (tmp_path / "half" / "run.json").read_bytes() == (root / "run" / "run.json").read_bytes()
-    assert main(["train", "--data", str(other), "--out", str(tmp_path / "none"), "--resume", "--quiet", "--epochs",
-                 "1", "--dim", "8"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(other),
+                "--out",
+                str(tmp_path / "none"),
+                "--resume",
+                "--quiet",
+                "--epochs",
+                "1",
+                "--dim",
+                "8",
+            ]
+        )
+        == 0
+    )
     assert "holds no run: nothing to resume, starting a new run" in capsys.readouterr().err
     assert json.loads((tmp_path / "none" / "state.json").read_text())["epoch"] == 1
     # run.json without the files written before it is no run that a resume could continue
@@ -166,13 +294,38 @@ def test_resume_uses_the_runs_own_vocabulary_and_reads_old_configs(tmp_path, cap
     vocabulary; an old run.json that stored max_train_tokens 0 for "all" still resumes."""
     data = tiny_corpus(tmp_path / "corpus")
     run = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--out", str(run), "--epochs", "1", "--dim", "8", "--quiet",
-                 "--device", "cpu", "--min-count", "1", "--max-vocab", "12"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(run),
+                "--epochs",
+                "1",
+                "--dim",
+                "8",
+                "--quiet",
+                "--device",
+                "cpu",
+                "--min-count",
+                "1",
+                "--max-vocab",
+                "12",
+            ]
+        )
+        == 0
+    )
     info = json.loads((run / "run.json").read_text())
     info["train"]["max_train_tokens"] = 0
     (run / "run.json").write_text(json.dumps(info))
-    assert main(["train", "--data", str(data), "--out", str(run), "--epochs", "2", "--quiet", "--device", "cpu",
-                 "--resume"]) == 0
+    assert (
+        main(
+            ["train", "--data", str(data), "--out", str(run), "--epochs", "2", "--quiet", "--device", "cpu", "--resume"]
+        )
+        == 0
+    )
     assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
     assert "the run's own" in capsys.readouterr().err
 
@@ -184,18 +337,52 @@ def test_runs_record_where_their_corpus_is_and_resume_checks_the_text(tmp_path, 
 
     monkeypatch.chdir(tmp_path)
     tiny_corpus(tmp_path / "c")
-    assert main(["train", "--data", "c", "--out", "run", "--epochs", "1", "--dim", "8", "--quiet", "--device", "cpu"]) == 0
+    assert (
+        main(["train", "--data", "c", "--out", "run", "--epochs", "1", "--dim", "8", "--quiet", "--device", "cpu"]) == 0
+    )
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["corpus"] == str((tmp_path / "c").resolve())
     monkeypatch.chdir("/")
     assert main(["eval", str(tmp_path / "run"), "--device", "cpu"]) == 0
     shutil.move(tmp_path / "c", tmp_path / "moved")
-    assert main(["train", "--data", str(tmp_path / "moved"), "--out", str(tmp_path / "run"), "--epochs", "2",
-                 "--quiet", "--device", "cpu", "--resume"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(tmp_path / "moved"),
+                "--out",
+                str(tmp_path / "run"),
+                "--epochs",
+                "2",
+                "--quiet",
+                "--device",
+                "cpu",
+                "--resume",
+            ]
+        )
+        == 0
+    )
     tiny_corpus(tmp_path / "c", seed=3)
     capsys.readouterr()
-    assert main(["train", "--data", str(tmp_path / "c"), "--out", str(tmp_path / "run"), "--epochs", "3",
-                 "--quiet", "--device", "cpu", "--resume"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(tmp_path / "c"),
+                "--out",
+                str(tmp_path / "run"),
+                "--epochs",
+                "3",
+                "--quiet",
+                "--device",
+                "cpu",
+                "--resume",
+            ]
+        )
+        == 2
+    )
     assert "is not the one" in capsys.readouterr().err
 
 
@@ -219,8 +406,25 @@ def test_a_corpus_name_prefers_hlbl_data_to_the_current_directory(tmp_path, monk
 def test_a_corpus_without_a_test_split_trains(tmp_path, capsys):
     data = tiny_corpus(tmp_path / "c")
     (data / "test.txt").unlink()
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--epochs", "1", "--dim", "8",
-                 "--quiet", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "r"),
+                "--epochs",
+                "1",
+                "--dim",
+                "8",
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     report = json.loads(captured.out.splitlines()[0])
     assert "valid_perplexity" in report and "test_perplexity" not in report and "no test.txt" in captured.err
@@ -231,19 +435,90 @@ def test_options_that_would_be_ignored_are_refused_or_explained(tmp_path, capsys
     import sys
 
     data = tiny_corpus(tmp_path / "c")
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "f"), "--output", "flat", "--tree", "huffman",
-                 "--quiet", "--device", "cpu"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "f"),
+                "--output",
+                "flat",
+                "--tree",
+                "huffman",
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 2
+    )
     assert "--tree applies to the tree output" in capsys.readouterr().err
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "f"), "--output", "flat", "--epochs", "1",
-                 "--dim", "8", "--quiet", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "f"),
+                "--output",
+                "flat",
+                "--epochs",
+                "1",
+                "--dim",
+                "8",
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert main(["generate", str(tmp_path / "f"), "--per-node-temperature", "--temperature", "0.5"]) == 2
     assert "needs a tree model" in capsys.readouterr().err
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "f"), "--epochs", "1", "--resume",
-                 "--quiet", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "f"),
+                "--epochs",
+                "1",
+                "--resume",
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert "nothing to train" in capsys.readouterr().err
     # tree stats on a run directory: its tree, weighted by its training counts.
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "t"), "--epochs", "1", "--dim", "8",
-                 "--quiet", "--device", "cpu", "--tree", "huffman"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "t"),
+                "--epochs",
+                "1",
+                "--dim",
+                "8",
+                "--quiet",
+                "--device",
+                "cpu",
+                "--tree",
+                "huffman",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["tree", "stats", str(tmp_path / "t")]) == 0
     by_run = json.loads(capsys.readouterr().out)
@@ -256,15 +531,37 @@ def test_options_that_would_be_ignored_are_refused_or_explained(tmp_path, capsys
 def _metrics(run: Path) -> list[dict]:
     """metrics.jsonl without its clock readings."""
     clock = {"words_per_sec", "epoch_minutes", "elapsed_s"}
-    return [{k: v for k, v in json.loads(x).items() if k not in clock} for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(x).items() if k not in clock}
+        for x in (run / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def test_a_seed_fixes_the_run_and_eval_reproduces_its_report(tmp_path, capsys):
     data = tiny_corpus(tmp_path / "c")
     reports = []
     for name in ("a", "b"):
-        assert main(["train", "--data", str(data), "--out", str(tmp_path / name), "--epochs", "2", "--dim", "8",
-                     "--quiet", "--device", "cpu", "--seed", "5"]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--data",
+                    str(data),
+                    "--out",
+                    str(tmp_path / name),
+                    "--epochs",
+                    "2",
+                    "--dim",
+                    "8",
+                    "--quiet",
+                    "--device",
+                    "cpu",
+                    "--seed",
+                    "5",
+                ]
+            )
+            == 0
+        )
         reports.append(capsys.readouterr().out)
     assert reports[0].replace(str(tmp_path / "a"), "") == reports[1].replace(str(tmp_path / "b"), "")
     assert _metrics(tmp_path / "a") == _metrics(tmp_path / "b")
@@ -277,8 +574,16 @@ def test_a_seed_fixes_the_run_and_eval_reproduces_its_report(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["perplexity"] == printed["test_perplexity"]
 
 
-@pytest.mark.parametrize("flags", [["--engine", "torch"], ["--hogwild", "2"], ["--full-context"],
-                                   ["--output", "adaptive", "--dim", "16"], ["--optimizer", "adagrad"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--engine", "torch"],
+        ["--hogwild", "2"],
+        ["--full-context"],
+        ["--output", "adaptive", "--dim", "16"],
+        ["--optimizer", "adagrad"],
+    ],
+)
 def test_training_variants_run_end_to_end(tmp_path, capsys, flags):
     data = tiny_corpus(tmp_path / "c")
     args = ["train", "--data", str(data), "--out", str(tmp_path / "r"), "--epochs", "2", "--quiet", "--device", "cpu"]
@@ -320,12 +625,15 @@ def test_resume_without_data_uses_the_runs_corpus(tmp_path, capsys):
     assert "--data is needed" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--optimizer", "sgd", "--momentum", "0.5"], "--momentum applies to --optimizer momentum only"),
-    (["--engine", "torch", "--hogwild", "2"], "--hogwild runs threads of the fast engine"),
-    (["--output", "flat", "--hogwild", "2"], "--hogwild runs threads of the fast engine, which cannot train"),
-    (["--optimizer", "adam", "--hogwild", "2"], "--hogwild runs threads of the fast engine, which cannot train"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--optimizer", "sgd", "--momentum", "0.5"], "--momentum applies to --optimizer momentum only"),
+        (["--engine", "torch", "--hogwild", "2"], "--hogwild runs threads of the fast engine"),
+        (["--output", "flat", "--hogwild", "2"], "--hogwild runs threads of the fast engine, which cannot train"),
+        (["--optimizer", "adam", "--hogwild", "2"], "--hogwild runs threads of the fast engine, which cannot train"),
+    ],
+)
 def test_contradictory_training_flags_are_refused(tmp_path, capsys, flags, message):
     data = tiny_corpus(tmp_path / "corpus")
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--quiet"] + flags) == 2
@@ -445,8 +753,12 @@ def test_cli_predict_answers_a_line_before_the_next_arrives(tiny_run):
     import threading
 
     run, _, _ = tiny_run
-    proc = subprocess.Popen([sys.executable, "-m", "hlbl", "predict", str(run), "--device", "cpu", "--k", "2"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hlbl", "predict", str(run), "--device", "cpu", "--k", "2"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     watchdog = threading.Timer(60, proc.kill)  # an answer that never comes fails the test, not hangs it
     watchdog.start()
     try:

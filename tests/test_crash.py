@@ -18,25 +18,50 @@ import numpy as np
 from conftest import write_corpus
 
 HERE = Path(__file__).parent
-FLAGS = ["--epochs", "2", "--dim", "8", "--context", "3", "--batch-size", "64", "--engine", "torch",
-         "--device", "cpu", "--quiet"]
+FLAGS = [
+    "--epochs",
+    "2",
+    "--dim",
+    "8",
+    "--context",
+    "3",
+    "--batch-size",
+    "64",
+    "--engine",
+    "torch",
+    "--device",
+    "cpu",
+    "--quiet",
+]
 
 
 def small_corpus(root: Path) -> Path:
     """Train and valid only (no test split: the run ends without the numba test scorer)."""
     rng = np.random.default_rng(0)
     words = ["the", "cat", "dog", "sees", "a", "bird", "red", "big"]
-    return write_corpus(root, {s: [" ".join(rng.choice(words, 6)) for _ in range(n)]
-                               for s, n in (("train", 150), ("valid", 30))})
+    return write_corpus(
+        root, {s: [" ".join(rng.choice(words, 6)) for _ in range(n)] for s, n in (("train", 150), ("valid", 30))}
+    )
 
 
 def sweep(tmp_path: Path, points: list[str]) -> dict:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
     env.pop("HLBL_TEST_CRASH_AFTER", None)
     env.pop("HLBL_TEST_PAUSE_AFTER", None)
-    proc = subprocess.run([sys.executable, str(HERE / "crash_worker.py"), str(small_corpus(tmp_path / "corpus")),
-                           str(tmp_path), json.dumps(FLAGS), *points], capture_output=True, text=True, env=env,
-                          timeout=900)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "crash_worker.py"),
+            str(small_corpus(tmp_path / "corpus")),
+            str(tmp_path),
+            json.dumps(FLAGS),
+            *points,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

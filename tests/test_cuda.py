@@ -55,4 +55,3 @@ def test_one_epoch_of_training_matches_the_cpu():
         models[device] = model
     for (name, a), (_, b) in zip(models["cpu"].named_parameters(), models["cuda"].named_parameters()):
         assert torch.allclose(a, b.cpu(), atol=1e-5), name
-

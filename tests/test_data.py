@@ -111,7 +111,10 @@ def test_non_utf8_error_names_the_line_and_a_bom_is_no_word(tmp_path):
     with pytest.raises(DataError, match="bad byte 0xe9 on line 3001, byte 4 of the line"):
         load_corpus(root)
     (root / "train.txt").write_bytes("\ufeffThe cat\nthe dog\n".encode("utf-8"))
-    assert "\ufeffThe" not in load_corpus(root, min_count=1).vocab.words and "The" in load_corpus(root, min_count=1).vocab.words
+    assert (
+        "\ufeffThe" not in load_corpus(root, min_count=1).vocab.words
+        and "The" in load_corpus(root, min_count=1).vocab.words
+    )
 
 
 def test_a_given_vocabulary_needs_only_the_requested_splits(tmp_path):

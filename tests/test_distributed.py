@@ -30,8 +30,16 @@ WORLD = 2
 BATCH = 63  # odd: every full minibatch splits 32 + 31
 TOKENS = 20 * BATCH + 1  # the last minibatch is one position: rank 1's shard of it is empty
 # lr 0.01 on this corpus overshoots within a few epochs: the run drops to lr_final, then stops early.
-DROP = dict(lr=0.01, lr_final=0.001, batch_size=BATCH, max_epochs=12, seed=0, progress=False,
-            engine="torch", max_train_tokens=TOKENS)
+DROP = dict(
+    lr=0.01,
+    lr_final=0.001,
+    batch_size=BATCH,
+    max_epochs=12,
+    seed=0,
+    progress=False,
+    engine="torch",
+    max_train_tokens=TOKENS,
+)
 RESUME = dict(batch_size=BATCH, seed=0, progress=False, engine="torch", max_train_tokens=TOKENS)
 
 
@@ -56,8 +64,9 @@ def _worker(rank: int, root: str) -> None:
     torch.set_num_threads(1)  # two processes on a small machine
     # gloo picks its network interface from the hostname, which a CI container may not resolve.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=60))  # a mismatched collective fails instead of hanging
+    dist.init_process_group(
+        "gloo", init_method=f"file://{root / 'store'}", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60)
+    )  # a mismatched collective fails instead of hanging
     try:
         out = {"world": ddp.world_size(), "logs": []}
         log = out["logs"].append
@@ -88,7 +97,9 @@ def _worker(rank: int, root: str) -> None:
 
         # The same sizes and vocabulary but other text on rank 1: refused too (each rank reads its
         # shards from its own copy of the corpus).
-        other = Corpus(corpus.name, corpus.vocab, {**corpus.splits, "train": np.ascontiguousarray(corpus["train"][::-1])})
+        other = Corpus(
+            corpus.name, corpus.vocab, {**corpus.splits, "train": np.ascontiguousarray(corpus["train"][::-1])}
+        )
         try:
             fit(make_model(corpus), other if rank == 1 else corpus, TrainConfig(**DROP), root / "other_text", log=log)
         except DataError as e:
@@ -133,8 +144,9 @@ def runs(tmp_path_factory):
 def assert_close(got: dict, want: dict) -> None:
     assert got.keys() == want.keys()
     for name in want:
-        assert torch.allclose(got[name], want[name], rtol=1e-5, atol=1e-5), \
+        assert torch.allclose(got[name], want[name], rtol=1e-5, atol=1e-5), (
             f"{name}: max diff {(got[name] - want[name]).abs().max():.3g}"
+        )
 
 
 def test_shard_bounds_split_contiguously_and_can_be_empty():
@@ -234,13 +246,37 @@ def test_torchrun_cli_matches_one_process(tmp_path):
     if torchrun is None:
         pytest.fail("torchrun is not installed beside this Python (it comes with torch)")
     data = tiny_corpus(tmp_path / "c", n_train=400)
-    args = ["-m", "hlbl", "train", "--data", str(data), "--engine", "torch", "--device", "cpu", "--epochs", "2",
-            "--dim", "8", "--threads", "1", "--batch-size", "63", "--quiet"]
+    args = [
+        "-m",
+        "hlbl",
+        "train",
+        "--data",
+        str(data),
+        "--engine",
+        "torch",
+        "--device",
+        "cpu",
+        "--epochs",
+        "2",
+        "--dim",
+        "8",
+        "--threads",
+        "1",
+        "--batch-size",
+        "63",
+        "--quiet",
+    ]
     env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}  # as in _worker
-    two = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
-                         capture_output=True, text=True, timeout=240, env=env)
-    one = subprocess.run([sys.executable, *args, "--out", str(tmp_path / "one")], capture_output=True, text=True,
-                         timeout=240)
+    two = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", *args, "--out", str(tmp_path / "two")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    one = subprocess.run(
+        [sys.executable, *args, "--out", str(tmp_path / "one")], capture_output=True, text=True, timeout=240
+    )
     assert two.returncode == 0 and one.returncode == 0, two.stderr[-2000:] + one.stderr[-2000:]
     results = [json.loads(r.stdout.splitlines()[0]) for r in (two, one)]
     assert sum(line.startswith("{") for line in two.stdout.splitlines()) == 1  # only process 0 prints

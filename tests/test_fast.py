@@ -52,8 +52,16 @@ def run_both(tree, optimizer, n_tokens, batch, lr=0.05, wd=(0.1, 0.03), threads=
     """Train one epoch with both engines from identical copies; return (torch model, fast model, losses, start)."""
     model = make_model(tree) if model is None else model
     start = copy.deepcopy(model)
-    cfg = TrainConfig(lr=lr, batch_size=batch, optimizer=optimizer, momentum=0.9,
-                      weight_decay_words=wd[0], weight_decay_other=wd[1], seed=7, progress=False)
+    cfg = TrainConfig(
+        lr=lr,
+        batch_size=batch,
+        optimizer=optimizer,
+        momentum=0.9,
+        weight_decay_words=wd[0],
+        weight_decay_other=wd[1],
+        seed=7,
+        progress=False,
+    )
     stream = stream_for(tree.num_words, n_tokens, 11)
     pad = 0
     m_t, m_f = copy.deepcopy(model), copy.deepcopy(model)
@@ -98,16 +106,29 @@ def test_blocks_do_not_change_the_step(tree_name):
     its last): any block size gives the same parameters and momentum, to the bit."""
     tree = TREES[tree_name]()
     model = make_model(tree)
-    cfg = TrainConfig(lr=0.05, batch_size=60, optimizer="momentum", momentum=0.9, weight_decay_words=0.1,
-                      weight_decay_other=0.03, seed=7, progress=False)
+    cfg = TrainConfig(
+        lr=0.05,
+        batch_size=60,
+        optimizer="momentum",
+        momentum=0.9,
+        weight_decay_words=0.1,
+        weight_decay_other=0.03,
+        seed=7,
+        progress=False,
+    )
     stream = stream_for(tree.num_words, 500, 11)
     results = []
     for block in (60, 1, 7, 64):  # one block; one example each; uneven blocks; larger than the batch
         m = copy.deepcopy(model)
         opt = make_optimizer(m, cfg, cfg.lr)
         loss, _ = fast.train_epoch(m, opt, stream, 0, cfg, 1, False, threads=1, block=block)
-        results.append((loss, [p.detach().clone() for p in m.parameters()],
-                        [opt.state[p]["momentum_buffer"].clone() for p in m.parameters()]))
+        results.append(
+            (
+                loss,
+                [p.detach().clone() for p in m.parameters()],
+                [opt.state[p]["momentum_buffer"].clone() for p in m.parameters()],
+            )
+        )
     loss0, params0, bufs0 = results[0]
     assert not torch.equal(params0[0], model.R.weight)
     for loss, params, bufs in results[1:]:
@@ -122,6 +143,7 @@ def test_by_block_schedules_each_row_between_its_first_and_last_reader():
     """kernels._by_block on a hand-made grouping: rows are caught up before the block of their first
     entry and stepped after the block of their last."""
     from hlbl import kernels
+
     keys = np.array([5, 3, 5, 9, 3, 7, 8, 5], np.int32)  # 2 entries per example, 4 examples
     slot = np.full(10, -1, np.int32)
     uniq, start, ent, cursor = (np.empty(len(keys) + 1, np.int64) for _ in range(4))
@@ -129,8 +151,8 @@ def test_by_block_schedules_each_row_between_its_first_and_last_reader():
     assert list(uniq[:nu]) == [5, 3, 9, 7, 8]
     first, off, order = np.empty(5, np.int64), np.empty(5, np.int64), np.empty(nu, np.int64)
     kernels._by_block(uniq, nu, start, ent, 4, 2, first, off, order)  # blocks: examples {0, 1}, {2, 3}
-    caught = [list(uniq[first[s]:first[s + 1]]) for s in range(2)]
-    stepped = [list(uniq[order[off[s]:off[s + 1]]]) for s in range(2)]
+    caught = [list(uniq[first[s] : first[s + 1]]) for s in range(2)]
+    stepped = [list(uniq[order[off[s] : off[s + 1]]]) for s in range(2)]
     assert caught == [[5, 3, 9], [7, 8]]
     assert stepped == [[9], [5, 3, 7, 8]]
 
@@ -144,7 +166,7 @@ def test_word_paths_hold_every_code(tree_name):
     assert paths.shape[2] % 16 == 0 and paths.shape[2] > tree.leaf_depth.max()
     for w in range(tree.num_words):
         codes = tree.codes(w)
-        assert (paths[w, len(codes):, 0] == -1).all()
+        assert (paths[w, len(codes) :, 0] == -1).all()
         for k, (nodes, bits) in enumerate(codes):
             steps = paths[w, k, 1 : 1 + paths[w, k, 0]]
             assert (steps >> 1).tolist() == nodes and (steps & 1).tolist() == bits
@@ -181,7 +203,8 @@ def test_one_thread_is_reproducible_and_hogwild_stays_close():
     tree = TREES["multi_partial"]()
     flat = lambda m: torch.cat([p.detach().reshape(-1) for p in m.parameters()])
     (_, (a, _), (_, la), start), (_, (b, _), (_, lb), _) = (
-        run_both(tree, "momentum", n_tokens=2000, batch=50, lr=0.01, threads=1) for _ in range(2))
+        run_both(tree, "momentum", n_tokens=2000, batch=50, lr=0.01, threads=1) for _ in range(2)
+    )
     assert torch.equal(flat(a), flat(b)) and la == lb
     _, (c, _), (_, lc), _ = run_both(tree, "momentum", n_tokens=2000, batch=50, lr=0.01, threads=2)
     # Hogwild: the same steps, overlapping in time; close to the sequential result, not equal to it.
@@ -202,8 +225,9 @@ def test_hogwild_applies_each_steps_decay_once(optimizer):
         model.C.zero_()
     Q0 = model.out.weight.detach().double().clone()
     lr, wd, B, mu = 0.01, 0.02, 50, (0.9 if optimizer == "momentum" else 0.0)
-    cfg = TrainConfig(lr=lr, batch_size=B, optimizer=optimizer, weight_decay_words=0.0, weight_decay_other=wd,
-                      seed=7, progress=False)
+    cfg = TrainConfig(
+        lr=lr, batch_size=B, optimizer=optimizer, weight_decay_words=0.0, weight_decay_other=wd, seed=7, progress=False
+    )
     stream = stream_for(64, 20_000, 0)
     fast.train_epoch(model, make_optimizer(model, cfg, lr), stream, 0, cfg, 1, False, threads=2)
     steps = len(stream) // B
@@ -235,7 +259,9 @@ def test_saturated_nodes_are_exact(scale):
     model = make_model(tree, seed=5)
     with torch.no_grad():
         nb = model.out.bias.numel()
-        model.out.bias.copy_(torch.linspace(-scale, scale, nb)[torch.randperm(nb, generator=torch.Generator().manual_seed(0))])
+        model.out.bias.copy_(
+            torch.linspace(-scale, scale, nb)[torch.randperm(nb, generator=torch.Generator().manual_seed(0))]
+        )
     stream = stream_for(model.config.vocab_size, 500, 6)
     ref = token_log_probs(model, stream, pad=1, engine="torch")
     got = fast.token_log_probs(model, stream, pad=1)
@@ -258,9 +284,13 @@ def test_unsupported_models_are_named():
     with pytest.raises(ValueError, match="token ids"):
         fast.token_log_probs(ok, np.array([0, 3, 10], np.int32), 0)
     with pytest.raises(ValueError, match="pad id"):
-        fast.train_epoch(ok, make_optimizer(ok, TrainConfig(), 1e-3), np.zeros(10, np.int32), 10, TrainConfig(), 1, False)
+        fast.train_epoch(
+            ok, make_optimizer(ok, TrainConfig(), 1e-3), np.zeros(10, np.int32), 10, TrainConfig(), 1, False
+        )
     with pytest.raises(ValueError, match="fast engine"):
-        fast.train_epoch(flat, make_optimizer(flat, TrainConfig(), 1e-3), np.zeros(10, np.int32), 0, TrainConfig(), 1, False)
+        fast.train_epoch(
+            flat, make_optimizer(flat, TrainConfig(), 1e-3), np.zeros(10, np.int32), 0, TrainConfig(), 1, False
+        )
 
 
 def test_engine_factory_picks_one_implementation():

@@ -21,14 +21,22 @@ from hlbl.errors import HlblError  # noqa: E402
 from hlbl.ngram.arpa import parse_arpa  # noqa: E402
 from hlbl.tree import WordTree  # noqa: E402
 
-FUZZ = settings(max_examples=120, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    max_examples=120,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True, allow_infinity=True)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 
 def loads_or_one_line_error(read, *args):
@@ -69,8 +77,29 @@ def run(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("fuzz")
     data = tiny_corpus(root / "corpus", n_train=60)
-    assert main(["train", "--data", str(data), "--out", str(root / "run"), "--epochs", "1", "--dim", "4",
-                 "--context", "2", "--device", "cpu", "--quiet", "--engine", "torch"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(root / "run"),
+                "--epochs",
+                "1",
+                "--dim",
+                "4",
+                "--context",
+                "2",
+                "--device",
+                "cpu",
+                "--quiet",
+                "--engine",
+                "torch",
+            ]
+        )
+        == 0
+    )
     return root / "run"
 
 
@@ -98,7 +127,8 @@ def _edits(valid: dict):
 def _documents(valid: dict):
     """Bytes of: a valid file with one field changed, any JSON value, or any bytes."""
     as_json = st.one_of(_edits(valid), json_values).map(
-        lambda o: json.dumps(o, allow_nan=True).encode())  # (NaN and Infinity as Python's json writes them)
+        lambda o: json.dumps(o, allow_nan=True).encode()
+    )  # (NaN and Infinity as Python's json writes them)
     return st.one_of(as_json, as_json, st.binary(max_size=200))
 
 
@@ -194,8 +224,30 @@ ngram 2=2
 
 def test_arpa():
     base = ARPA.splitlines()
-    token = st.sampled_from(["-inf", "nan", "inf", "1e400", "-0.5", "x", "", "\t", " ", "\\data\\", "ngram 1=9",
-                             "\\3-grams:", "<s>", "</s>", "cat", "\\end\\", "-99", "ngram 2=-1", "\x00", "é"])
+    token = st.sampled_from(
+        [
+            "-inf",
+            "nan",
+            "inf",
+            "1e400",
+            "-0.5",
+            "x",
+            "",
+            "\t",
+            " ",
+            "\\data\\",
+            "ngram 1=9",
+            "\\3-grams:",
+            "<s>",
+            "</s>",
+            "cat",
+            "\\end\\",
+            "-99",
+            "ngram 2=-1",
+            "\x00",
+            "é",
+        ]
+    )
     edit = st.tuples(st.integers(0, len(base) - 1), st.lists(token, max_size=4).map("\t".join), st.booleans())
 
     def apply(edits):

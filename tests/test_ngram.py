@@ -132,7 +132,7 @@ def reference_kn(sentences, vocab_words, order):
         for k in range(1, order + 1):
             for i in range(len(s) - k + 1):
                 if not (k == 1 and s[i] == "<s>"):
-                    raw[k][tuple(s[i:i + k])] += 1
+                    raw[k][tuple(s[i : i + k])] += 1
     adj = [None] * (order + 1)
     adj[order] = dict(raw[order])
     for k in range(order - 1, 0, -1):
@@ -226,8 +226,12 @@ def test_backoff_rule(small):
     else:
         pytest.fail("no seen context with an unseen continuation")
     # An unseen context has back-off weight 1: p(x | unseen u v) = bo(v) p(x | ) or p(x | v).
-    unseen = next((a, b) for a in range(model.base) for b in range(model.base)
-                  if "<s>" not in (w[a], w[b]) and model.lookup([w[a], w[b]]) is None)
+    unseen = next(
+        (a, b)
+        for a in range(model.base)
+        for b in range(model.base)
+        if "<s>" not in (w[a], w[b]) and model.lookup([w[a], w[b]]) is None
+    )
     a, b = unseen
     for x in range(model.base):
         if w[x] != "<s>":
@@ -279,11 +283,29 @@ def test_arpa_binary_cache(small, tmp_path, monkeypatch):
 def test_arpa_missing_contexts_become_blanks():
     # The file lists "a b c" but not "a b": it is added with back-off 0 and the probability
     # the back-off rule gives, so scores are as if it were absent; no <unk>: it gets -100.
-    text = "\n".join([
-        "\\data\\", "ngram 1=4", "ngram 2=1", "ngram 3=1", "",
-        "\\1-grams:", "-99\t<s>\t-0.1", "-0.5\ta\t-0.2", "-0.6\tb\t-0.3", "-0.7\tc", "",
-        "\\2-grams:", "-0.4\tb c", "",
-        "\\3-grams:", "-0.05\ta b c", "", "\\end\\", ""])
+    text = "\n".join(
+        [
+            "\\data\\",
+            "ngram 1=4",
+            "ngram 2=1",
+            "ngram 3=1",
+            "",
+            "\\1-grams:",
+            "-99\t<s>\t-0.1",
+            "-0.5\ta\t-0.2",
+            "-0.6\tb\t-0.3",
+            "-0.7\tc",
+            "",
+            "\\2-grams:",
+            "-0.4\tb c",
+            "",
+            "\\3-grams:",
+            "-0.05\ta b c",
+            "",
+            "\\end\\",
+            "",
+        ]
+    )
     m = parse_arpa(text)
     assert m.lookup(["a", "b"]) == pytest.approx((-0.2 - 0.6, 0.0))
     assert m.lookup(["<unk>"]) == (-100.0, 0.0)
@@ -294,14 +316,34 @@ def test_arpa_missing_contexts_become_blanks():
 
 def test_arpa_log10_probability_minus_infinity_reads_as_zero_probability():
     # Some toolkits write <s> (never predicted) as -inf; KenLM reads such files.
-    m = parse_arpa("\n".join(["\\data\\", "ngram 1=3", "ngram 2=1", "", "\\1-grams:", "-inf\t<s>\t-0.5",
-                              "-0.3\ta\t-0.1", "-0.4\t</s>", "", "\\2-grams:", "-0.2\t<s> a", "", "\\end\\", ""]))
+    m = parse_arpa(
+        "\n".join(
+            [
+                "\\data\\",
+                "ngram 1=3",
+                "ngram 2=1",
+                "",
+                "\\1-grams:",
+                "-inf\t<s>\t-0.5",
+                "-0.3\ta\t-0.1",
+                "-0.4\t</s>",
+                "",
+                "\\2-grams:",
+                "-0.2\t<s> a",
+                "",
+                "\\end\\",
+                "",
+            ]
+        )
+    )
     assert m.lookup(["<s>"]) == (-math.inf, -0.5) and m.lookup(["a"]) == (-0.3, -0.1)
 
 
 def test_arpa_empty_order_and_missing_backoffs():
-    m = parse_arpa("\\data\\\nngram 1=3\nngram 2=1\nngram 3=0\n\n\\1-grams:\n-1\t<s>\t-0.5\n-0.3\ta\n"
-                   "-0.4\t</s>\n\n\\2-grams:\n-0.2\t<s> a\n\n\\3-grams:\n\n\\end\\\n")
+    m = parse_arpa(
+        "\\data\\\nngram 1=3\nngram 2=1\nngram 3=0\n\n\\1-grams:\n-1\t<s>\t-0.5\n-0.3\ta\n"
+        "-0.4\t</s>\n\n\\2-grams:\n-0.2\t<s> a\n\n\\3-grams:\n\n\\end\\\n"
+    )
     assert m.sizes() == [4, 1, 0]  # + <unk>
     # "a": p(a|<s>) = -0.2; p(</s>|<s> a) backs off with weight 1 to p(</s>) = -0.4.
     # "a a": -0.2, then p(a|<s> a) -> p(a) = -0.3, then p(</s>|a a) -> -0.4.
@@ -309,21 +351,21 @@ def test_arpa_empty_order_and_missing_backoffs():
 
 
 VALID_ARPA = [
-    "\\data\\",            # 1
-    "ngram 1=4",           # 2
-    "ngram 2=2",           # 3
-    "",                    # 4
-    "\\1-grams:",          # 5
-    "-99\t<s>\t-0.3",      # 6
-    "-0.6\ta\t-0.2",       # 7
-    "-0.7\t</s>",          # 8
-    "-1.0\t<unk>",         # 9
-    "",                    # 10
-    "\\2-grams:",          # 11
-    "-0.1\t<s> a",         # 12
-    "-0.2\ta </s>",        # 13
-    "",                    # 14
-    "\\end\\",             # 15
+    "\\data\\",  # 1
+    "ngram 1=4",  # 2
+    "ngram 2=2",  # 3
+    "",  # 4
+    "\\1-grams:",  # 5
+    "-99\t<s>\t-0.3",  # 6
+    "-0.6\ta\t-0.2",  # 7
+    "-0.7\t</s>",  # 8
+    "-1.0\t<unk>",  # 9
+    "",  # 10
+    "\\2-grams:",  # 11
+    "-0.1\t<s> a",  # 12
+    "-0.2\ta </s>",  # 13
+    "",  # 14
+    "\\end\\",  # 15
 ]
 
 
@@ -336,24 +378,27 @@ def corrupt(line_no, new):
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("line_no, new, where, words", [
-    (1, "junk", 1, "\\data\\"),
-    (2, "ngram one=4", 2, "ngram K=COUNT"),
-    (7, "x\ta\t-0.2", 7, "bad log10 probability 'x'"),
-    (7, "-0.6\ta\tnan", 7, "bad log10 back-off"),
-    (7, "-0.6\ta\t-inf", 7, "bad log10 back-off"),
-    (7, "inf\ta\t-0.2", 7, "bad log10 probability 'inf'"),
-    (7, "0.5\ta", 7, "above 0"),
-    (8, "-0.6\ta", 8, "appears twice"),
-    (12, "-0.1\t<s> b", 12, "'b' is not among the unigrams"),
-    (13, "-0.2\ta", 13, "expected a 2-gram line"),
-    (13, "-0.2\ta </s>\t-0.1", 13, "expected a 2-gram line"),
-    (13, "-0.1\t<s> a", 13, "appears twice"),
-    (3, "ngram 2=3", 14, "promises 3 2-grams, the section has 2"),
-    (2, "ngram 1=3", 9, "more 1-grams than the header's 3"),
-    (15, None, 14, "expected \\end\\"),
-    (11, "\\3-grams:", 11, "expected \\2-grams:"),
-])
+@pytest.mark.parametrize(
+    "line_no, new, where, words",
+    [
+        (1, "junk", 1, "\\data\\"),
+        (2, "ngram one=4", 2, "ngram K=COUNT"),
+        (7, "x\ta\t-0.2", 7, "bad log10 probability 'x'"),
+        (7, "-0.6\ta\tnan", 7, "bad log10 back-off"),
+        (7, "-0.6\ta\t-inf", 7, "bad log10 back-off"),
+        (7, "inf\ta\t-0.2", 7, "bad log10 probability 'inf'"),
+        (7, "0.5\ta", 7, "above 0"),
+        (8, "-0.6\ta", 8, "appears twice"),
+        (12, "-0.1\t<s> b", 12, "'b' is not among the unigrams"),
+        (13, "-0.2\ta", 13, "expected a 2-gram line"),
+        (13, "-0.2\ta </s>\t-0.1", 13, "expected a 2-gram line"),
+        (13, "-0.1\t<s> a", 13, "appears twice"),
+        (3, "ngram 2=3", 14, "promises 3 2-grams, the section has 2"),
+        (2, "ngram 1=3", 9, "more 1-grams than the header's 3"),
+        (15, None, 14, "expected \\end\\"),
+        (11, "\\3-grams:", 11, "expected \\2-grams:"),
+    ],
+)
 def test_malformed_arpa_names_the_line(tmp_path, line_no, new, where, words):
     parse_arpa("\n".join(VALID_ARPA) + "\n")  # the unchanged file is valid
     path = tmp_path / "bad.arpa"
@@ -431,7 +476,8 @@ def test_interpolate():
     np.testing.assert_array_equal(interpolate(a, b, 0.0), b)
     # Tiny probabilities do not underflow to -inf.
     assert interpolate(np.array([-2000.0]), np.array([-2001.0]), 0.5)[0] == pytest.approx(
-        -2000 + math.log(0.5 + 0.5 * math.exp(-1)))
+        -2000 + math.log(0.5 + 0.5 * math.exp(-1))
+    )
     with pytest.raises(ValueError, match="<= 0"):
         interpolate(a + 1.0, b, 0.5)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
@@ -465,6 +511,7 @@ def _write_corpus(root: Path, rng) -> Path:
 
 def test_cli_train_and_eval(tmp_path, monkeypatch, capsys):
     import hlbl.cli as cli
+
     monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
     data = _write_corpus(tmp_path / "toy", np.random.default_rng(4))
     out = tmp_path / "kn3.arpa"
@@ -499,8 +546,29 @@ def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
     data = _write_corpus(tmp_path / "toy", np.random.default_rng(5))
     run, arpa = tmp_path / "run", tmp_path / "kn3.arpa"
-    assert cli.main(["train", "--data", str(data), "--out", str(run), "--epochs", "1", "--dim", "8",
-                     "--context", "2", "--output", "flat", "--quiet", "--device", "cpu"]) == 0  # flat: no JIT
+    assert (
+        cli.main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(run),
+                "--epochs",
+                "1",
+                "--dim",
+                "8",
+                "--context",
+                "2",
+                "--output",
+                "flat",
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )  # flat: no JIT
     assert cli.main(["ngram", "train", "--data", str(data), "--order", "3", "--out", str(arpa)]) == 0
     capsys.readouterr()
     model, vocab, _ = load_model(run, device="cpu")
@@ -555,8 +623,29 @@ def test_cli_interpolation_refuses_a_foreign_ngram_vocabulary(tmp_path, monkeypa
     other = _write_corpus(tmp_path / "other", np.random.default_rng(8))
     (other / "train.txt").write_text("zz yy xx\n" * 20)
     run, arpa = tmp_path / "run", tmp_path / "other.arpa"
-    assert cli.main(["train", "--data", str(data), "--out", str(run), "--epochs", "1", "--dim", "8",
-                     "--context", "2", "--output", "flat", "--quiet", "--device", "cpu"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(run),
+                "--epochs",
+                "1",
+                "--dim",
+                "8",
+                "--context",
+                "2",
+                "--output",
+                "flat",
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     assert cli.main(["ngram", "train", "--data", str(other), "--order", "2", "--out", str(arpa)]) == 0
     capsys.readouterr()
     assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--weight", "0.5"]) == 2

@@ -99,10 +99,14 @@ def test_multi_code_gradient_is_the_exact_log_sum_gradient():
     wrong = grads(layer, lambda x: averaged_path_loss(layer, x, targets), h, targets)
     assert (ours - wrong).abs().max() > 1e-2, "averaging path losses must give a different gradient"
     # finite differences on the weights and the input, all in float64
-    assert torch.autograd.gradcheck(lambda w, b, x: _loss_with(layer, w, b, x, targets),
-                                    (layer.weight.detach().clone().requires_grad_(True),
-                                     layer.bias.detach().clone().requires_grad_(True),
-                                     h.clone().requires_grad_(True)))
+    assert torch.autograd.gradcheck(
+        lambda w, b, x: _loss_with(layer, w, b, x, targets),
+        (
+            layer.weight.detach().clone().requires_grad_(True),
+            layer.bias.detach().clone().requires_grad_(True),
+            h.clone().requires_grad_(True),
+        ),
+    )
 
 
 def _loss_with(layer, w, b, x, targets):
@@ -192,7 +196,11 @@ def test_init_unigram_needs_one_count_per_word():
     tree = multi_code_tree()
     for kind in ("tree", "flat", "adaptive"):
         layer = make_output_layer(kind, 3, tree.num_words, tree if kind == "tree" else None)
-        for counts in ([1.0] * (tree.num_words + 1), [1.0] * (tree.num_words - 1), [1.0, -1.0] + [1.0] * (tree.num_words - 2)):
+        for counts in (
+            [1.0] * (tree.num_words + 1),
+            [1.0] * (tree.num_words - 1),
+            [1.0, -1.0] + [1.0] * (tree.num_words - 2),
+        ):
             with pytest.raises(ValueError, match="init_unigram"):
                 layer.init_unigram(counts)
 
@@ -223,8 +231,10 @@ def test_targets_of_a_non_integer_dtype_are_refused(kind, dtype):
     layer = make_output_layer(kind, 3, 10, tree if kind == "tree" else None)
     with pytest.raises(TypeError, match="int64 or int32"):
         layer(torch.randn(10, 3), torch.arange(10).to(dtype))
-    assert torch.equal(layer(torch.zeros(2, 3), torch.tensor([1, 2], dtype=torch.int32)).output,
-                       layer(torch.zeros(2, 3), torch.tensor([1, 2])).output)
+    assert torch.equal(
+        layer(torch.zeros(2, 3), torch.tensor([1, 2], dtype=torch.int32)).output,
+        layer(torch.zeros(2, 3), torch.tensor([1, 2])).output,
+    )
 
 
 def test_the_layer_tree_is_fixed_and_shown():

@@ -32,8 +32,10 @@ def test_log_lines_come_every_interval_and_not_for_short_steps():
     bar.update(1_000_000)  # 10 s after the first: the second
     bar.close()
     lines = out.getvalue().splitlines()
-    assert lines == ["epoch 3: 1M/4M w (25%), 100k w/s, 0:10 elapsed, ~0:30 left, loss=5.123",
-                     "epoch 3: 3M/4M w (75%), 150k w/s, 0:20 elapsed, ~0:07 left, loss=5.123"]
+    assert lines == [
+        "epoch 3: 1M/4M w (25%), 100k w/s, 0:10 elapsed, ~0:30 left, loss=5.123",
+        "epoch 3: 3M/4M w (75%), 150k w/s, 0:20 elapsed, ~0:07 left, loss=5.123",
+    ]
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():

@@ -18,8 +18,19 @@ from conftest import ptb_root
 @pytest.mark.slow
 def test_readme_main_command_reproduces_the_random_tree_row(tmp_path):
     ptb_root()  # $HLBL_DATA's PTB if set, else the default one in this pytest run's cache, as the command finds it
-    cmd = [sys.executable, "-m", "hlbl", "train", "--data", "ptb", "--tree", "random", "--out", str(tmp_path / "run"),
-           "--quiet"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hlbl",
+        "train",
+        "--data",
+        "ptb",
+        "--tree",
+        "random",
+        "--out",
+        str(tmp_path / "run"),
+        "--quiet",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.splitlines()

@@ -18,8 +18,14 @@ TRAIN = ["the cat sat", "", "a dog ran", "the dog sat", "", "", "a cat ran"]
 
 def corpus_with_blank_lines(root):
     """train: 4 sentences and 3 blank lines; valid: 2 and 1; test: 2, 1, and the text's own <unk>."""
-    return write_corpus(root, {"train": TRAIN * 20, "valid": ["the cat ran", "", "a dog sat"],
-                               "test": ["the <unk> sat", "  ", "a zebra ran"]})
+    return write_corpus(
+        root,
+        {
+            "train": TRAIN * 20,
+            "valid": ["the cat ran", "", "a dog sat"],
+            "test": ["the <unk> sat", "  ", "a zebra ran"],
+        },
+    )
 
 
 def test_blank_lines_drop_or_keep(tmp_path):
@@ -32,7 +38,10 @@ def test_blank_lines_drop_or_keep(tmp_path):
     eos = drop.vocab.eos
     assert keep.vocab.counts[keep.vocab.eos] == 20 * 7 and drop.vocab.counts[eos] == 20 * 4
     assert list(keep.vocab.decode(keep["valid"])) == ["the", "cat", "ran", "<eos>", "<eos>", "a", "dog", "sat", "<eos>"]
-    assert drop.token_counts("valid")["blank_lines_dropped"] == 1 and keep.token_counts("valid")["blank_lines_dropped"] == 0
+    assert (
+        drop.token_counts("valid")["blank_lines_dropped"] == 1
+        and keep.token_counts("valid")["blank_lines_dropped"] == 0
+    )
     assert drop.token_counts("test")["blank_lines"] == "drop" and keep.token_counts("test")["blank_lines"] == "keep"
     assert len(load_corpus(data)["train"]) == len(drop["train"])  # from the cache: still the drop protocol
     with pytest.raises(DataError, match="blank lines"):
@@ -47,8 +56,27 @@ def test_unk_in_the_text_is_not_counted_as_out_of_vocabulary(tmp_path):
 
 def test_the_run_records_its_protocol_and_eval_uses_it(tmp_path, monkeypatch, capsys):
     data = corpus_with_blank_lines(tmp_path / "c")
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--epochs", "1", "--dim", "4",
-                 "--quiet", "--device", "cpu", "--blank-lines", "keep"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "run"),
+                "--epochs",
+                "1",
+                "--dim",
+                "4",
+                "--quiet",
+                "--device",
+                "cpu",
+                "--blank-lines",
+                "keep",
+            ]
+        )
+        == 0
+    )
     final = json.loads(capsys.readouterr().out.splitlines()[0])
     assert final["blank_lines"] == "keep" and final["test_blank_lines_dropped"] == 0
     assert final["test_tokens"] == 4 + 1 + 4 and final["test_oov"] == 1 and final["test_unk_in_text"] == 1
@@ -69,8 +97,26 @@ def test_the_run_records_its_protocol_and_eval_uses_it(tmp_path, monkeypatch, ca
         assert summary["sentences"] == sentences and summary["blank_lines_dropped"] == dropped
         assert summary["blank_lines"] == ("drop" if flags else "keep")
     # resuming with the other protocol would train on other streams
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--epochs", "2", "--quiet",
-                 "--device", "cpu", "--resume", "--blank-lines", "drop"]) == 2
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "run"),
+                "--epochs",
+                "2",
+                "--quiet",
+                "--device",
+                "cpu",
+                "--resume",
+                "--blank-lines",
+                "drop",
+            ]
+        )
+        == 2
+    )
     assert "--blank-lines keep" in capsys.readouterr().err
 
 
@@ -82,10 +128,14 @@ def test_ngram_models_use_the_same_protocol(tmp_path, capsys):
     reps = {}
     for protocol in ("drop", "keep"):
         arpa = tmp_path / f"{protocol}.arpa"
-        assert main(["ngram", "train", "--data", str(data), "--order", "2", "--out", str(arpa),
-                     "--blank-lines", protocol]) == 0
+        assert (
+            main(["ngram", "train", "--data", str(data), "--order", "2", "--out", str(arpa), "--blank-lines", protocol])
+            == 0
+        )
         capsys.readouterr()
-        assert main(["ngram", "eval", str(arpa), "--data", str(data), "--split", "valid", "--blank-lines", protocol]) == 0
+        assert (
+            main(["ngram", "eval", str(arpa), "--data", str(data), "--split", "valid", "--blank-lines", protocol]) == 0
+        )
         reps[protocol] = json.loads(capsys.readouterr().out)
         model = read_arpa(arpa)
         empty = model.lookup(["<s>", "</s>"])
@@ -101,8 +151,10 @@ def test_commands_after_training_find_the_corpus_with_nothing_set(tmp_path, monk
     tiny_corpus(tmp_path / "shared" / "mini")
     monkeypatch.setenv("HLBL_DATA", str(tmp_path / "shared"))
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "--data", "mini", "--out", "run", "--epochs", "1", "--dim", "4", "--quiet",
-                 "--device", "cpu"]) == 0
+    assert (
+        main(["train", "--data", "mini", "--out", "run", "--epochs", "1", "--dim", "4", "--quiet", "--device", "cpu"])
+        == 0
+    )
     info = json.loads((tmp_path / "run" / "run.json").read_text())
     assert info["corpus"] == "mini"  # the name, portable between machines ...
     assert info["corpus_path"] == str((tmp_path / "shared" / "mini").resolve())  # ... and where it was
@@ -112,8 +164,21 @@ def test_commands_after_training_find_the_corpus_with_nothing_set(tmp_path, monk
     capsys.readouterr()
     assert main(["eval", str(tmp_path / "run"), "--device", "cpu"]) == 0
     assert math.isfinite(json.loads(capsys.readouterr().out)["perplexity"])
-    assert main(["tree", "build", "--from", str(tmp_path / "run"), "--out", str(tmp_path / "t.json"),
-                 "--policy", "balanced"]) == 0
+    assert (
+        main(
+            [
+                "tree",
+                "build",
+                "--from",
+                str(tmp_path / "run"),
+                "--out",
+                str(tmp_path / "t.json"),
+                "--policy",
+                "balanced",
+            ]
+        )
+        == 0
+    )
     # A name found nowhere: the error lists where it looked and does not blame an unset $HLBL_DATA.
     with pytest.raises(DataError) as e:
         resolve_corpus("nosuch")

@@ -11,8 +11,15 @@ from hlbl.train import TrainConfig
 from hlbl.cli import main
 
 COLUMNS = "| model | tree | test perplexity | valid perplexity | minutes per epoch | words/s |"
-TREE_CELLS = ["RANDOM", "BALANCED", "ADAPTIVE", "ADAPTIVE(0.25)", "ADAPTIVE(0.4)", "ADAPTIVE(0.4) x2",
-              "ADAPTIVE(0.4) x4"]
+TREE_CELLS = [
+    "RANDOM",
+    "BALANCED",
+    "ADAPTIVE",
+    "ADAPTIVE(0.25)",
+    "ADAPTIVE(0.4)",
+    "ADAPTIVE(0.4) x2",
+    "ADAPTIVE(0.4) x4",
+]
 
 
 def tiny_corpus(root):
@@ -34,8 +41,19 @@ def done(tmp_path_factory):
     base = tmp_path_factory.mktemp("repro")
     data = tiny_corpus(base / "corpus")
     out = base / "out"
-    argv = ["reproduce", "--data", str(data), "--out", str(out), "--work", str(out / "work"), "--quick", "--quiet",
-            "--threads", "1"]
+    argv = [
+        "reproduce",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--work",
+        str(out / "work"),
+        "--quick",
+        "--quiet",
+        "--threads",
+        "1",
+    ]
     assert main(argv) == 0
     return data, out, argv
 
@@ -57,8 +75,11 @@ def test_tables_and_plot(done):
     res = json.loads((out / "results.json").read_text())
     assert len(res["rows"]) == 9 and all(np.isfinite(r["test_perplexity"]) for r in res["rows"])
     # Table 1 statistics follow the paper's structure on any corpus.
-    stats = {r["name"]: json.loads((out / "work" / "trees" / f"{r['name']}.build.json").read_text())["stats"]
-             for r in res["rows"] if r["name"].startswith("T")}
+    stats = {
+        r["name"]: json.loads((out / "work" / "trees" / f"{r['name']}.build.json").read_text())["stats"]
+        for r in res["rows"]
+        if r["name"].startswith("T")
+    }
     for s in stats.values():
         assert s["internal_nodes"] == s["leaves"] - 1
     assert stats["T1"]["codes_per_word"] == pytest.approx(1.0)
@@ -113,7 +134,6 @@ def test_interrupted_training_resumes(done, monkeypatch, tmp_path):
     assert after["tree"] == "ADAPTIVE"
     for key in ("test_perplexity", "valid_perplexity", "epochs", "stopped_early"):
         assert after[key] == before[key], key
-
 
 
 def test_work_directory_defaults_to_runs_not_out(tmp_path, monkeypatch):

@@ -71,8 +71,29 @@ def test_resume_without_state_json_continues_the_run_with_its_own_recipe(tmp_pat
 
 def test_a_run_stopped_before_its_first_checkpoint_resumes_with_its_own_recipe(tmp_path, data, capsys):
     run = tmp_path / "R"
-    flags = ["--data", data, "--epochs", "1", "--dim", "6", "--context", "2", "--lr", "0.002", "--seed", "3",
-             "--tree", "huffman", "--batch-size", "32", "--device", "cpu", "--quiet", "--engine", "torch"]
+    flags = [
+        "--data",
+        data,
+        "--epochs",
+        "1",
+        "--dim",
+        "6",
+        "--context",
+        "2",
+        "--lr",
+        "0.002",
+        "--seed",
+        "3",
+        "--tree",
+        "huffman",
+        "--batch-size",
+        "32",
+        "--device",
+        "cpu",
+        "--quiet",
+        "--engine",
+        "torch",
+    ]
     assert run_cli(["train", *flags, "--out", tmp_path / "straight"], capsys)[0] == 0
     assert run_cli(["train", *flags, "--out", run], capsys)[0] == 0
     for p in [run / "checkpoints", *(run / n for n in ("best.safetensors", "last.safetensors", "state.json"))]:
@@ -82,7 +103,12 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_with_its_own_recipe(t
     assert rc == 0, err
     assert "no complete checkpoint" in err and "the run's own recipe" in err
     info = json.loads((run / "run.json").read_text())
-    assert (info["model"]["dim"], info["model"]["context"], info["train"]["lr"], info["train"]["seed"]) == (6, 2, 0.002, 3)
+    assert (info["model"]["dim"], info["model"]["context"], info["train"]["lr"], info["train"]["seed"]) == (
+        6,
+        2,
+        0.002,
+        3,
+    )
     assert same(tensors(run, "best.safetensors"), tensors(tmp_path / "straight", "best.safetensors"))
 
 
@@ -90,14 +116,32 @@ def test_flags_that_contradict_the_run_are_refused_and_named(tmp_path, data, cap
     run = tmp_path / "R"
     assert run_cli(["train", "--data", data, "--out", run, "--epochs", "1", *FAST], capsys)[0] == 0
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
-    rc, _, err = run_cli(["train", "--resume", "--out", run, "--dim", "100", "--lr", "0.001", "--tree", "huffman",
-                          "--epochs", "2"], capsys)
+    rc, _, err = run_cli(
+        ["train", "--resume", "--out", run, "--dim", "100", "--lr", "0.001", "--tree", "huffman", "--epochs", "2"],
+        capsys,
+    )
     one_line_error(rc, err, "--dim 100 (the run's is 8)", "--tree huffman (the run's is random)")
     assert "--lr" not in err  # 0.001 is the run's own rate: no contradiction
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     # the same values as the run's are accepted
-    rc, _, err = run_cli(["train", "--resume", "--out", run, "--dim", "8", "--context", "3", "--epochs", "1",
-                          "--device", "cpu", "--quiet"], capsys)
+    rc, _, err = run_cli(
+        [
+            "train",
+            "--resume",
+            "--out",
+            run,
+            "--dim",
+            "8",
+            "--context",
+            "3",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert rc == 0, err
 
 
@@ -142,13 +186,16 @@ def _copy(run: Path, tmp_path: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize("field,value,words", [
-    ("epoch", "two", ["state.json", "'epoch'", "whole number"]),
-    ("lr", "x", ["state.json", "'lr'", "finite number"]),
-    ("lr", float("nan"), ["state.json", "'lr'", "NaN"]),
-    ("done", "no", ["state.json", "'done'", "true or false"]),
-    ("best_valid_ppl", None, ["state.json", "'best_valid_ppl'"]),
-])
+@pytest.mark.parametrize(
+    "field,value,words",
+    [
+        ("epoch", "two", ["state.json", "'epoch'", "whole number"]),
+        ("lr", "x", ["state.json", "'lr'", "finite number"]),
+        ("lr", float("nan"), ["state.json", "'lr'", "NaN"]),
+        ("done", "no", ["state.json", "'done'", "true or false"]),
+        ("best_valid_ppl", None, ["state.json", "'best_valid_ppl'"]),
+    ],
+)
 def test_a_state_json_with_a_wrong_type_is_one_line(trained, tmp_path, capsys, field, value, words):
     run = _copy(trained, tmp_path)
     path = run / "checkpoints" / "epoch-000001" / "state.json"
@@ -159,13 +206,16 @@ def test_a_state_json_with_a_wrong_type_is_one_line(trained, tmp_path, capsys, f
     one_line_error(rc, err, *words)
 
 
-@pytest.mark.parametrize("edit,words", [
-    (lambda info: info.update(corpus=5), ["run.json", "'corpus'", "a string"]),
-    (lambda info: info["train"].update(lr=float("nan")), ["run.json", "'train.lr'", "NaN"]),
-    (lambda info: info["train"].update(batch_size=2.5), ["run.json", "'train.batch_size'", "whole number"]),
-    (lambda info: info.update(train=[]), ["run.json", "'train'", "JSON object"]),
-    (lambda info: info["model"].update(dim="8"), ["run.json", "'model.dim'"]),
-])
+@pytest.mark.parametrize(
+    "edit,words",
+    [
+        (lambda info: info.update(corpus=5), ["run.json", "'corpus'", "a string"]),
+        (lambda info: info["train"].update(lr=float("nan")), ["run.json", "'train.lr'", "NaN"]),
+        (lambda info: info["train"].update(batch_size=2.5), ["run.json", "'train.batch_size'", "whole number"]),
+        (lambda info: info.update(train=[]), ["run.json", "'train'", "JSON object"]),
+        (lambda info: info["model"].update(dim="8"), ["run.json", "'model.dim'"]),
+    ],
+)
 def test_a_run_json_with_a_wrong_type_is_one_line(trained, tmp_path, capsys, edit, words):
     run = _copy(trained, tmp_path)
     info = json.loads((run / "run.json").read_text())
@@ -189,14 +239,41 @@ def _limited(argv: list[str], limit_bytes: int, cwd: Path) -> subprocess.Complet
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
     env = {**os.environ, "PYTHONPATH": SRC}
-    return subprocess.run([sys.executable, "-m", "hlbl", *argv], capture_output=True, text=True, env=env,
-                          preexec_fn=limit, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "hlbl", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=limit,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def test_a_file_size_limit_while_a_checkpoint_is_written_is_one_line(tmp_path, data):
     # dim 400: the weights (~50 kB) pass the 30 kB limit, the corpus cache and run files do not
-    proc = _limited(["train", "--data", str(data), "--out", "R", "--epochs", "2", "--dim", "400", "--context", "2",
-                     "--device", "cpu", "--quiet", "--engine", "torch"], 30_000, tmp_path)
+    proc = _limited(
+        [
+            "train",
+            "--data",
+            str(data),
+            "--out",
+            "R",
+            "--epochs",
+            "2",
+            "--dim",
+            "400",
+            "--context",
+            "2",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--engine",
+            "torch",
+        ],
+        30_000,
+        tmp_path,
+    )
     one_line_error(proc.returncode, proc.stderr, "cannot write the checkpoint of epoch 1", "File too large")
     assert not list((tmp_path / "R" / "checkpoints").iterdir())  # the partial checkpoint is removed
 
@@ -205,8 +282,9 @@ def test_a_full_disk_while_a_checkpoint_is_written_is_one_line(trained, tmp_path
     from safetensors import SafetensorError
 
     def full(*args, **kwargs):
-        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
-                              'message: "No space left on device" })')
+        raise SafetensorError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
 
     monkeypatch.setattr(ckpt, "save_file", full)
     run = _copy(trained, tmp_path)
@@ -216,23 +294,60 @@ def test_a_full_disk_while_a_checkpoint_is_written_is_one_line(trained, tmp_path
 
 
 def test_a_huge_batch_size_is_refused_before_numpy_is_asked(tmp_path, data, capsys):
-    rc, _, err = run_cli(["train", "--data", data, "--out", tmp_path / "R", "--epochs", "1",
-                          "--batch-size", "1000000000000", "--device", "cpu", "--quiet"], capsys)
+    rc, _, err = run_cli(
+        [
+            "train",
+            "--data",
+            data,
+            "--out",
+            tmp_path / "R",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "1000000000000",
+            "--device",
+            "cpu",
+            "--quiet",
+        ],
+        capsys,
+    )
     one_line_error(rc, err, "--batch-size 1000000000000 needs", "GiB")
 
 
 def test_a_huge_dimension_is_refused_before_torch_is_asked(tmp_path, data, capsys):
-    rc, _, err = run_cli(["train", "--data", data, "--out", tmp_path / "R", "--epochs", "1",
-                          "--dim", "1000000000000", "--device", "cpu", "--quiet"], capsys)
+    rc, _, err = run_cli(
+        [
+            "train",
+            "--data",
+            data,
+            "--out",
+            tmp_path / "R",
+            "--epochs",
+            "1",
+            "--dim",
+            "1000000000000",
+            "--device",
+            "cpu",
+            "--quiet",
+        ],
+        capsys,
+    )
     one_line_error(rc, err, "--dim 1000000000000", "GiB")
     assert not (tmp_path / "R").exists()
 
 
 def _peak_rss_mib(argv: list[str], stdin: bytes) -> tuple[int, str]:
-    code = ("import resource, sys; from hlbl.cli import main; rc = main(sys.argv[1:]); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr); sys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code, *argv], input=stdin, capture_output=True,
-                          env={**os.environ, "PYTHONPATH": SRC}, timeout=600)
+    code = (
+        "import resource, sys; from hlbl.cli import main; rc = main(sys.argv[1:]); "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, file=sys.stderr); sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        input=stdin,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": SRC},
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return int(proc.stderr.decode().strip().splitlines()[-1]), proc.stdout.decode()
 
@@ -260,7 +375,9 @@ def test_a_long_line_scores_as_the_whole_line_would(trained, monkeypatch, capsys
     monkeypatch.setattr(infer, "LONG_LINE_BYTES", 1000)
     feeds = []
     real_feed = infer._LongSentence.feed
-    monkeypatch.setattr(infer._LongSentence, "feed", lambda self, text: feeds.append(len(text)) or real_feed(self, text))
+    monkeypatch.setattr(
+        infer._LongSentence, "feed", lambda self, text: feeds.append(len(text)) or real_feed(self, text)
+    )
     line = " ".join(["the", "cat", "eats", "a", "fish", "zebra"] * 6000)  # longer than a 64 kB read
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(f"a dog\n{line}\n".encode())))
     rc, out, _ = run_cli(["score", trained, "--device", "cpu"], capsys)
@@ -282,8 +399,27 @@ def test_tree_banana_lists_the_valid_values(tmp_path, data, capsys):
 
 
 def test_a_diverged_run_names_what_is_not_finite(tmp_path, data, capsys):
-    rc, _, err = run_cli(["train", "--data", data, "--out", tmp_path / "R", "--epochs", "1", "--dim", "8",
-                          "--context", "1000", "--device", "cpu", "--quiet", "--engine", "torch"], capsys)
+    rc, _, err = run_cli(
+        [
+            "train",
+            "--data",
+            data,
+            "--out",
+            tmp_path / "R",
+            "--epochs",
+            "1",
+            "--dim",
+            "8",
+            "--context",
+            "1000",
+            "--device",
+            "cpu",
+            "--quiet",
+            "--engine",
+            "torch",
+        ],
+        capsys,
+    )
     one_line_error(rc, err, "validation perplexity inf", "--context 1000")
 
 
@@ -314,8 +450,9 @@ def test_an_unreadable_json_file_is_not_reported_as_missing(tmp_path, monkeypatc
 def _arpa_with_a_zero(tmp_path: Path, data: Path) -> Path:
     lm = tmp_path / "lm.arpa"
     assert main(["ngram", "train", "--data", str(data), "--order", "1", "--out", str(lm)]) == 0
-    lines = [("-inf\t" + x.split("\t", 1)[1]) if x.split("\t")[1:2] == ["cat"] else x
-             for x in lm.read_text().splitlines()]
+    lines = [
+        ("-inf\t" + x.split("\t", 1)[1]) if x.split("\t")[1:2] == ["cat"] else x for x in lm.read_text().splitlines()
+    ]
     lm.write_text("\n".join(lines) + "\n")
     return lm
 
@@ -336,8 +473,9 @@ def test_interpolating_with_an_ngram_zero_blames_the_ngram_model(trained, tmp_pa
     report = json.loads(out)  # strict JSON: no Infinity
     assert report["ngram_perplexity"] is None and 0 < report["perplexity"] < 1e6
     assert "probability 0" in err and "non-finite weights" not in err
-    rc, out, err = run_cli(["eval", trained, "--data", data, "--interpolate", lm, "--weight", "0", "--device", "cpu"],
-                           capsys)
+    rc, out, err = run_cli(
+        ["eval", trained, "--data", data, "--interpolate", lm, "--weight", "0", "--device", "cpu"], capsys
+    )
     one_line_error(rc, err, str(lm), "mixture weight is 0")
 
 
@@ -387,8 +525,9 @@ def test_a_run_written_before_checkpoint_directories_still_resumes(tmp_path, dat
     inside = run / "checkpoints" / "epoch-000001"
     (inside / "optimizer.safetensors").rename(run / "optimizer.safetensors")
     ckpt.shutil.rmtree(run / "checkpoints")
-    rc, _, err = run_cli(["train", "--resume", "--out", run, "--epochs", "2", "--device", "cpu", "--engine", "torch"],
-                         capsys)
+    rc, _, err = run_cli(
+        ["train", "--resume", "--out", run, "--epochs", "2", "--device", "cpu", "--engine", "torch"], capsys
+    )
     assert rc == 0, err
     assert "resuming after epoch 1 from its files" in err
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["epoch-000002"]

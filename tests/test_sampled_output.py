@@ -157,7 +157,9 @@ def test_eval_mode_and_inference_are_the_full_softmax():
         m = logits.max(1, keepdims=True)
         lp = logits - m - np.log(np.exp(logits - m).sum(1, keepdims=True))
         np.testing.assert_allclose(lay.log_prob(h).detach().numpy(), lp, rtol=1e-10)
-        np.testing.assert_allclose(lay.target_log_prob(h, target).detach().numpy(), lp[np.arange(B), target], rtol=1e-10)
+        np.testing.assert_allclose(
+            lay.target_log_prob(h, target).detach().numpy(), lp[np.arange(B), target], rtol=1e-10
+        )
         lay.eval()
         np.testing.assert_allclose(lay(h, target).output.detach().numpy(), lp[np.arange(B), target], rtol=1e-10)
         vals, idx = lay.topk(h, 3)
@@ -281,14 +283,25 @@ def test_fixed_seed_same_run_other_seed_other_noise_and_resume_is_exact(tmp_path
     Vc = len(corpus.vocab)
     c = LBL(LBLConfig(Vc, dim=8, context=3, output="nce", samples=4), None, torch.Generator().manual_seed(0))
     c.init_unigram(corpus.vocab.counts)
-    fit(c, corpus, TrainConfig(batch_size=64, max_epochs=3, seed=1, progress=False, lr_final=0), tmp_path / "c",
-        log=lambda *x: None)
+    fit(
+        c,
+        corpus,
+        TrainConfig(batch_size=64, max_epochs=3, seed=1, progress=False, lr_final=0),
+        tmp_path / "c",
+        log=lambda *x: None,
+    )
     assert not torch.equal(a.out.weight, c.out.weight)
     # 2 epochs, then resume to 3: the same weights as 3 straight (the noise restarts per epoch).
     half = train(tmp_path, "half", corpus, epochs=2)
     resumed = LBL(LBLConfig(Vc, dim=8, context=3, output="nce", samples=4), None, init=False)
-    fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False, lr_final=0), tmp_path / "half",
-        resume=True, log=lambda *x: None)
+    fit(
+        resumed,
+        corpus,
+        TrainConfig(batch_size=64, max_epochs=3, progress=False, lr_final=0),
+        tmp_path / "half",
+        resume=True,
+        log=lambda *x: None,
+    )
     lines = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     if all(x["improved"] for x in lines):  # both hold the epoch-3 weights (best = last)
         assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), resumed.state_dict().values()))
@@ -314,8 +327,31 @@ def test_save_and_load_give_identical_log_probs_and_noise(tmp_path, corpus):
 def test_cli_trains_nce_end_to_end_and_reports_self_normalisation(tmp_path, capsys):
     data = tiny_corpus(tmp_path / "corpus")
     run = tmp_path / "r"
-    assert main(["train", "--data", str(data), "--out", str(run), "--epochs", "2", "--dim", "8",
-                 "--output", "nce", "--samples", "3", "--noise-power", "0.75", "--quiet", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(run),
+                "--epochs",
+                "2",
+                "--dim",
+                "8",
+                "--output",
+                "nce",
+                "--samples",
+                "3",
+                "--noise-power",
+                "0.75",
+                "--quiet",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     result = json.loads(out[0])
     assert 1 < result["test_perplexity"] < 30  # 22 words
@@ -331,7 +367,10 @@ def test_cli_trains_nce_end_to_end_and_reports_self_normalisation(tmp_path, caps
     # flags that would be ignored are errors
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "x"), "--samples", "3"]) == 2
     assert "--samples" in capsys.readouterr().err
-    assert main(["train", "--data", str(data), "--out", str(tmp_path / "x"), "--output", "flat", "--noise-share", "5"]) == 2
+    assert (
+        main(["train", "--data", str(data), "--out", str(tmp_path / "x"), "--output", "flat", "--noise-share", "5"])
+        == 2
+    )
     assert "--noise-share" in capsys.readouterr().err
 
 

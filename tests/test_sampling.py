@@ -80,8 +80,10 @@ def test_sampling_is_reproducible_and_checks_temperature(sampling_layer):
 def test_generate_is_reproducible(output):
     tree = random_tree(40, 0) if output == "tree" else None
     model = LBL(LBLConfig(40, dim=8, context=3, output=output), tree, torch.Generator().manual_seed(0))
-    runs = [model.generate([1, 2], 30, 0, torch.Generator().manual_seed(s), temperature=t)
-            for s, t in ((3, 1.0), (3, 1.0), (4, 1.0), (3, 0.7))]
+    runs = [
+        model.generate([1, 2], 30, 0, torch.Generator().manual_seed(s), temperature=t)
+        for s, t in ((3, 1.0), (3, 1.0), (4, 1.0), (3, 0.7))
+    ]
     assert runs[0] == runs[1] and runs[0] != runs[2] and runs[0] != runs[3]
     assert all(len(r) == 30 and all(0 <= w < 40 for w in r) for r in runs)
 

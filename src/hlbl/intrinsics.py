@@ -18,9 +18,15 @@ from numba.extending import intrinsic
 
 def _element_pointer(context, builder, aryty, ary, inds):
     """LLVM pointer to ``ary[inds]`` (no bounds check; ``inds`` are intp LLVM values, one per dim)."""
-    return cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
-                                     strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout,
-                                     inds=inds)
+    return cgutils.get_item_pointer2(
+        context,
+        builder,
+        data=ary.data,
+        shape=cgutils.unpack_tuple(builder, ary.shape),
+        strides=cgutils.unpack_tuple(builder, ary.strides),
+        layout=aryty.layout,
+        inds=inds,
+    )
 
 
 def prefetch_intrinsic(write: bool, locality: int):
@@ -42,8 +48,9 @@ def prefetch_intrinsic(write: bool, locality: int):
             ptr = _element_pointer(context, builder, aryty, ary, [row] + [zero] * (aryty.ndim - 1))
             i8p = ir.IntType(8).as_pointer()
             i32 = ir.IntType(32)
-            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-                                                "llvm.prefetch.p0")
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0"
+            )
             addr = builder.gep(builder.bitcast(ptr, i8p), [off])
             builder.call(fn, [addr, ir.Constant(i32, int(write)), ir.Constant(i32, locality), ir.Constant(i32, 1)])
             return context.get_dummy_value()

@@ -552,16 +552,45 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
     # The bundles' arrays as locals, each read from its bundle once per step: numba takes and drops
     # a reference for every read of a tuple's field, which the block loop below would otherwise
     # pay on every use.
-    R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf = (params.R, params.Rbuf, params.C, params.Cbuf, params.Q, params.Qbuf,
-                                             params.qb, params.qbbuf)
+    R, Rbuf, C, Cbuf, Q, Qbuf, qb, qbbuf = (
+        params.R,
+        params.Rbuf,
+        params.C,
+        params.Cbuf,
+        params.Q,
+        params.Qbuf,
+        params.qb,
+        params.qbbuf,
+    )
     hyper, last_w, last_n = opt.hyper, opt.last_w, opt.last_n  # hyper rows: R, (C and Q), qb; cols: lr, mu, wd
     P_words, P_other, P_bias = opt.P_words, opt.P_other, opt.P_bias
-    ctx, keys, plen, h, dh, gs, plp, nll, gC = (work.ctx, work.keys, work.plen, work.h, work.dh, work.gs, work.plp,
-                                                 work.nll, work.gC)
-    uniq_n, start_n, ent_n, order_n, first_n, off_n = (work.uniq_n, work.start_n, work.ent_n, work.order_n,
-                                                       work.first_n, work.off_n)
-    uniq_w, start_w, ent_w, order_w, first_w, off_w = (work.uniq_w, work.start_w, work.ent_w, work.order_w,
-                                                       work.first_w, work.off_w)
+    ctx, keys, plen, h, dh, gs, plp, nll, gC = (
+        work.ctx,
+        work.keys,
+        work.plen,
+        work.h,
+        work.dh,
+        work.gs,
+        work.plp,
+        work.nll,
+        work.gC,
+    )
+    uniq_n, start_n, ent_n, order_n, first_n, off_n = (
+        work.uniq_n,
+        work.start_n,
+        work.ent_n,
+        work.order_n,
+        work.first_n,
+        work.off_n,
+    )
+    uniq_w, start_w, ent_w, order_w, first_w, off_w = (
+        work.uniq_w,
+        work.start_w,
+        work.ent_w,
+        work.order_w,
+        work.first_w,
+        work.off_w,
+    )
     g, empty = work.g, work.empty
     B = pos.shape[0]
     n, d = C.shape
@@ -580,16 +609,56 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
         b0, b1 = s * S, min(B, (s + 1) * S)
         # The rows this block reads first must hold their step t-1 values: decay and momentum
         # moved them while no batch touched them.
-        _catch_up(uniq_n[first_n[s] : first_n[s + 1]], Q, Qbuf, qb, qbbuf, last_n, t - 1, P_other,
-                  hyper[1, 1], P_bias, hyper[2, 1])
-        _catch_up(uniq_w[first_w[s] : first_w[s + 1]], R, Rbuf, empty, empty, last_w, t - 1, P_words,
-                  hyper[0, 1], P_bias, 0.0)
+        _catch_up(
+            uniq_n[first_n[s] : first_n[s + 1]],
+            Q,
+            Qbuf,
+            qb,
+            qbbuf,
+            last_n,
+            t - 1,
+            P_other,
+            hyper[1, 1],
+            P_bias,
+            hyper[2, 1],
+        )
+        _catch_up(
+            uniq_w[first_w[s] : first_w[s + 1]], R, Rbuf, empty, empty, last_w, t - 1, P_words, hyper[0, 1], P_bias, 0.0
+        )
         c2 = _cycles()
-        _forward_backward(R, C, Q, qb, ctx[b0:b1], keys[b0:b1], plen[b0:b1], h[b0:b1], dh[b0:b1], gs[b0:b1],
-                          plp[b0:b1], nll[b0:b1], gC)
+        _forward_backward(
+            R,
+            C,
+            Q,
+            qb,
+            ctx[b0:b1],
+            keys[b0:b1],
+            plen[b0:b1],
+            h[b0:b1],
+            dh[b0:b1],
+            gs[b0:b1],
+            plp[b0:b1],
+            nll[b0:b1],
+            gC,
+        )
         c3 = _cycles()
-        _update_nodes(order_n[off_n[s] : off_n[s + 1]], uniq_n, start_n, ent_n, KD, gs.ravel(), h, Q, Qbuf, qb,
-                      qbbuf, hyper, last_n, t, g)
+        _update_nodes(
+            order_n[off_n[s] : off_n[s + 1]],
+            uniq_n,
+            start_n,
+            ent_n,
+            KD,
+            gs.ravel(),
+            h,
+            Q,
+            Qbuf,
+            qb,
+            qbbuf,
+            hyper,
+            last_n,
+            t,
+            g,
+        )
         c4 = _cycles()
         _update_words(order_w[off_w[s] : off_w[s + 1]], uniq_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)
         c5 = _cycles()

@@ -51,7 +51,11 @@ class LBLConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not 0 <= self.init_std < float("inf"):
             raise ValueError(f"init_std (the initial weights' standard deviation) must be >= 0, got {self.init_std}")
-        if isinstance(self.noise_share, bool) or not isinstance(self.noise_share, (int, np.integer)) or self.noise_share < 0:
+        if (
+            isinstance(self.noise_share, bool)
+            or not isinstance(self.noise_share, (int, np.integer))
+            or self.noise_share < 0
+        ):
             raise ValueError(f"noise_share must be an integer >= 0, got {self.noise_share!r}")
         if not 0 <= self.noise_power < float("inf"):
             raise ValueError(f"noise_power must be >= 0, got {self.noise_power}")
@@ -65,8 +69,14 @@ class LBLConfig:
 
 
 class LBL(nn.Module):
-    def __init__(self, config: LBLConfig, tree: WordTree | None = None, generator: torch.Generator | None = None,
-                 *, init: bool = True):
+    def __init__(
+        self,
+        config: LBLConfig,
+        tree: WordTree | None = None,
+        generator: torch.Generator | None = None,
+        *,
+        init: bool = True,
+    ):
         """``init=False`` leaves the weights unset, for a caller that loads them next (a checkpoint:
         drawing V x d Gaussians first costs seconds at V = 1M)."""
         super().__init__()
@@ -77,8 +87,15 @@ class LBL(nn.Module):
         # small Gaussian noise breaks the symmetry between positions.
         shape = (n, d, d) if config.full_context else (n, d)
         self.C = nn.Parameter(torch.zeros(shape))
-        self.out = make_output_layer(config.output, d, V, tree, samples=config.samples,
-                                     noise_power=config.noise_power, noise_share=config.noise_share)
+        self.out = make_output_layer(
+            config.output,
+            d,
+            V,
+            tree,
+            samples=config.samples,
+            noise_power=config.noise_power,
+            noise_share=config.noise_share,
+        )
         if not init:
             return
         with torch.no_grad():
@@ -127,7 +144,6 @@ class LBL(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-
     # ---- inference ------------------------------------------------------------------------
     # The output layer decides how (OutputLayer.topk / .sample): exact best-first search and
     # ancestral sampling on a tree (hlbl.search, hlbl.sampling), the full distribution otherwise.
@@ -139,9 +155,15 @@ class LBL(nn.Module):
         return self.out.topk(self.context_vector(context), k)
 
     @torch.no_grad()
-    def generate(self, prompt: Sequence[int], num_tokens: int, pad: int,
-                 generator: torch.Generator | None = None, temperature: float = 1.0,
-                 per_node_temperature: bool = False) -> list[int]:
+    def generate(
+        self,
+        prompt: Sequence[int],
+        num_tokens: int,
+        pad: int,
+        generator: torch.Generator | None = None,
+        temperature: float = 1.0,
+        per_node_temperature: bool = False,
+    ) -> list[int]:
         """Sample ``num_tokens`` words after ``prompt`` (word ids); contexts padded with ``pad``.
 
         ``temperature`` T != 1 samples from ``p(w)^(1/T) / Z`` (O(V d) per token), or with

@@ -98,7 +98,9 @@ def _check_targets(target: torch.Tensor, vocab_size: int) -> None:
         raise TypeError(f"target word ids must be an int64 or int32 tensor, not {target.dtype}")
     if target.device.type == "cpu" and not torch.compiler.is_compiling():
         if target.numel() and (int(target.min()) < 0 or int(target.max()) >= vocab_size):
-            raise ValueError(f"target word ids must be in 0..{vocab_size - 1}; got {int(target.min())}..{int(target.max())}")
+            raise ValueError(
+                f"target word ids must be in 0..{vocab_size - 1}; got {int(target.min())}..{int(target.max())}"
+            )
     else:  # no host synchronisation (a GPU step, a compiled graph): the check fails asynchronously
         torch._assert_async(((target >= 0) & (target < vocab_size)).all(), "target word ids out of range")
 
@@ -138,8 +140,13 @@ class OutputLayer(nn.Module):
         return full_topk(self.log_prob(input), k)
 
     @torch.no_grad()
-    def sample(self, input: torch.Tensor, generator: torch.Generator | None = None,
-               temperature: float = 1.0, per_node: bool = False) -> torch.Tensor:
+    def sample(
+        self,
+        input: torch.Tensor,
+        generator: torch.Generator | None = None,
+        temperature: float = 1.0,
+        per_node: bool = False,
+    ) -> torch.Tensor:
         """(B,) words from ``softmax(log_prob / T)``; ``per_node`` needs a tree."""
         from .sampling import sample_from_log_prob
 
@@ -162,8 +169,9 @@ class TreeSoftmax(OutputLayer):
     for N internal nodes, one matrix product and one pass down the levels.
     """
 
-    def __init__(self, in_features: int, tree: WordTree, init_std: float = 0.0,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self, in_features: int, tree: WordTree, init_std: float = 0.0, generator: torch.Generator | None = None
+    ):
         super().__init__()
         self.in_features = in_features
         self._tree = tree
@@ -171,7 +179,9 @@ class TreeSoftmax(OutputLayer):
         self.weight = nn.Parameter(_gaussian((tree.num_nodes, in_features), init_std, generator))
         self.bias = nn.Parameter(torch.zeros(tree.num_nodes))
         # Buffers are derived from the tree; they are rebuilt, not saved (persistent=False).
-        sign = np.where(tree.path_bits == 1, np.float32(1.0), np.float32(-1.0)) * tree.path_mask  # float32: no L x D float64 temporary
+        sign = (
+            np.where(tree.path_bits == 1, np.float32(1.0), np.float32(-1.0)) * tree.path_mask
+        )  # float32: no L x D float64 temporary
         self.register_buffer("path_nodes", torch.from_numpy(tree.path_nodes), persistent=False)
         self.register_buffer("path_sign", torch.from_numpy(sign), persistent=False)
         self.register_buffer("word_leaves", torch.from_numpy(tree.word_leaves), persistent=False)
@@ -195,8 +205,10 @@ class TreeSoftmax(OutputLayer):
 
     def extra_repr(self) -> str:
         t = self._tree
-        return (f"in_features={self.in_features}, vocab_size={self.vocab_size}, nodes={t.num_nodes}, "
-                f"max_depth={t.path_nodes.shape[1]}, max_codes={t.word_leaves.shape[1]}")
+        return (
+            f"in_features={self.in_features}, vocab_size={self.vocab_size}, nodes={t.num_nodes}, "
+            f"max_depth={t.path_nodes.shape[1]}, max_codes={t.word_leaves.shape[1]}"
+        )
 
     def init_unigram(self, counts: Sequence[float]) -> None:
         """Biases so that zero weights give the unigram distribution.
@@ -269,24 +281,31 @@ class TreeSoftmax(OutputLayer):
         return res.values, res.indices
 
     @torch.no_grad()
-    def sample(self, input: torch.Tensor, generator: torch.Generator | None = None,
-               temperature: float = 1.0, per_node: bool = False) -> torch.Tensor:
+    def sample(
+        self,
+        input: torch.Tensor,
+        generator: torch.Generator | None = None,
+        temperature: float = 1.0,
+        per_node: bool = False,
+    ) -> torch.Tensor:
         """(B,) sampled words: ancestral O(depth) when ``temperature == 1`` or ``per_node``,
         else the exact tempered distribution via ``log_prob`` (O(N d))."""
         from .sampling import ancestral_sample, sample_from_log_prob
         from .search import layer_tree_arrays
 
         if temperature == 1.0 or per_node:
-            return ancestral_sample(self.tree, self.weight, self.bias, input, generator, temperature,
-                                    arrays=layer_tree_arrays(self))
+            return ancestral_sample(
+                self.tree, self.weight, self.bias, input, generator, temperature, arrays=layer_tree_arrays(self)
+            )
         return sample_from_log_prob(self.log_prob(input), generator, temperature)
 
 
 class FlatSoftmax(OutputLayer):
     """The non-hierarchical LBL output: ``P(w | h) = exp(h . q_w + b_w) / Z``."""
 
-    def __init__(self, in_features: int, vocab_size: int, init_std: float = 0.0,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self, in_features: int, vocab_size: int, init_std: float = 0.0, generator: torch.Generator | None = None
+    ):
         super().__init__()
         self.in_features = in_features
         self.vocab_size = vocab_size
@@ -306,7 +325,6 @@ class FlatSoftmax(OutputLayer):
         return -F.cross_entropy(logits, target.long(), reduction="none")  # cross_entropy takes int64 only
 
 
-
 class AdaptiveSoftmax(OutputLayer):
     """PyTorch's ``nn.AdaptiveLogSoftmaxWithLoss`` behind this module's interface (a baseline).
 
@@ -321,7 +339,9 @@ class AdaptiveSoftmax(OutputLayer):
         if cutoffs is None:
             if vocab_size < 3:  # no cluster boundary fits; PyTorch's own error would name no reason
                 raise ValueError(f"the adaptive softmax needs at least 3 words, got {vocab_size}")
-            cutoffs = sorted({c for c in (vocab_size // 50, vocab_size // 10, vocab_size * 2 // 5) if 0 < c < vocab_size})
+            cutoffs = sorted(
+                {c for c in (vocab_size // 50, vocab_size // 10, vocab_size * 2 // 5) if 0 < c < vocab_size}
+            )
         # PyTorch's layer as it is (div_value 4: tail cluster i projects to d // 4^(i+1)
         # dimensions, 1 for the last at d = 100). Below d = 64 that last projection is empty and
         # PyTorch warns; changing div_value would change saved shapes, so the baseline stays as is.
@@ -340,10 +360,17 @@ class AdaptiveSoftmax(OutputLayer):
         return self.asm(input, target).output
 
 
-
-def make_output_layer(kind: str, in_features: int, vocab_size: int, tree: WordTree | None = None,
-                      init_std: float = 0.0, generator: torch.Generator | None = None,
-                      samples: int = 25, noise_power: float = 1.0, noise_share: int = 25) -> OutputLayer:
+def make_output_layer(
+    kind: str,
+    in_features: int,
+    vocab_size: int,
+    tree: WordTree | None = None,
+    init_std: float = 0.0,
+    generator: torch.Generator | None = None,
+    samples: int = 25,
+    noise_power: float = 1.0,
+    noise_share: int = 25,
+) -> OutputLayer:
     """The one place that maps an output kind to a layer. ``init_std`` > 0 draws the tree, flat
     and sampled layers' weights from N(0, init_std^2) with ``generator`` (0: zeros); the adaptive
     softmax keeps PyTorch's own initialisation (from torch's global generator). ``samples`` (k),

@@ -40,8 +40,15 @@ def _clock(seconds: float) -> str:
 class LogLines:
     """tqdm's interface, writing one line every ``every`` seconds (see the module docstring)."""
 
-    def __init__(self, total: float | None = None, desc: str | None = None, unit: str = "it",
-                 every: float | None = None, file: TextIO | None = None, clock=time.monotonic):
+    def __init__(
+        self,
+        total: float | None = None,
+        desc: str | None = None,
+        unit: str = "it",
+        every: float | None = None,
+        file: TextIO | None = None,
+        clock=time.monotonic,
+    ):
         self.total, self.desc, self.unit = total, desc, unit
         self.every = LOG_EVERY if every is None else every
         self.file = file if file is not None else sys.stderr
@@ -84,13 +91,15 @@ class LogLines:
         self.close()
 
 
-def progress(total: float | None = None, desc: str | None = None, unit: str = "it", show: bool = True,
-             file: TextIO | None = None):
+def progress(
+    total: float | None = None, desc: str | None = None, unit: str = "it", show: bool = True, file: TextIO | None = None
+):
     """A progress display for a step of ``total`` units: a tqdm bar when ``file`` (stderr by
     default) is a terminal, else :class:`LogLines`; nothing at all (a disabled bar) if not ``show``."""
     file = file if file is not None else sys.stderr
     tty = hasattr(file, "isatty") and file.isatty()
     if show and not tty:
         return LogLines(total, desc, unit, file=file)
-    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False, file=file, mininterval=1.0,
-                disable=not show)
+    return tqdm(
+        total=total, desc=desc, unit=unit, unit_scale=True, leave=False, file=file, mininterval=1.0, disable=not show
+    )

@@ -57,11 +57,26 @@ TREES = (
     ("T7", "adaptive:0.4", 4),
 )
 # The paper's numbers (APNews, 18k words), for the side-by-side columns.
-PAPER_TABLE1 = {"T1": (14.2, 1.0, 17963), "T2": (14.3, 1.0, 17963), "T3": (16.1, 1.0, 17963),
-                "T4": (24.2, 1.3, 22995), "T5": (29.0, 1.7, 30296), "T6": (69.1, 3.4, 61014),
-                "T7": (143.2, 6.8, 121980)}
-PAPER_TABLE3 = {"T1": 151.2, "T2": 131.3, "T3": 127.0, "T4": 124.4, "T5": 123.3, "T6": 115.7,
-                "T7": 112.1, "flat": 117.0, "KN5": 123.2}
+PAPER_TABLE1 = {
+    "T1": (14.2, 1.0, 17963),
+    "T2": (14.3, 1.0, 17963),
+    "T3": (16.1, 1.0, 17963),
+    "T4": (24.2, 1.3, 22995),
+    "T5": (29.0, 1.7, 30296),
+    "T6": (69.1, 3.4, 61014),
+    "T7": (143.2, 6.8, 121980),
+}
+PAPER_TABLE3 = {
+    "T1": 151.2,
+    "T2": 131.3,
+    "T3": 127.0,
+    "T4": 124.4,
+    "T5": 123.3,
+    "T6": 115.7,
+    "T7": 112.1,
+    "flat": 117.0,
+    "KN5": 123.2,
+}
 
 
 @dataclass
@@ -108,8 +123,9 @@ def git_commit() -> str:
     """Short hash of HEAD of the source checkout, '+dirty' if src/ has uncommitted changes."""
     here = Path(__file__).resolve().parent
     try:
-        h = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
-                           text=True, timeout=10).stdout.strip()
+        h = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
         dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=here, timeout=10).returncode
         return (h or "unknown") + ("+dirty" if h and dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -142,7 +158,9 @@ class Reproduction:
             d.mkdir(parents=True, exist_ok=True)
         self.V = len(self.corpus.vocab)
         self.counts = self.corpus.vocab.counts_array()
-        self.train_stream = self.corpus["train"][: cfg.max_train_tokens] if cfg.max_train_tokens else self.corpus["train"]
+        self.train_stream = (
+            self.corpus["train"][: cfg.max_train_tokens] if cfg.max_train_tokens else self.corpus["train"]
+        )
 
     def _claim_work_dir(self) -> None:
         """Finished steps in the work directory are reused by name, so it must hold this
@@ -150,9 +168,17 @@ class Reproduction:
         may differ: a larger cap continues a run). ``work/config.json`` records them."""
         c = self.cfg
         words = "\n".join(self.corpus.vocab.words).encode()
-        identity = {"data": str(resolve_corpus(c.data).resolve()), "vocab_sha256": hashlib.sha256(words).hexdigest(),
-                    "dim": c.dim, "context": c.context, "seed": c.seed, "max_train_tokens": c.max_train_tokens,
-                    "max_eval_tokens": c.max_eval_tokens, "em_iters": c.em_iters, "kn_order": c.kn_order}
+        identity = {
+            "data": str(resolve_corpus(c.data).resolve()),
+            "vocab_sha256": hashlib.sha256(words).hexdigest(),
+            "dim": c.dim,
+            "context": c.context,
+            "seed": c.seed,
+            "max_train_tokens": c.max_train_tokens,
+            "max_eval_tokens": c.max_eval_tokens,
+            "em_iters": c.em_iters,
+            "kn_order": c.kn_order,
+        }
         path = self.work / "config.json"
         if path.is_file():
             try:
@@ -161,8 +187,10 @@ class Reproduction:
                 old = {}
             differ = [k for k in identity if old.get(k) != identity[k]]
             if differ:
-                raise DataError(f"{self.work} holds a reproduction with another {', '.join(differ)}; "
-                                "choose another work directory, or delete it to start over")
+                raise DataError(
+                    f"{self.work} holds a reproduction with another {', '.join(differ)}; "
+                    "choose another work directory, or delete it to start over"
+                )
             return
         self.work.mkdir(parents=True, exist_ok=True)
         atomic.write_text(path, json.dumps(identity, indent=1))  # (a work dir from before this file: trusted)
@@ -186,8 +214,9 @@ class Reproduction:
     # ---- steps ------------------------------------------------------------------------------
 
     def train_config(self, epochs: int) -> TrainConfig:
-        return TrainConfig(max_epochs=epochs, seed=self.cfg.seed, max_train_tokens=self.cfg.max_train_tokens,
-                           progress=False)
+        return TrainConfig(
+            max_epochs=epochs, seed=self.cfg.seed, max_train_tokens=self.cfg.max_train_tokens, progress=False
+        )
 
     def train(self, name: str, tree: WordTree | None, label: str, epochs: int) -> dict:
         """Train (or resume, or skip) one model; evaluate its best weights on valid and test."""
@@ -213,15 +242,27 @@ class Reproduction:
             model = LBL(mcfg, tree, torch.Generator().manual_seed(self.cfg.seed))
             model.init_unigram(self.counts)
             self.log(f"[{name}] training {label} ({output} output, {model.num_parameters():,} parameters)")
-            fit(model, self.corpus, self.train_config(epochs), run, corpus_spec=corpus_record(self.cfg.data), log=self.log)
+            fit(
+                model,
+                self.corpus,
+                self.train_config(epochs),
+                run,
+                corpus_spec=corpus_record(self.cfg.data),
+                log=self.log,
+            )
         state = ckpt.read_state(run / "state.json")
         metrics = ckpt.read_metrics(run / "metrics.jsonl")  # (checked: a damaged log is one line, not a traceback)
         pad = self.corpus.vocab.eos
         ev = {s: evaluate(model, self.eval_stream(s), pad) for s in ("valid", "test")}
         res = {
-            "name": name, "model": "LBL" if tree is None else "HLBL", "tree": label,
-            "test_perplexity": ev["test"]["perplexity"], "valid_perplexity": ev["valid"]["perplexity"],
-            "epochs": state["epoch"], "stopped_early": bool(state["done"]), "epoch_cap": epochs,
+            "name": name,
+            "model": "LBL" if tree is None else "HLBL",
+            "tree": label,
+            "test_perplexity": ev["test"]["perplexity"],
+            "valid_perplexity": ev["valid"]["perplexity"],
+            "epochs": state["epoch"],
+            "stopped_early": bool(state["done"]),
+            "epoch_cap": epochs,
             "minutes_per_epoch": float(np.mean([m["epoch_minutes"] for m in metrics])),
             # From the same wall time, so that the two columns agree (a mean of the engines' own
             # rates would leave out what an epoch also spends, e.g. loading numba's kernels).
@@ -244,12 +285,20 @@ class Reproduction:
         digest = hashlib.sha256(best.read_bytes()).hexdigest()
         if path.is_file():
             with np.load(path, allow_pickle=False) as z:
-                if "t1_sha256" not in z.files or str(z["t1_sha256"]) == digest:  # (files from before the digest: trusted)
+                if (
+                    "t1_sha256" not in z.files or str(z["t1_sha256"]) == digest
+                ):  # (files from before the digest: trusted)
                     return z["X"]
-            self.log("[features] T1 has trained on since its features were computed: rebuilding them, the "
-                     "learned trees and their runs")
+            self.log(
+                "[features] T1 has trained on since its features were computed: rebuilding them, the "
+                "learned trees and their runs"
+            )
             for name, _, _ in TREES[1:]:
-                for p in (self.tree_path(name), self.tree_path(name).with_suffix(".build.json"), self.result_path(name)):
+                for p in (
+                    self.tree_path(name),
+                    self.tree_path(name).with_suffix(".build.json"),
+                    self.result_path(name),
+                ):
                     p.unlink(missing_ok=True)
                 shutil.rmtree(self.work / "runs" / name, ignore_errors=True)
         model, _, _ = ckpt.load_model(self.work / "runs" / "T1", which="best")
@@ -272,12 +321,19 @@ class Reproduction:
             # Different trees get different seeds (T6's copies are not T5 again).
             seed = self.cfg.seed * 100 + int(name[1:])
             tree = build_tree_from_features(X, policy, seed, copies, self.cfg.em_iters, report=rep)
-        info = {"name": name, "rule": tree_label(policy, copies) if policy != "random" else "RANDOM",
-                "seconds": time.perf_counter() - t0, "report": rep.to_json(), "stats": tree.stats(self.counts)}
+        info = {
+            "name": name,
+            "rule": tree_label(policy, copies) if policy != "random" else "RANDOM",
+            "seconds": time.perf_counter() - t0,
+            "report": rep.to_json(),
+            "stats": tree.stats(self.counts),
+        }
         ckpt.write_json(path.with_suffix(".build.json"), info)
         tree.save(path)  # last: its presence marks the step done
-        self.log(f"[{name}] {info['rule']}: {info['stats']['internal_nodes']:,} nodes, "
-                 f"{info['stats']['codes_per_word']:.2f} codes/word, built in {info['seconds']:.1f}s")
+        self.log(
+            f"[{name}] {info['rule']}: {info['stats']['internal_nodes']:,} nodes, "
+            f"{info['stats']['codes_per_word']:.2f} codes/word, built in {info['seconds']:.1f}s"
+        )
         return tree
 
     def kn(self) -> dict | None:
@@ -290,10 +346,19 @@ class Reproduction:
         t0 = time.perf_counter()
         lm = train_kneser_ney(self.train_stream, self.corpus.vocab, self.cfg.kn_order)
         train_s = time.perf_counter() - t0
-        ev = {s: perplexity_report(token_log_probs(lm, self.eval_stream(s), self.corpus.vocab)) for s in ("valid", "test")}
-        res = {"name": "KN5", "model": f"KN{self.cfg.kn_order}", "tree": "-",
-               "test_perplexity": ev["test"]["perplexity"], "valid_perplexity": ev["valid"]["perplexity"],
-               "train_minutes": train_s / 60, "minutes_per_epoch": None, "words_per_sec": None}
+        ev = {
+            s: perplexity_report(token_log_probs(lm, self.eval_stream(s), self.corpus.vocab)) for s in ("valid", "test")
+        }
+        res = {
+            "name": "KN5",
+            "model": f"KN{self.cfg.kn_order}",
+            "tree": "-",
+            "test_perplexity": ev["test"]["perplexity"],
+            "valid_perplexity": ev["valid"]["perplexity"],
+            "train_minutes": train_s / 60,
+            "minutes_per_epoch": None,
+            "words_per_sec": None,
+        }
         ckpt.write_json(self.result_path("KN5"), res)
         self.log(f"[KN5] test perplexity {res['test_perplexity']:.2f}")
         return res
@@ -301,18 +366,26 @@ class Reproduction:
     # ---- reports ----------------------------------------------------------------------------
 
     def header(self, what: str) -> str:
-        return (f"# {what}\n\nProduced by `{self.cfg.command or 'hlbl reproduce'}` at commit `{git_commit()}`.\n"
-                f"Corpus `{self.cfg.data}`: {self.V:,} words, {len(self.train_stream):,} training tokens"
-                + (f", valid/test cut to {self.cfg.max_eval_tokens:,} tokens" if self.cfg.max_eval_tokens else "")
-                + ".\n"
-                + (f"`--quick` smoke test: {self.cfg.dim}-d vectors, at most {self.cfg.epochs} epochs "
-                   f"({self.cfg.flat_epochs} flat), whatever the options above say.\n" if self.cfg.quick else "")
-                + "\n")
+        return (
+            f"# {what}\n\nProduced by `{self.cfg.command or 'hlbl reproduce'}` at commit `{git_commit()}`.\n"
+            f"Corpus `{self.cfg.data}`: {self.V:,} words, {len(self.train_stream):,} training tokens"
+            + (f", valid/test cut to {self.cfg.max_eval_tokens:,} tokens" if self.cfg.max_eval_tokens else "")
+            + ".\n"
+            + (
+                f"`--quick` smoke test: {self.cfg.dim}-d vectors, at most {self.cfg.epochs} epochs "
+                f"({self.cfg.flat_epochs} flat), whatever the options above say.\n"
+                if self.cfg.quick
+                else ""
+            )
+            + "\n"
+        )
 
     def write_table1(self) -> None:
-        rows = ["| tree | rule | mean code length | codes/word | internal nodes | max depth | build s "
-                "| paper: code length | codes/word | internal nodes |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
+        rows = [
+            "| tree | rule | mean code length | codes/word | internal nodes | max depth | build s "
+            "| paper: code length | codes/word | internal nodes |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         missing = []
         for name, policy, copies in TREES:
             p = self.tree_path(name).with_suffix(".build.json")
@@ -322,12 +395,20 @@ class Reproduction:
             b = json.loads(p.read_text())
             s = b["stats"]
             pl, pc, pn = PAPER_TABLE1[name]
-            rows.append(f"| {name} | {b['rule']} | {s['mean_code_length']:.1f} | {s['codes_per_word']:.2f} "
-                        f"| {s['internal_nodes']:,} | {s['max_depth']} | {b['seconds']:.1f} | {pl} | {pc} | {pn:,} |")
-        text = self.header("Table 1: tree statistics") + "\n".join(rows) + "\n\n" + (
-            "Definitions (`WordTree.stats(counts)`, the paper's): mean code length = the sum of the lengths "
-            "of all of a word's codes, averaged over the training unigram distribution; codes/word likewise. "
-            "Internal nodes = leaves - 1. The paper's columns are for APNews (17,964 words).\n")
+            rows.append(
+                f"| {name} | {b['rule']} | {s['mean_code_length']:.1f} | {s['codes_per_word']:.2f} "
+                f"| {s['internal_nodes']:,} | {s['max_depth']} | {b['seconds']:.1f} | {pl} | {pc} | {pn:,} |"
+            )
+        text = (
+            self.header("Table 1: tree statistics")
+            + "\n".join(rows)
+            + "\n\n"
+            + (
+                "Definitions (`WordTree.stats(counts)`, the paper's): mean code length = the sum of the lengths "
+                "of all of a word's codes, averaged over the training unigram distribution; codes/word likewise. "
+                "Internal nodes = leaves - 1. The paper's columns are for APNews (17,964 words).\n"
+            )
+        )
         if missing:
             text += f"\nMissing (skipped, or not built yet): {', '.join(missing)}.\n"
         atomic.write_text(self.out / "table1.md", text)
@@ -336,8 +417,14 @@ class Reproduction:
         out = []
         for name, policy, copies in TREES:
             r = self.result(name)
-            out.append(r or {"name": name, "model": "HLBL",
-                             "tree": "RANDOM" if policy == "random" else tree_label(policy, copies)})
+            out.append(
+                r
+                or {
+                    "name": name,
+                    "model": "HLBL",
+                    "tree": "RANDOM" if policy == "random" else tree_label(policy, copies),
+                }
+            )
         for name, model in (("flat", "LBL"), ("KN5", f"KN{self.cfg.kn_order}")):
             out.append(self.result(name) or {"name": name, "model": model, "tree": "-"})
         return out
@@ -346,8 +433,11 @@ class Reproduction:
         def num(x, fmt):
             return "-" if x is None else format(x, fmt)
 
-        lines = ["| model | tree | test perplexity | valid perplexity | minutes per epoch | words/s "
-                 "| epochs | paper: test perplexity |", "|---|---|---|---|---|---|---|---|"]
+        lines = [
+            "| model | tree | test perplexity | valid perplexity | minutes per epoch | words/s "
+            "| epochs | paper: test perplexity |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         missing = []
         for r in self.rows():
             if "test_perplexity" not in r:
@@ -355,19 +445,28 @@ class Reproduction:
                 continue
             ep = r.get("epochs")
             ep_cell = "-" if ep is None else f"{ep}" + ("" if r.get("stopped_early") else f" (cap {r['epoch_cap']})")
-            lines.append(f"| {r['model']} | {r['tree']} | {r['test_perplexity']:.1f} | {r['valid_perplexity']:.1f} "
-                         f"| {num(r.get('minutes_per_epoch'), '.3g')} | {num(r.get('words_per_sec'), ',.0f')} "
-                         f"| {ep_cell} | {PAPER_TABLE3.get(r['name'], '-')} |")
-        text = self.header("Table 3: test perplexity and training speed") + "\n".join(lines) + "\n\n" + (
-            "One run per row (seed %d), %d-d features, context %d. Minutes per epoch is the mean over the run's "
-            "epochs (training only, not validation) and words/s the training tokens over that time, measured on a shared machine: compare them within "
-            "this table only. 'cap N' = stopped by the epoch cap, not by early stopping. The paper's column is "
-            "APNews, not comparable in absolute terms.\n" % (self.cfg.seed, self.cfg.dim, self.cfg.context))
+            lines.append(
+                f"| {r['model']} | {r['tree']} | {r['test_perplexity']:.1f} | {r['valid_perplexity']:.1f} "
+                f"| {num(r.get('minutes_per_epoch'), '.3g')} | {num(r.get('words_per_sec'), ',.0f')} "
+                f"| {ep_cell} | {PAPER_TABLE3.get(r['name'], '-')} |"
+            )
+        text = (
+            self.header("Table 3: test perplexity and training speed")
+            + "\n".join(lines)
+            + "\n\n"
+            + (
+                "One run per row (seed %d), %d-d features, context %d. Minutes per epoch is the mean over the run's "
+                "epochs (training only, not validation) and words/s the training tokens over that time, measured on a shared machine: compare them within "
+                "this table only. 'cap N' = stopped by the epoch cap, not by early stopping. The paper's column is "
+                "APNews, not comparable in absolute terms.\n" % (self.cfg.seed, self.cfg.dim, self.cfg.context)
+            )
+        )
         if missing:
             text += f"\nMissing rows (not finished or skipped): {', '.join(missing)}.\n"
         atomic.write_text(self.out / "table3.md", text)
-        ckpt.write_json(self.out / "results.json", {"config": asdict(self.cfg), "commit": git_commit(),
-                                                    "rows": self.rows()})
+        ckpt.write_json(
+            self.out / "results.json", {"config": asdict(self.cfg), "commit": git_commit(), "rows": self.rows()}
+        )
 
     def write_plot(self) -> None:
         try:
@@ -392,10 +491,17 @@ class Reproduction:
                 continue
             x = max(r["train_minutes"], 1e-3)
             ax.scatter([x], [r["test_perplexity"]], color="tab:red" if r["model"] == "LBL" else "tab:blue")
-            ax.annotate(r["tree"] if r["model"] == "HLBL" else "flat LBL", (x, r["test_perplexity"]),
-                        textcoords="offset points", xytext=(4, 3), fontsize=8)
+            ax.annotate(
+                r["tree"] if r["model"] == "HLBL" else "flat LBL",
+                (x, r["test_perplexity"]),
+                textcoords="offset points",
+                xytext=(4, 3),
+                fontsize=8,
+            )
         for r in kn:
-            ax.axhline(r["test_perplexity"], color="gray", ls="--", lw=1, label=f"{r['model']} (no training time shown)")
+            ax.axhline(
+                r["test_perplexity"], color="gray", ls="--", lw=1, label=f"{r['model']} (no training time shown)"
+            )
         if kn:
             ax.legend(fontsize=8)
         ax.set_xscale("log")

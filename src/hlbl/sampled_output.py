@@ -75,9 +75,17 @@ class SampledOutput(FlatSoftmax):
 
     kind = ""
 
-    def __init__(self, in_features: int, vocab_size: int, samples: int = 25, noise_power: float = 1.0,
-                 init_std: float = 0.0, generator: torch.Generator | None = None, seed: int = 0,
-                 noise_share: int = 25):
+    def __init__(
+        self,
+        in_features: int,
+        vocab_size: int,
+        samples: int = 25,
+        noise_power: float = 1.0,
+        init_std: float = 0.0,
+        generator: torch.Generator | None = None,
+        seed: int = 0,
+        noise_share: int = 25,
+    ):
         super().__init__(in_features, vocab_size, init_std, generator)
         if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
             raise ValueError(f"the {self.kind} output layer needs at least 1 sample, got {samples!r}")
@@ -95,8 +103,10 @@ class SampledOutput(FlatSoftmax):
         self._cdf = torch.empty(0, dtype=torch.float64)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, vocab_size={self.vocab_size}, samples={self.samples}, "
-                f"noise_power={self.noise_power}, noise_share={self.noise_share}")
+        return (
+            f"in_features={self.in_features}, vocab_size={self.vocab_size}, samples={self.samples}, "
+            f"noise_power={self.noise_power}, noise_share={self.noise_share}"
+        )
 
     # ---- noise -----------------------------------------------------------------------------
 
@@ -200,7 +210,11 @@ class SampledSoftmax(SampledOutput):
 
     def sampled_loss(self, input, target, noise):
         s_t, s_n, ids = self._scores(input, target, noise)
-        logits = torch.cat(((s_t - self.noise_log_prob[target]).unsqueeze(1),
-                            (s_n - self.noise_log_prob[ids]).masked_fill(ids == target.unsqueeze(1),
-                                                                        float("-inf"))), dim=1)  # (B, 1 + k)
+        logits = torch.cat(
+            (
+                (s_t - self.noise_log_prob[target]).unsqueeze(1),
+                (s_n - self.noise_log_prob[ids]).masked_fill(ids == target.unsqueeze(1), float("-inf")),
+            ),
+            dim=1,
+        )  # (B, 1 + k)
         return -F.log_softmax(logits, dim=1)[:, 0]

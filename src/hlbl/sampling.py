@@ -43,9 +43,15 @@ def _ancestral_walk(H, W, b, children, U, temperature, out):
             node = c
 
 
-def ancestral_sample(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: torch.Tensor,
-                     generator: torch.Generator | None = None, temperature: float = 1.0,
-                     arrays: TreeArrays | None = None) -> torch.Tensor:
+def ancestral_sample(
+    tree: WordTree,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    input: torch.Tensor,
+    generator: torch.Generator | None = None,
+    temperature: float = 1.0,
+    arrays: TreeArrays | None = None,
+) -> torch.Tensor:
     """(B,) words drawn by walking down the tree from the root, O(depth d) per row (numba, CPU).
 
     With ``temperature`` T != 1 every decision uses ``sigmoid(s_j / T)`` (per-node temperature,
@@ -59,8 +65,17 @@ def ancestral_sample(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, i
         raise ValueError(f"input must have shape (B, {W.shape[1]}), got {tuple(input.shape)}")
     B = input.shape[0]
     depth = a.path_nodes.shape[1]  # the deepest leaf (path tables are padded to it): O(1), not O(V)
-    U = torch.rand(B, depth, generator=generator, dtype=torch.float64,
-                   device=generator.device if generator is not None else "cpu").cpu().numpy()
+    U = (
+        torch.rand(
+            B,
+            depth,
+            generator=generator,
+            dtype=torch.float64,
+            device=generator.device if generator is not None else "cpu",
+        )
+        .cpu()
+        .numpy()
+    )
     H = np.ascontiguousarray(input.detach().to("cpu", torch.float64).numpy())
     out = np.empty(B, dtype=np.int64)
     _ancestral_walk(H, W, b, a.children, U, float(temperature), out)
@@ -69,8 +84,9 @@ def ancestral_sample(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, i
     return torch.from_numpy(out).to(input.device)
 
 
-def sample_from_log_prob(log_prob: torch.Tensor, generator: torch.Generator | None = None,
-                         temperature: float = 1.0) -> torch.Tensor:
+def sample_from_log_prob(
+    log_prob: torch.Tensor, generator: torch.Generator | None = None, temperature: float = 1.0
+) -> torch.Tensor:
     """(B,) words drawn from ``softmax(log_prob / T)``: the exact tempered distribution."""
     _check_temperature(temperature)
     lp = log_prob.double()

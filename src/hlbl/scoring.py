@@ -23,8 +23,13 @@ class SentenceScore(NamedTuple):
     oov: int  # words not in the vocabulary (scored as <unk>)
 
 
-def score_sentences(model, vocab, sentences: Iterable[str | Sequence[str]], batch_size: int = 4096,
-                    device: str | torch.device | None = None) -> list[SentenceScore]:
+def score_sentences(
+    model,
+    vocab,
+    sentences: Iterable[str | Sequence[str]],
+    batch_size: int = 4096,
+    device: str | torch.device | None = None,
+) -> list[SentenceScore]:
     """Score each sentence independently: its tokens, then ``<eos>``, context padded with ``<eos>``.
 
     ``sentences`` are strings (split on whitespace) or token lists. Blank sentences are scored
@@ -64,8 +69,13 @@ def score_report(scores: Sequence[SentenceScore]) -> dict:
     tokens = int(sum(s.tokens for s in scores))
     if tokens == 0:
         raise ValueError("no sentences to score")
-    return {"log10_prob": total, "tokens": tokens, "sentences": len(scores),
-            "oov": int(sum(s.oov for s in scores)), "perplexity": 10.0 ** (-total / tokens)}
+    return {
+        "log10_prob": total,
+        "tokens": tokens,
+        "sentences": len(scores),
+        "oov": int(sum(s.oov for s in scores)),
+        "perplexity": 10.0 ** (-total / tokens),
+    }
 
 
 def encode_context(vocab, tokens: Sequence[str], n: int) -> tuple[list[int], int]:

@@ -186,8 +186,31 @@ def _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, 
 
 
 @numba.njit(cache=True)
-def _topk_one(h, W, b, children, ncodes, log_codes, log_codes_below, single, word_leaves, path_nodes,
-              path_bits, leaf_depth, k, hk, hp, hb, score, stamp, resolved, tag, buf, out_v, out_w):
+def _topk_one(
+    h,
+    W,
+    b,
+    children,
+    ncodes,
+    log_codes,
+    log_codes_below,
+    single,
+    word_leaves,
+    path_nodes,
+    path_bits,
+    leaf_depth,
+    k,
+    hk,
+    hp,
+    hb,
+    score,
+    stamp,
+    resolved,
+    tag,
+    buf,
+    out_v,
+    out_w,
+):
     """Best-first exact top-k for one context; fills out_v/out_w (k,), returns nodes scored.
 
     The best frontier item is carried in (cur_k, cur_p, cur_t) outside the heap: expanding it
@@ -248,8 +271,7 @@ def _topk_one(h, W, b, children, ncodes, log_codes, log_codes_below, single, wor
         if ncodes[w] == 1:
             v = cur_p
         else:
-            v = _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, stamp,
-                         tag, counter, buf)
+            v = _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, stamp, tag, counter, buf)
         # Insert (v, w) into the sorted top list (value descending, word ascending).
         if n_res < k:
             pos = n_res
@@ -268,8 +290,25 @@ def _topk_one(h, W, b, children, ncodes, log_codes, log_codes_below, single, wor
 
 
 @numba.njit(cache=True, nogil=True)
-def _topk_range(H, W, b, children, ncodes, log_codes, log_codes_below, word_leaves, path_nodes, path_bits,
-                leaf_depth, k, start, stop, out_v, out_w, out_nodes):
+def _topk_range(
+    H,
+    W,
+    b,
+    children,
+    ncodes,
+    log_codes,
+    log_codes_below,
+    word_leaves,
+    path_nodes,
+    path_bits,
+    leaf_depth,
+    k,
+    start,
+    stop,
+    out_v,
+    out_w,
+    out_nodes,
+):
     """Contexts ``start:stop`` of H (B, d). Releases the GIL, so slices run in parallel threads."""
     N = W.shape[0]
     V = ncodes.shape[0]
@@ -281,21 +320,93 @@ def _topk_range(H, W, b, children, ncodes, log_codes, log_codes_below, word_leav
     stamp = np.zeros(N, dtype=np.int64)
     resolved = np.zeros(V, dtype=np.int64)
     buf = np.empty(word_leaves.shape[1], dtype=np.float64)
-    _topk_range_scratch(H, W, b, children, ncodes, log_codes, log_codes_below, word_leaves, path_nodes, path_bits,
-                        leaf_depth, k, start, stop, out_v, out_w, out_nodes, ncodes.max() == 1,
-                        hk, hp, hb, score, stamp, resolved, buf, 0)
+    _topk_range_scratch(
+        H,
+        W,
+        b,
+        children,
+        ncodes,
+        log_codes,
+        log_codes_below,
+        word_leaves,
+        path_nodes,
+        path_bits,
+        leaf_depth,
+        k,
+        start,
+        stop,
+        out_v,
+        out_w,
+        out_nodes,
+        ncodes.max() == 1,
+        hk,
+        hp,
+        hb,
+        score,
+        stamp,
+        resolved,
+        buf,
+        0,
+    )
 
 
 @numba.njit(cache=True, nogil=True)
-def _topk_range_scratch(H, W, b, children, ncodes, log_codes, log_codes_below, word_leaves, path_nodes, path_bits,
-                        leaf_depth, k, start, stop, out_v, out_w, out_nodes, single,
-                        hk, hp, hb, score, stamp, resolved, buf, tag0):
+def _topk_range_scratch(
+    H,
+    W,
+    b,
+    children,
+    ncodes,
+    log_codes,
+    log_codes_below,
+    word_leaves,
+    path_nodes,
+    path_bits,
+    leaf_depth,
+    k,
+    start,
+    stop,
+    out_v,
+    out_w,
+    out_nodes,
+    single,
+    hk,
+    hp,
+    hb,
+    score,
+    stamp,
+    resolved,
+    buf,
+    tag0,
+):
     """:func:`_topk_range` with the caller's scratch: context i is stamped ``tag0 + i + 1``, so
     scratch whose stamps are all at most ``tag0`` needs no clearing."""
     for i in range(start, stop):
-        out_nodes[i] = _topk_one(H[i], W, b, children, ncodes, log_codes, log_codes_below, single,
-                                 word_leaves, path_nodes, path_bits, leaf_depth, k, hk, hp, hb, score,
-                                 stamp, resolved, tag0 + i + 1, buf, out_v[i], out_w[i])
+        out_nodes[i] = _topk_one(
+            H[i],
+            W,
+            b,
+            children,
+            ncodes,
+            log_codes,
+            log_codes_below,
+            single,
+            word_leaves,
+            path_nodes,
+            path_bits,
+            leaf_depth,
+            k,
+            hk,
+            hp,
+            hb,
+            score,
+            stamp,
+            resolved,
+            tag0 + i + 1,
+            buf,
+            out_v[i],
+            out_w[i],
+        )
 
 
 # ---- top-k ------------------------------------------------------------------------------------
@@ -316,8 +427,16 @@ class TreeArrays(NamedTuple):
 
 def tree_arrays(tree: WordTree) -> TreeArrays:
     ncodes = tree.codes_per_word.astype(np.int64)
-    return TreeArrays(tree.children, ncodes, np.log(ncodes), np.log(codes_below(tree)), tree.word_leaves,
-                      tree.path_nodes, tree.path_bits, tree.leaf_depth.astype(np.int64))
+    return TreeArrays(
+        tree.children,
+        ncodes,
+        np.log(ncodes),
+        np.log(codes_below(tree)),
+        tree.word_leaves,
+        tree.path_nodes,
+        tree.path_bits,
+        tree.leaf_depth.astype(np.int64),
+    )
 
 
 def layer_tree_arrays(layer) -> TreeArrays:
@@ -335,6 +454,7 @@ def node_weights(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor) -> tu
     tensors (other dtypes and devices are copied to float32), so no per-call O(N d) or O(N)
     conversion (generation calls this once a token) and no cache that could go stale; scores are
     accumulated in float64 either way."""
+
     def view(t: torch.Tensor) -> np.ndarray:
         t = t.detach()
         if t.dtype not in (torch.float32, torch.float64):
@@ -358,8 +478,15 @@ def codes_below(tree: WordTree) -> np.ndarray:
     return out
 
 
-def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: torch.Tensor, k: int,
-              threads: int | None = None, arrays: TreeArrays | None = None) -> TopK:
+def tree_topk(
+    tree: WordTree,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    input: torch.Tensor,
+    k: int,
+    threads: int | None = None,
+    arrays: TreeArrays | None = None,
+) -> TopK:
     """Exact top-k words under the tree softmax for each row of ``input`` (B, d).
 
     ``k`` larger than the vocabulary gives all V words, best first (shape (B, V)), as fastText's
@@ -385,8 +512,25 @@ def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: t
     out_n = np.zeros(B, dtype=np.int64)
 
     def run(start: int, stop: int) -> None:
-        _topk_range(H, W, b, a.children, a.ncodes, a.log_codes, a.log_codes_below, a.word_leaves,
-                    a.path_nodes, a.path_bits, a.leaf_depth, k, start, stop, out_v, out_w, out_n)
+        _topk_range(
+            H,
+            W,
+            b,
+            a.children,
+            a.ncodes,
+            a.log_codes,
+            a.log_codes_below,
+            a.word_leaves,
+            a.path_nodes,
+            a.path_bits,
+            a.leaf_depth,
+            k,
+            start,
+            stop,
+            out_v,
+            out_w,
+            out_n,
+        )
 
     threads = numba.get_num_threads() if threads is None else int(threads)
     threads = max(1, min(threads, B // 64))  # a slice of fewer than 64 contexts is not worth a thread
@@ -397,8 +541,9 @@ def tree_topk(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, input: t
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(run, bounds[:-1], bounds[1:]))
     dev = input.device
-    return TopK(torch.from_numpy(out_v).to(dev, input.dtype), torch.from_numpy(out_w).to(dev),
-                torch.from_numpy(out_n).to(dev))
+    return TopK(
+        torch.from_numpy(out_v).to(dev, input.dtype), torch.from_numpy(out_w).to(dev), torch.from_numpy(out_n).to(dev)
+    )
 
 
 class TreeSearch:
@@ -422,9 +567,16 @@ class TreeSearch:
         s = getattr(self._local, "scratch", None)
         if s is None:
             N, V = self.W.shape[0], self.arrays.ncodes.shape[0]
-            s = self._local.scratch = [np.empty(N + 2), np.empty(N + 2), np.empty(N + 2, dtype=np.int64),
-                                       np.empty(N), np.zeros(N, dtype=np.int64), np.zeros(V, dtype=np.int64),
-                                       np.empty(self.arrays.word_leaves.shape[1]), 0]
+            s = self._local.scratch = [
+                np.empty(N + 2),
+                np.empty(N + 2),
+                np.empty(N + 2, dtype=np.int64),
+                np.empty(N),
+                np.zeros(N, dtype=np.int64),
+                np.zeros(V, dtype=np.int64),
+                np.empty(self.arrays.word_leaves.shape[1]),
+                0,
+            ]
         return s
 
     def topk(self, H: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -442,9 +594,28 @@ class TreeSearch:
         s = self._scratch()
         tag0, s[7] = s[7], s[7] + B  # (taken before the call: stamps stay unique even after an error)
         a = self.arrays
-        _topk_range_scratch(H, self.W, self.b, a.children, a.ncodes, a.log_codes, a.log_codes_below, a.word_leaves,
-                            a.path_nodes, a.path_bits, a.leaf_depth, k, 0, B, out_v, out_w, out_n, self.single,
-                            *s[:7], tag0)
+        _topk_range_scratch(
+            H,
+            self.W,
+            self.b,
+            a.children,
+            a.ncodes,
+            a.log_codes,
+            a.log_codes_below,
+            a.word_leaves,
+            a.path_nodes,
+            a.path_bits,
+            a.leaf_depth,
+            k,
+            0,
+            B,
+            out_v,
+            out_w,
+            out_n,
+            self.single,
+            *s[:7],
+            tag0,
+        )
         return out_v, out_w
 
 
@@ -464,8 +635,7 @@ def full_topk(log_prob: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return values[:, :k], idx[:, :k]
 
 
-def topk_matches(values: torch.Tensor, indices: torch.Tensor, full_log_prob: torch.Tensor,
-                 atol: float = 1e-5) -> bool:
+def topk_matches(values: torch.Tensor, indices: torch.Tensor, full_log_prob: torch.Tensor, atol: float = 1e-5) -> bool:
     """Whether (values, indices) is a correct top-k of ``full_log_prob`` (B, V) up to ``atol``.
 
     Checks what exactness means when probabilities are only known to rounding: the ids are
@@ -476,11 +646,22 @@ def topk_matches(values: torch.Tensor, indices: torch.Tensor, full_log_prob: tor
     ref_values, _ = full_topk(full_log_prob, k)
     own = full_log_prob.gather(1, indices)
     distinct = bool((indices.sort(dim=1).values.diff(dim=1) != 0).all()) if k > 1 else True
-    return (distinct and torch.allclose(own, values.to(own.dtype), atol=atol, rtol=0)
-            and torch.allclose(ref_values, values.to(own.dtype), atol=atol, rtol=0))
+    return (
+        distinct
+        and torch.allclose(own, values.to(own.dtype), atol=atol, rtol=0)
+        and torch.allclose(ref_values, values.to(own.dtype), atol=atol, rtol=0)
+    )
 
 
 __all__ = [
-    "TopK", "TreeSearch", "tree_topk", "full_topk", "topk_matches", "TreeArrays", "tree_arrays", "layer_tree_arrays",
-    "node_weights", "codes_below",
+    "TopK",
+    "TreeSearch",
+    "tree_topk",
+    "full_topk",
+    "topk_matches",
+    "TreeArrays",
+    "tree_arrays",
+    "layer_tree_arrays",
+    "node_weights",
+    "codes_below",
 ]

@@ -137,8 +137,9 @@ def make_optimizer(model: LBL, cfg: TrainConfig, lr: float) -> torch.optim.Optim
     return torch.optim.Adagrad(groups, lr=lr)
 
 
-def train_epoch(model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int,
-                cfg: TrainConfig, epoch: int, show: bool) -> tuple[float, float]:
+def train_epoch(
+    model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg: TrainConfig, epoch: int, show: bool
+) -> tuple[float, float]:
     """One pass over ``stream`` in a seeded random order; returns (mean NLL, words/s).
 
     Under a process group of W > 1 ranks (every rank calls this with the same arguments and the
@@ -176,8 +177,9 @@ def train_epoch(model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray
         ddp.all_reduce_gradients(params)  # sum over the ranks = the whole minibatch's gradient (no-op in one process)
         optimizer.step()
         bar.update(len(batch))
-        bar.set_postfix(loss=f"{total / max(seen, 1):.3f}", wps=f"{seen * world / (time.perf_counter() - start):.0f}",
-                        refresh=False)  # (this rank's loss; words/s estimated as W times its own)
+        bar.set_postfix(
+            loss=f"{total / max(seen, 1):.3f}", wps=f"{seen * world / (time.perf_counter() - start):.0f}", refresh=False
+        )  # (this rank's loss; words/s estimated as W times its own)
     bar.close()
     elapsed = time.perf_counter() - start
     total, seen = ddp.all_sum([total, float(seen)], device)  # global, in float64
@@ -196,8 +198,10 @@ def epoch_runner(model: LBL, cfg: TrainConfig):
         return train_epoch
     if ddp.is_distributed():  # checked first: fast.unsupported's reasons would not be the point
         if cfg.engine == "fast":
-            raise ConfigError(f"engine='fast' runs in a single process; with {ddp.world_size()} processes (torchrun) "
-                              "use engine='torch' (or engine='auto')")
+            raise ConfigError(
+                f"engine='fast' runs in a single process; with {ddp.world_size()} processes (torchrun) "
+                "use engine='torch' (or engine='auto')"
+            )
         return train_epoch
     from . import fast  # lazily: numba compiles its kernels on first use
 
@@ -234,9 +238,11 @@ def check_memory(model: LBL, cfg: TrainConfig, tokens: int) -> None:
     except (ValueError, OSError, AttributeError):  # not on every system
         return
     if need > have:
-        raise ConfigError(f"batch_size={cfg.batch_size} needs about {need / 2**30:,.0f} GiB for one minibatch's "
-                        f"buffers, more than this machine's {have / 2**30:,.0f} GiB; the training split has "
-                        f"{tokens:,} tokens")
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} needs about {need / 2**30:,.0f} GiB for one minibatch's "
+            f"buffers, more than this machine's {have / 2**30:,.0f} GiB; the training split has "
+            f"{tokens:,} tokens"
+        )
 
 
 def check_model_memory(config, what: str = "the model") -> None:
@@ -250,12 +256,22 @@ def check_model_memory(config, what: str = "the model") -> None:
     except (ValueError, OSError, AttributeError):
         return
     if need > have:
-        raise ConfigError(f"{what} needs about {need / 2**30:,.0f} GiB ({params:,} parameters with their gradients "
-                        f"and optimiser state), more than this machine's {have / 2**30:,.0f} GiB; lower the feature size (dim)")
+        raise ConfigError(
+            f"{what} needs about {need / 2**30:,.0f} GiB ({params:,} parameters with their gradients "
+            f"and optimiser state), more than this machine's {have / 2**30:,.0f} GiB; lower the feature size (dim)"
+        )
 
 
-def fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool = False,
-        corpus_spec: str = "", log: Callable[[str], None] | None = None, options: dict | None = None) -> dict:
+def fit(
+    model: LBL,
+    corpus: Corpus,
+    cfg: TrainConfig,
+    run_dir: Path,
+    resume: bool = False,
+    corpus_spec: str = "",
+    log: Callable[[str], None] | None = None,
+    options: dict | None = None,
+) -> dict:
     """Train with early stopping; checkpoint each epoch into ``run_dir``. Returns the final state.
 
     ``resume``: continue the run in ``run_dir`` from its newest complete checkpoint (from the
@@ -305,12 +321,22 @@ def refuse_foreign_directory(run_dir: Path) -> None:
     if run_dir.exists() and not run_dir.is_dir():
         raise DataError(f"{run_dir} is a file, not a run directory")
     if not (run_dir / "run.json").exists() and not is_unstarted(run_dir):
-        raise DataError(f"{run_dir} is not an hlbl run (it has no run.json) and is not empty: a resume writes only "
-                        "into the run it continues; choose another run directory")
+        raise DataError(
+            f"{run_dir} is not an hlbl run (it has no run.json) and is not empty: a resume writes only "
+            "into the run it continues; choose another run directory"
+        )
 
 
-def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool, corpus_spec: str,
-         log, options: dict | None = None) -> dict:
+def _fit(
+    model: LBL,
+    corpus: Corpus,
+    cfg: TrainConfig,
+    run_dir: Path,
+    resume: bool,
+    corpus_spec: str,
+    log,
+    options: dict | None = None,
+) -> dict:
     rank = ddp.rank()
     device = torch.device(cfg.device)
     model.to(device)
@@ -324,16 +350,26 @@ def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bo
     # processes would differ), the split lengths and recipe set the number of steps, and each
     # rank reads its shards from its own copy of the text.
     if ddp.is_distributed():
-        ddp.check_same(json.dumps([model.config.to_json(), model.tree.fingerprint() if model.tree is not None else None,
-                                   [(k, list(p.shape)) for k, p in model.named_parameters()], len(train), len(valid),
-                                   stream_fingerprint(train), stream_fingerprint(valid),  # the text, not its size only
-                                   hashlib.sha256("\n".join(corpus.vocab.words).encode()).hexdigest(),
-                                   {k: v for k, v in asdict(cfg).items() if k not in ("device", "progress", "hogwild")}],
-                                  sort_keys=True),
-                       device, "the model, its word tree, the corpus or the training recipe")
+        ddp.check_same(
+            json.dumps(
+                [
+                    model.config.to_json(),
+                    model.tree.fingerprint() if model.tree is not None else None,
+                    [(k, list(p.shape)) for k, p in model.named_parameters()],
+                    len(train),
+                    len(valid),
+                    stream_fingerprint(train),
+                    stream_fingerprint(valid),  # the text, not its size only
+                    hashlib.sha256("\n".join(corpus.vocab.words).encode()).hexdigest(),
+                    {k: v for k, v in asdict(cfg).items() if k not in ("device", "progress", "hogwild")},
+                ],
+                sort_keys=True,
+            ),
+            device,
+            "the model, its word tree, the corpus or the training recipe",
+        )
     run_epoch = epoch_runner(model, cfg)
-    state, optimizer, metrics, best = _start_or_resume(model, corpus, cfg, run_dir, resume, corpus_spec, log,
-                                                       options)
+    state, optimizer, metrics, best = _start_or_resume(model, corpus, cfg, run_dir, resume, corpus_spec, log, options)
     while not state["done"] and state["epoch"] < cfg.max_epochs:
         epoch = state["epoch"] + 1
         t0 = time.perf_counter()
@@ -347,13 +383,23 @@ def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bo
         if not math.isfinite(loss) or not math.isfinite(ppl):
             n = model.config.context
             hint = f" or the context size (context={n}: the context vector sums {n} word vectors)" if n > 10 else ""
-            raise FloatingPointError(f"training diverged in epoch {epoch}: train loss {loss:.4g} per token, "
-                                     f"validation perplexity {ppl:.4g}; lower the learning rate "
-                                     f"(lr={state['lr']:g}){hint}")
+            raise FloatingPointError(
+                f"training diverged in epoch {epoch}: train loss {loss:.4g} per token, "
+                f"validation perplexity {ppl:.4g}; lower the learning rate "
+                f"(lr={state['lr']:g}){hint}"
+            )
         improved = ppl < state["best_valid_ppl"]
-        line = {"epoch": epoch, "train_loss": loss, "train_ppl": math.exp(loss), "valid_ppl": ppl,
-                "words_per_sec": wps, "epoch_minutes": train_time / 60, "lr": state["lr"],
-                "elapsed_s": state["elapsed"], "improved": improved}
+        line = {
+            "epoch": epoch,
+            "train_loss": loss,
+            "train_ppl": math.exp(loss),
+            "valid_ppl": ppl,
+            "words_per_sec": wps,
+            "epoch_minutes": train_time / 60,
+            "lr": state["lr"],
+            "elapsed_s": state["elapsed"],
+            "improved": improved,
+        }
         metrics.append(json.dumps(line))  # written with the epoch's checkpoint, never before
         log(f"epoch {epoch}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state['lr']:g}")
         state["epoch"] = epoch
@@ -368,15 +414,24 @@ def _fit(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bo
         else:
             state["done"] = True
         if rank == 0:
-            best = _checkpoint(model, optimizer, state, run_dir, corpus.vocab, metrics,
-                               None if improved else best) / "best.safetensors"
+            best = (
+                _checkpoint(model, optimizer, state, run_dir, corpus.vocab, metrics, None if improved else best)
+                / "best.safetensors"
+            )
     _restore_best(model, best, corpus.vocab)
     return state
 
 
-def _start_or_resume(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path, resume: bool,
-                     corpus_spec: str, log, options: dict | None = None
-                     ) -> tuple[dict, torch.optim.Optimizer, list[str], Path | None]:
+def _start_or_resume(
+    model: LBL,
+    corpus: Corpus,
+    cfg: TrainConfig,
+    run_dir: Path,
+    resume: bool,
+    corpus_spec: str,
+    log,
+    options: dict | None = None,
+) -> tuple[dict, torch.optim.Optimizer, list[str], Path | None]:
     """A new run's files (rank 0 writes them), or a run's state, weights, optimiser and metrics
     from its newest complete checkpoint (every rank reads them); every rank then holds rank 0's
     parameters. Also returns the metrics lines so far and the checkpoint's best weights file."""
@@ -397,8 +452,10 @@ def _start_or_resume(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path
     # rank has looked at it (here, and in the caller's checks of the directory).
     low, high = ddp.all_max([-float(resuming), float(resuming)], cfg.device)
     if -low != high:
-        raise DataError(f"{run_dir}: only some processes see its checkpoint; resuming a distributed run needs "
-                        "the run directory on a filesystem that every process sees")
+        raise DataError(
+            f"{run_dir}: only some processes see its checkpoint; resuming a distributed run needs "
+            "the run directory on a filesystem that every process sees"
+        )
     metrics: list[str] = []
     if resuming:
         state = ckpt.read_state(found / "state.json")
@@ -412,17 +469,26 @@ def _start_or_resume(model: LBL, corpus: Corpus, cfg: TrainConfig, run_dir: Path
             ckpt.publish(run_dir, found)  # (a crash may have stopped the last publication half-way)
             ckpt.prune_checkpoints(run_dir, found)
         where = found.relative_to(run_dir) if found != run_dir else "its files"
-        log(f"resuming after epoch {state['epoch']} from {where}, the newest complete checkpoint "
-            f"(best valid perplexity {state['best_valid_ppl']:.2f})")
+        log(
+            f"resuming after epoch {state['epoch']} from {where}, the newest complete checkpoint "
+            f"(best valid perplexity {state['best_valid_ppl']:.2f})"
+        )
     elif is_run:
         log(f"{run_dir} has no complete checkpoint: training from the start, with the run's own recipe")
         if ddp.rank() == 0:
             _report_metrics_dropped(run_dir / "metrics.jsonl", [], log)
             atomic.write_text(run_dir / "metrics.jsonl", "")
     elif ddp.rank() == 0:
-        ckpt.save_run_files(run_dir, model, corpus.vocab, cfg.to_json(), corpus_spec,
-                            {s: stream_fingerprint(corpus[s]) for s in ("train", "valid")}, options,
-                            corpus_meta=corpus_meta(corpus))
+        ckpt.save_run_files(
+            run_dir,
+            model,
+            corpus.vocab,
+            cfg.to_json(),
+            corpus_spec,
+            {s: stream_fingerprint(corpus[s]) for s in ("train", "valid")},
+            options,
+            corpus_meta=corpus_meta(corpus),
+        )
         atomic.write_text(run_dir / "metrics.jsonl", "")
     ddp.broadcast_parameters(model)
     best = found / "best.safetensors" if resuming else None
@@ -438,17 +504,24 @@ def check_recipe(run_dir: Path, model: LBL, vocab, cfg: TrainConfig) -> None:
         own = TrainConfig.from_json(info["train"]).to_json()
     except ValueError as e:
         raise ckpt.CheckpointError(f"{path}: bad training config ({e})") from None
-    diffs = [f"model {k} {v!r} (the run's is {config.to_json()[k]!r})"
-             for k, v in model.config.to_json().items() if config.to_json().get(k) != v]
-    diffs += [f"training {k} {v!r} (the run's is {own[k]!r})"
-              for k, v in cfg.to_json().items() if k not in RUNTIME_SETTINGS and own.get(k) != v]
+    diffs = [
+        f"model {k} {v!r} (the run's is {config.to_json()[k]!r})"
+        for k, v in model.config.to_json().items()
+        if config.to_json().get(k) != v
+    ]
+    diffs += [
+        f"training {k} {v!r} (the run's is {own[k]!r})"
+        for k, v in cfg.to_json().items()
+        if k not in RUNTIME_SETTINGS and own.get(k) != v
+    ]
     if ckpt.vocab_fingerprint(own_vocab) != ckpt.vocab_fingerprint(vocab):
         diffs.append("another vocabulary than vocab.json")
     if (tree is None) != (model.tree is None) or (tree is not None and tree.fingerprint() != model.tree.fingerprint()):
         diffs.append("another word tree than tree.json")
     if diffs:
-        raise ckpt.CheckpointError(f"{run_dir} is a run of another recipe: {'; '.join(diffs)}. A resume continues "
-                                   "a run with its own recipe")
+        raise ckpt.CheckpointError(
+            f"{run_dir} is a run of another recipe: {'; '.join(diffs)}. A resume continues a run with its own recipe"
+        )
 
 
 def _checkpoint_metrics(run_dir: Path, found: Path, epoch: int, log) -> list[str]:
@@ -488,18 +561,26 @@ def _report_metrics_dropped(path: Path, keep: list[str], log) -> None:
     if data == want:
         return
     if data.startswith(want):
-        extra = data[len(want):].split(b"\n")
+        extra = data[len(want) :].split(b"\n")
         torn = extra[-1] != b""
         whole = len([x for x in extra[:-1] if x.strip()])
         what = ([f"{whole} line(s) of epochs after the checkpoint"] if whole else []) + (
-            ["a torn last line (cut off by a crash)"] if torn else [])
+            ["a torn last line (cut off by a crash)"] if torn else []
+        )
         log(f"note: {path}: dropped {' and '.join(what)}; those epochs are trained again")
     else:
         log(f"note: {path} differs from the checkpoint's log (edited, or damaged); replaced by the checkpoint's")
 
 
-def _checkpoint(model: LBL, optimizer: torch.optim.Optimizer, state: dict, run_dir: Path, vocab,
-                metrics: list[str], best: Path | None) -> Path:
+def _checkpoint(
+    model: LBL,
+    optimizer: torch.optim.Optimizer,
+    state: dict,
+    run_dir: Path,
+    vocab,
+    metrics: list[str],
+    best: Path | None,
+) -> Path:
     """The end-of-epoch checkpoint, one atomic commit (:func:`hlbl.checkpoint.commit_checkpoint`):
     optimiser, last weights, best weights (``best``: the previous checkpoint's file when this
     epoch did not improve, linked), the metrics log and the state; then the run directory's
@@ -513,12 +594,15 @@ def _checkpoint(model: LBL, optimizer: torch.optim.Optimizer, state: dict, run_d
         return lambda path: path.write_text(content, encoding="utf-8")
 
     files = {
-        "optimizer.safetensors": lambda path: ckpt.write_tensors(path, tensors, kind="hlbl-optimizer",
-                                                                 meta={"epoch": str(epoch)}),
+        "optimizer.safetensors": lambda path: ckpt.write_tensors(
+            path, tensors, kind="hlbl-optimizer", meta={"epoch": str(epoch)}
+        ),
         "last.safetensors": lambda path: ckpt.write_weights(path, model, epoch=epoch, vocab=vocab),
         "best.safetensors": best if best is not None else (lambda path: ckpt.write_weights(path, model, vocab=vocab)),
         "metrics.jsonl": text("".join(x + "\n" for x in metrics)),
-        "state.json": text(json.dumps({"format": ckpt.STATE_FORMAT, "version": ckpt.FORMAT_VERSION, **state}, indent=1)),
+        "state.json": text(
+            json.dumps({"format": ckpt.STATE_FORMAT, "version": ckpt.FORMAT_VERSION, **state}, indent=1)
+        ),
     }
     with atomic.interrupts_deferred():
         found = ckpt.commit_checkpoint(run_dir, epoch, files)

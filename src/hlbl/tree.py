@@ -319,8 +319,13 @@ class WordTree:
         path = Path(path)
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             if path.suffix.lower() == ".npz":
-                np.savez(f, children=self.children, num_words=np.int64(self.num_words),
-                         format=np.array(TREE_FORMAT), version=np.int64(TREE_VERSION))
+                np.savez(
+                    f,
+                    children=self.children,
+                    num_words=np.int64(self.num_words),
+                    format=np.array(TREE_FORMAT),
+                    version=np.int64(TREE_VERSION),
+                )
             else:
                 f.write(json.dumps(self.to_json()).encode())
 
@@ -332,8 +337,12 @@ class WordTree:
         try:
             if path.suffix.lower() == ".npz":
                 with np.load(path, allow_pickle=False) as z:
-                    obj = {"format": str(z["format"]), "version": int(z["version"]),
-                           "num_words": z["num_words"].item(), "children": z["children"]}
+                    obj = {
+                        "format": str(z["format"]),
+                        "version": int(z["version"]),
+                        "num_words": z["num_words"].item(),
+                        "children": z["children"],
+                    }
             else:
                 obj = json.loads(path.read_text(encoding="utf-8"))
         except TreeError:

@@ -93,8 +93,9 @@ REG_FRACTION = 1e-6
 
 
 @torch.no_grad()
-def word_features(model, stream: np.ndarray, pad: int, batch_size: int = 8192,
-                  device: str | torch.device = "cpu") -> tuple[np.ndarray, np.ndarray]:
+def word_features(
+    model, stream: np.ndarray, pad: int, batch_size: int = 8192, device: str | torch.device = "cpu"
+) -> tuple[np.ndarray, np.ndarray]:
     """(X (V, d) float64, n (V,) int64): mean r_hat over each word's occurrences as a target.
 
     One pass over ``stream`` in order; r_hat of every position is summed into its target's row
@@ -132,7 +133,9 @@ def features_from_run(run_dir: str | Path, corpus=None, which: str = "best") -> 
 
     model, vocab, info = load_model(run_dir, which=which)
     if corpus is None:
-        corpus = load_corpus(run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop"))
+        corpus = load_corpus(
+            run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop")
+        )
     if len(corpus.vocab) != model.config.vocab_size:
         raise TreeError(f"{run_dir}: model has {model.config.vocab_size} words, the corpus {len(corpus.vocab)}")
     return word_features(model, corpus["train"], corpus.vocab.eos)
@@ -187,8 +190,19 @@ def tree_label(policy: str | Policy, copies: int = 1) -> str:
 # ---- batched EM over the nodes of one level -------------------------------------------------
 
 
-def _m_step(P, XW: np.ndarray, xxw: np.ndarray, w: np.ndarray, r: np.ndarray, seg: np.ndarray,
-            SX: np.ndarray, SXX: np.ndarray, SW: np.ndarray, d: int, reg: float):
+def _m_step(
+    P,
+    XW: np.ndarray,
+    xxw: np.ndarray,
+    w: np.ndarray,
+    r: np.ndarray,
+    seg: np.ndarray,
+    SX: np.ndarray,
+    SXX: np.ndarray,
+    SW: np.ndarray,
+    d: int,
+    reg: float,
+):
     """Both components of every node from responsibilities ``r`` (I,) of the left one.
 
     Items are sorted by node (``seg`` (I,) node index, M nodes); ``P`` is the (M, I) CSR
@@ -215,8 +229,9 @@ def _m_step(P, XW: np.ndarray, xxw: np.ndarray, w: np.ndarray, r: np.ndarray, se
     return logpi, mu, var
 
 
-def _e_step(X: np.ndarray, xx: np.ndarray, seg: np.ndarray, logpi: np.ndarray, mu: np.ndarray,
-            var: np.ndarray) -> np.ndarray:
+def _e_step(
+    X: np.ndarray, xx: np.ndarray, seg: np.ndarray, logpi: np.ndarray, mu: np.ndarray, var: np.ndarray
+) -> np.ndarray:
     """Responsibility of the left component for every item, (I,).
 
     ``log p0 - log p1`` expands to ``c + x . a - ||x||^2 b / 2`` with per-node ``a = mu0/v0 - mu1/v1``,
@@ -227,8 +242,12 @@ def _e_step(X: np.ndarray, xx: np.ndarray, seg: np.ndarray, logpi: np.ndarray, m
     a = mu[:, 0] * inv[:, :1] - mu[:, 1] * inv[:, 1:]  # (M, d)
     b = inv[:, 0] - inv[:, 1]
     mm = (mu * mu).sum(2)
-    c = (logpi[:, 0] - logpi[:, 1] - 0.5 * d * (np.log(var[:, 0]) - np.log(var[:, 1]))
-         - 0.5 * (mm[:, 0] * inv[:, 0] - mm[:, 1] * inv[:, 1]))
+    c = (
+        logpi[:, 0]
+        - logpi[:, 1]
+        - 0.5 * d * (np.log(var[:, 0]) - np.log(var[:, 1]))
+        - 0.5 * (mm[:, 0] * inv[:, 0] - mm[:, 1] * inv[:, 1])
+    )
     # X . a[seg] in chunks: a[seg] whole would be another (I, d) float64 temporary.
     dots = np.empty(len(X))
     for lo in range(0, len(X), 1 << 16):
@@ -247,9 +266,15 @@ def _ranks_within(seg: np.ndarray, starts: np.ndarray, *keys: np.ndarray) -> np.
     return rank
 
 
-def em_responsibilities(X: np.ndarray, seg: np.ndarray, starts: np.ndarray, rng: np.random.Generator,
-                        iters: int = DEFAULT_EM_ITERS, weights: np.ndarray | None = None,
-                        reg: float = 0.0) -> np.ndarray:
+def em_responsibilities(
+    X: np.ndarray,
+    seg: np.ndarray,
+    starts: np.ndarray,
+    rng: np.random.Generator,
+    iters: int = DEFAULT_EM_ITERS,
+    weights: np.ndarray | None = None,
+    reg: float = 0.0,
+) -> np.ndarray:
     """Run the 2-component spherical EM of every node at once; (I,) left responsibilities.
 
     ``X`` (I, d) holds the items sorted by node, ``seg`` (I,) their node index (0..M-1),
@@ -309,9 +334,15 @@ def _check_features(X: np.ndarray) -> np.ndarray:
     return X
 
 
-def build_learned_tree(X: np.ndarray, policy: str | Policy = "adaptive", seed: int = 0,
-                       em_iters: int = DEFAULT_EM_ITERS, weights: Sequence[float] | None = None,
-                       max_leaves: int | None = None, report: BuildReport | None = None) -> WordTree:
+def build_learned_tree(
+    X: np.ndarray,
+    policy: str | Policy = "adaptive",
+    seed: int = 0,
+    em_iters: int = DEFAULT_EM_ITERS,
+    weights: Sequence[float] | None = None,
+    max_leaves: int | None = None,
+    report: BuildReport | None = None,
+) -> WordTree:
     """A word tree over ``len(X)`` words by top-down 2-Gaussian splits (module docstring).
 
     X: (V, d) word representations. Same inputs and seed give the same tree.
@@ -351,8 +382,9 @@ def build_learned_tree(X: np.ndarray, policy: str | Policy = "adaptive", seed: i
             bseg_raw = seg[big]
             bstarts = np.flatnonzero(np.r_[True, bseg_raw[1:] != bseg_raw[:-1]])
             bseg = np.cumsum(np.r_[0, bseg_raw[1:] != bseg_raw[:-1]])
-            r[big] = em_responsibilities(X[word[big]], bseg, bstarts, rng, em_iters,
-                                         None if wts is None else wts[word[big]], reg)
+            r[big] = em_responsibilities(
+                X[word[big]], bseg, bstarts, rng, em_iters, None if wts is None else wts[word[big]], reg
+            )
             rep.em_nodes += len(bstarts)
         # Balanced assignment (also the fallback): top ceil(n/2) responsibilities go left.
         rank = _ranks_within(seg, starts, word, -r)
@@ -453,14 +485,22 @@ def tree_seeds(seed: int, copies: int) -> list[int]:
     return [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(copies)] if copies > 1 else [seed]
 
 
-def build_tree_from_features(X: np.ndarray, policy: str | Policy, seed: int = 0, copies: int = 1,
-                             em_iters: int = DEFAULT_EM_ITERS, weights: Sequence[float] | None = None,
-                             max_leaves: int | None = None, report: BuildReport | None = None) -> WordTree:
+def build_tree_from_features(
+    X: np.ndarray,
+    policy: str | Policy,
+    seed: int = 0,
+    copies: int = 1,
+    em_iters: int = DEFAULT_EM_ITERS,
+    weights: Sequence[float] | None = None,
+    max_leaves: int | None = None,
+    report: BuildReport | None = None,
+) -> WordTree:
     """``copies`` learned trees from different seeds, joined (:func:`join_trees`) when > 1.
 
     ``max_leaves`` bounds each of the copies (default 4 V each).
     """
     if copies < 1:
         raise TreeError(f"copies must be >= 1, got {copies}")
-    return join_trees([build_learned_tree(X, policy, s, em_iters, weights, max_leaves, report)
-                       for s in tree_seeds(seed, copies)])
+    return join_trees(
+        [build_learned_tree(X, policy, s, em_iters, weights, max_leaves, report) for s in tree_seeds(seed, copies)]
+    )

@@ -19,8 +19,23 @@ from .common import Parser
 USER_ERRORS = (HlblError, FloatingPointError)
 
 # Library parameters that messages may name as ``name=value``, and the flags that set them.
-PARAMETER_FLAGS = ("max_vocab", "min_count", "threads", "epochs", "flat_epochs", "engine", "lr", "lr_final", "order",
-                   "hogwild", "device", "batch_size", "optimizer", "dim", "context")
+PARAMETER_FLAGS = (
+    "max_vocab",
+    "min_count",
+    "threads",
+    "epochs",
+    "flat_epochs",
+    "engine",
+    "lr",
+    "lr_final",
+    "order",
+    "hogwild",
+    "device",
+    "batch_size",
+    "optimizer",
+    "dim",
+    "context",
+)
 _PARAMETER = re.compile(r"\b(%s)=('?)([^\s',;)]*)\2" % "|".join(PARAMETER_FLAGS))
 
 
@@ -30,7 +45,7 @@ def flag_message(e: BaseException) -> str:
     text = str(e)
     field = getattr(e, "field", None)
     if field and text.startswith(field):
-        text = "--" + field.replace("_", "-") + text[len(field):]
+        text = "--" + field.replace("_", "-") + text[len(field) :]
     return _PARAMETER.sub(lambda m: f"--{m.group(1).replace('_', '-')} {m.group(3)}", text)
 
 

@@ -12,8 +12,10 @@ import torch
 from ..data import BLANK_LINES, DataError
 
 
-DATA_HELP = ("corpus directory or name (a name is looked up in $HLBL_DATA, the cache, the current directory, "
-             "and for ptb downloaded)")  # the --data flag of every command
+DATA_HELP = (
+    "corpus directory or name (a name is looked up in $HLBL_DATA, the cache, the current directory, "
+    "and for ptb downloaded)"
+)  # the --data flag of every command
 
 
 def min_count_arg(text: str) -> int | str:
@@ -47,9 +49,13 @@ def pick_device(name: str) -> str:
 def corpus_args(p: argparse.ArgumentParser, data_help: str = "") -> None:
     p.add_argument("--data", required=not data_help, help=DATA_HELP + data_help)
     p.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types (with <eos>, <unk>)")
-    p.add_argument("--min-count", type=min_count_arg, default="auto",
-                   help="training words seen fewer times become <unk>; auto = 1 if the training text has "
-                        "<unk> tokens already (PTB), else 2, so that <unk> is learned")
+    p.add_argument(
+        "--min-count",
+        type=min_count_arg,
+        default="auto",
+        help="training words seen fewer times become <unk>; auto = 1 if the training text has "
+        "<unk> tokens already (PTB), else 2, so that <unk> is learned",
+    )
     if data_help:  # train: a new run's choice, or the run's own on --resume
         blank_lines_arg(p, None, "drop for a new run, the run's own with --resume")
     else:
@@ -58,10 +64,14 @@ def corpus_args(p: argparse.ArgumentParser, data_help: str = "") -> None:
 
 def blank_lines_arg(p: argparse.ArgumentParser, default: str | None, default_help: str = "") -> None:
     """--blank-lines: the protocol for blank lines of the corpus files (hlbl.data's module docstring)."""
-    p.add_argument("--blank-lines", choices=BLANK_LINES, default=default,
-                   help="drop: a blank line is no sentence; keep: every line, blank or not, ends in one <eos>, the "
-                        "protocol of WikiText's and KenLM's published perplexities"
-                        + (f" (default: {default_help})" if default_help else ""))
+    p.add_argument(
+        "--blank-lines",
+        choices=BLANK_LINES,
+        default=default,
+        help="drop: a blank line is no sentence; keep: every line, blank or not, ends in one <eos>, the "
+        "protocol of WikiText's and KenLM's published perplexities"
+        + (f" (default: {default_help})" if default_help else ""),
+    )
 
 
 def set_threads(threads: int | None) -> None:
@@ -83,13 +93,17 @@ def with_oov(report: dict, corpus, split: str) -> dict:
     counts = corpus.token_counts(split)
     oov = counts["oov"]
     if oov and vocab.counts[vocab.unk] == 0:
-        print(f"note: {oov:,} {split} tokens ({100 * oov / len(stream):.1f}%) are out of the vocabulary, and <unk> "
-              "never occurs in training, so each gets a very low probability and they weigh heavily on the "
-              "perplexity; --min-count 2 (the auto default where training has no <unk>) or --max-vocab gives <unk> "
-              "a training count", file=sys.stderr)
+        print(
+            f"note: {oov:,} {split} tokens ({100 * oov / len(stream):.1f}%) are out of the vocabulary, and <unk> "
+            "never occurs in training, so each gets a very low probability and they weigh heavily on the "
+            "perplexity; --min-count 2 (the auto default where training has no <unk>) or --max-vocab gives <unk> "
+            "a training count",
+            file=sys.stderr,
+        )
     if not math.isfinite(report["perplexity"]):
-        raise DataError(f"perplexity is {report['perplexity']}: the model gives some token probability 0 "
-                        "(non-finite weights?)")
+        raise DataError(
+            f"perplexity is {report['perplexity']}: the model gives some token probability 0 (non-finite weights?)"
+        )
     return {**report, **counts}
 
 
@@ -118,8 +132,11 @@ class Help(argparse.HelpFormatter):
     def _get_help_string(self, action):
         text = action.help or ""
         default = action.default  # identity tests: a default of 0 is worth saying, unlike None/False
-        if (action.option_strings and not any(default is x for x in (None, False, argparse.SUPPRESS))
-                and "default" not in text):
+        if (
+            action.option_strings
+            and not any(default is x for x in (None, False, argparse.SUPPRESS))
+            and "default" not in text
+        ):
             text += " (default: %(default)s)"
         return text
 
@@ -135,7 +152,11 @@ class Parser(argparse.ArgumentParser):
 def run_args(c: argparse.ArgumentParser) -> None:
     """The arguments of every command that loads a trained run."""
     c.add_argument("run", help="run directory")
-    c.add_argument("--which", choices=("best", "last"), default="best",
-                   help="weights with the best valid perplexity, or after the last epoch")
+    c.add_argument(
+        "--which",
+        choices=("best", "last"),
+        default="best",
+        help="weights with the best valid perplexity, or after the last epoch",
+    )
     c.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     c.add_argument("--threads", type=int, default=None, help="CPU threads")

@@ -63,8 +63,10 @@ def _stdin_chunks(size: int = 1024, long_line: Callable[[], object] | None = Non
         try:
             return piece.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise DataError(f"standard input is not UTF-8 text (line {line}: byte 0x{piece[e.start]:02x} "
-                            f"at byte {e.start + 1} of the line)") from None
+            raise DataError(
+                f"standard input is not UTF-8 text (line {line}: byte 0x{piece[e.start]:02x} "
+                f"at byte {e.start + 1} of the line)"
+            ) from None
 
     while True:
         block = buf.read1(1 << 16)  # what is there, waiting only when nothing is
@@ -109,7 +111,7 @@ def _stdin_chunks(size: int = 1024, long_line: Callable[[], object] | None = Non
                         joined = joined.removeprefix(b"\xef\xbb\xbf")
                         cut = max(joined.rfind(bytes([c])) for c in _SPACE)
                 sink.feed(decode(joined[: cut + 1], number + 1))
-                unended, pending = [joined[cut + 1:]], len(joined) - cut - 1
+                unended, pending = [joined[cut + 1 :]], len(joined) - cut - 1
         if chunk and not waiting():
             yield chunk
             chunk = []
@@ -126,7 +128,7 @@ class _LongContext:
     def feed(self, text: str) -> None:
         tokens = text.split()
         self.oov += self.vocab.encode_counting_oov(tokens)[1]
-        self.words = (self.words + tokens[-self.n:])[-self.n:] if self.n else []
+        self.words = (self.words + tokens[-self.n :])[-self.n :] if self.n else []
 
     def finish(self) -> "_LongContext":
         return self
@@ -150,7 +152,7 @@ class _LongSentence:
         stream = np.asarray(self.ctx + ids, dtype=np.int32)
         self.total += float(token_log_probs(self.model, stream, self.vocab.eos, device=self.device)[n:].sum())
         self.tokens += len(ids)
-        self.ctx = (self.ctx + ids)[len(ids):] if n else []
+        self.ctx = (self.ctx + ids)[len(ids) :] if n else []
 
     def feed(self, text: str) -> None:
         ids, oov = self.vocab.encode_counting_oov(text.split())
@@ -224,8 +226,12 @@ def cmd_predict(args) -> int:
     unknown = 0
     for chunk in _stdin_chunks(long_line=lambda: _LongContext(vocab, n)):
         # A long line arrives as its last n words; JSON shows those as its context.
-        encoded = [encode_context(vocab, line.split(), n) if isinstance(line, str)
-                   else (encode_context(vocab, line.words, n)[0], line.oov) for line in chunk]
+        encoded = [
+            encode_context(vocab, line.split(), n)
+            if isinstance(line, str)
+            else (encode_context(vocab, line.words, n)[0], line.oov)
+            for line in chunk
+        ]
         chunk = [line if isinstance(line, str) else "... " + " ".join(line.words) for line in chunk]
         unknown += sum(oov for _, oov in encoded)
         ctx = torch.tensor([c for c, _ in encoded], dtype=torch.int64, device=device).view(len(chunk), n)
@@ -239,7 +245,9 @@ def cmd_predict(args) -> int:
                 print(" ".join(f"{word} {prob:.6g}" for word, prob in zip(words, p)))
         sys.stdout.flush()  # a program reading our answers line by line gets them now
     if unknown:
-        print(f"hlbl: {unknown} context word(s) not in the vocabulary, read as {vocab.words[vocab.unk]}", file=sys.stderr)
+        print(
+            f"hlbl: {unknown} context word(s) not in the vocabulary, read as {vocab.words[vocab.unk]}", file=sys.stderr
+        )
     return 0
 
 
@@ -249,28 +257,41 @@ def add_commands(sub) -> None:
     g.add_argument("--tokens", type=int, default=100, help="number of words to sample (<eos> counts)")
     g.add_argument("--seed", type=seed_arg, default=0, help="the same seed gives the same text")
     g.add_argument("--prompt", default="", help="words to continue (the start of a sentence)")
-    g.add_argument("--temperature", type=float, default=1.0,
-                   help="sample from p(w)^(1/T)/Z (exact; costs the full distribution when T != 1)")
-    g.add_argument("--per-node-temperature", action="store_true",
-                   help="apply the temperature at each tree decision instead (fast; a different distribution)")
+    g.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sample from p(w)^(1/T)/Z (exact; costs the full distribution when T != 1)",
+    )
+    g.add_argument(
+        "--per-node-temperature",
+        action="store_true",
+        help="apply the temperature at each tree decision instead (fast; a different distribution)",
+    )
     g.set_defaults(func=cmd_generate)
 
-    s = sub.add_parser("score", help="log10 probability of each sentence on stdin, then perplexity (JSON)",
-                       description="Each non-blank stdin line is a sentence (each line, blank or not, with "
-                                   "--blank-lines keep), scored independently as its words "
-                                   "plus <eos> from an all-<eos> context; words outside the vocabulary are scored "
-                                   "as <unk> and counted. Prints 'log10prob<TAB>tokens<TAB>oov' per sentence "
-                                   "(tokens include <eos>), then one JSON line with the totals and perplexity.")
+    s = sub.add_parser(
+        "score",
+        help="log10 probability of each sentence on stdin, then perplexity (JSON)",
+        description="Each non-blank stdin line is a sentence (each line, blank or not, with "
+        "--blank-lines keep), scored independently as its words "
+        "plus <eos> from an all-<eos> context; words outside the vocabulary are scored "
+        "as <unk> and counted. Prints 'log10prob<TAB>tokens<TAB>oov' per sentence "
+        "(tokens include <eos>), then one JSON line with the totals and perplexity.",
+    )
     run_args(s)
     blank_lines_arg(s, None, "the run's own")
     s.add_argument("--json", action="store_true", help="one JSON object per sentence")
     s.set_defaults(func=cmd_score)
 
-    pr = sub.add_parser("predict", help="the k most probable next words for each context on stdin",
-                        description="Each stdin line is the start of a sentence (a blank line: the sentence "
-                                    "start itself); its last n words, padded with <eos>, are the context. Prints "
-                                    "'word prob word prob ...' best first (ties: lower word id first), exact "
-                                    "(best-first search on a tree model).")
+    pr = sub.add_parser(
+        "predict",
+        help="the k most probable next words for each context on stdin",
+        description="Each stdin line is the start of a sentence (a blank line: the sentence "
+        "start itself); its last n words, padded with <eos>, are the context. Prints "
+        "'word prob word prob ...' best first (ties: lower word id first), exact "
+        "(best-first search on a tree model).",
+    )
     run_args(pr)
     pr.add_argument("--k", type=int, default=10, help="number of words per context")
     pr.add_argument("--json", action="store_true", help="one JSON object per context")

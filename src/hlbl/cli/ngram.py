@@ -22,8 +22,10 @@ from ..ngram.model import BOS_WORD, EOS_WORD
 from .common import DATA_HELP, min_count_arg
 
 SPLITS = ("train", "valid", "test")
-BLANK_HELP = ("drop: a blank line is no sentence; keep: every line, blank or not, is a sentence ending in </s> "
-              "(as KenLM reads a file); use the same for train and eval")
+BLANK_HELP = (
+    "drop: a blank line is no sentence; keep: every line, blank or not, is a sentence ending in </s> "
+    "(as KenLM reads a file); use the same for train and eval"
+)
 
 
 def cmd_ngram_train(args) -> int:
@@ -39,14 +41,18 @@ def cmd_ngram_train(args) -> int:
     except OSError as e:
         raise DataError(f"cannot write {args.out}: {e.strerror or e}") from None
     t2 = time.perf_counter()
-    print(json.dumps({
-        "out": str(args.out),
-        "order": model.order,
-        "ngrams": model.sizes(),
-        "discounts": [[round(d, 6) for d in ds] for ds in model.discounts or []],
-        "train_seconds": round(t1 - t0, 3),
-        "write_seconds": round(t2 - t1, 3),
-    }))
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "order": model.order,
+                "ngrams": model.sizes(),
+                "discounts": [[round(d, 6) for d in ds] for ds in model.discounts or []],
+                "train_seconds": round(t1 - t0, 3),
+                "write_seconds": round(t2 - t1, 3),
+            }
+        )
+    )
     return 0
 
 
@@ -80,9 +86,11 @@ def _refuse_zero_probabilities(lp: np.ndarray, stream, vocab: Vocab, arpa, split
     zero = np.flatnonzero(~np.isfinite(lp))
     if len(zero):
         first = int(zero[0])
-        raise DataError(f"{arpa} gives {len(zero):,} of the {len(lp):,} {split} tokens probability 0 (log10 -inf), "
-                        f"the first {vocab.words[int(stream[first])]!r} (token {first + 1:,}){why}: its perplexity "
-                        "is infinite; the ARPA file's probabilities (or backoff weights) for these words are -inf")
+        raise DataError(
+            f"{arpa} gives {len(zero):,} of the {len(lp):,} {split} tokens probability 0 (log10 -inf), "
+            f"the first {vocab.words[int(stream[first])]!r} (token {first + 1:,}){why}: its perplexity "
+            "is infinite; the ARPA file's probabilities (or backoff weights) for these words are -inf"
+        )
 
 
 def parse_weight(text: str) -> float | None:
@@ -121,13 +129,17 @@ def interpolated_report(model, corpus, split: str, arpa, weight: str | float = "
     missing = int(as_unk.sum())
     if missing:
         example = vocab.words[int(np.flatnonzero(as_unk)[0])]
-        raise DataError(f"{missing:,} of the model's {len(vocab):,} words (e.g. {example!r}) are not in {arpa}, so the "
-                        "mixture would not be a distribution; build the n-gram model on the same training data "
-                        "and vocabulary (hlbl ngram train --data ... with the run's --min-count / --max-vocab)")
+        raise DataError(
+            f"{missing:,} of the model's {len(vocab):,} words (e.g. {example!r}) are not in {arpa}, so the "
+            "mixture would not be a distribution; build the n-gram model on the same training data "
+            "and vocabulary (hlbl ngram train --data ... with the run's --min-count / --max-vocab)"
+        )
     scored = {}
     for s in {split, "valid"} if auto else {split}:
-        scored[s] = (neural_log_probs(model, corpus[s], vocab.eos, device=device),
-                     token_log_probs(ngram, corpus[s], vocab))
+        scored[s] = (
+            neural_log_probs(model, corpus[s], vocab.eos, device=device),
+            token_log_probs(ngram, corpus[s], vocab),
+        )
     # An n-gram probability of 0 (log -inf) is a valid mixture component: the mixture is then the
     # neural share alone for that token (no warning); log(0) below is meant.
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -136,19 +148,30 @@ def interpolated_report(model, corpus, split: str, arpa, weight: str | float = "
         a, b = scored[split]
         mixed = interpolate(a, b, w)
     if not np.isfinite(mixed).all():  # only where both give 0: with weight 0, the n-gram model's zeros
-        _refuse_zero_probabilities(b if w == 0 else mixed, corpus[split], vocab, arpa, split,
-                                   f" and the mixture weight is {w}" if w == 0 else "")
+        _refuse_zero_probabilities(
+            b if w == 0 else mixed,
+            corpus[split],
+            vocab,
+            arpa,
+            split,
+            f" and the mixture weight is {w}" if w == 0 else "",
+        )
     report = perplexity_report(mixed)
     ngram_ppl = math.exp(-float(b.mean())) if np.isfinite(b).all() else None
     if ngram_ppl is None:
-        print(f"note: {arpa} gives {int((~np.isfinite(b)).sum()):,} {split} tokens probability 0: its own perplexity "
-              "is infinite (ngram_perplexity null); the mixture's is finite", file=sys.stderr)
-    report.update({
-        "weight": w,
-        "weight_tuned_on": "valid" if auto else None,
-        "model_perplexity": math.exp(-float(a.mean())),
-        "ngram_perplexity": ngram_ppl,
-    })
+        print(
+            f"note: {arpa} gives {int((~np.isfinite(b)).sum()):,} {split} tokens probability 0: its own perplexity "
+            "is infinite (ngram_perplexity null); the mixture's is finite",
+            file=sys.stderr,
+        )
+    report.update(
+        {
+            "weight": w,
+            "weight_tuned_on": "valid" if auto else None,
+            "model_perplexity": math.exp(-float(a.mean())),
+            "ngram_perplexity": ngram_ppl,
+        }
+    )
     return report
 
 

@@ -43,45 +43,80 @@ def cmd_serve(args) -> int:
             sock.bind((args.host.strip("[]"), args.port))
         except OSError as e:
             raise DataError(f"cannot listen on {args.host} port {args.port}: {e.strerror or e}") from None
-        service = Service.load(args.run, which=args.which, device=pick_device(args.device),
-                               limits=Limits(max_body=args.max_body))
+        service = Service.load(
+            args.run, which=args.which, device=pick_device(args.device), limits=Limits(max_body=args.max_body)
+        )
         service.warm_up()
         local = _loopback(args.host)
-        app = create_app(service, allowed_hosts=LOOPBACK_HOSTS if local else None, jobs=args.jobs,
-                         predict_thread=args.predict_thread)
+        app = create_app(
+            service, allowed_hosts=LOOPBACK_HOSTS if local else None, jobs=args.jobs, predict_thread=args.predict_thread
+        )
         if not local:
-            print(f"hlbl: note: serving on {args.host}: anyone who can reach this address can query the model",
-                  file=sys.stderr)
+            print(
+                f"hlbl: note: serving on {args.host}: anyone who can reach this address can query the model",
+                file=sys.stderr,
+            )
         # uvicorn's "auto" picks httptools and uvloop when installed (the serve extra installs them).
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                                limit_concurrency=args.max_connections, timeout_keep_alive=5)
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+            limit_concurrency=args.max_connections,
+            timeout_keep_alive=5,
+        )
         sock.listen(2048)  # connections wait from now on, while uvicorn starts
         shown = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
-        print(f"hlbl: serving {args.run} ({service.model_info['vocab_size']:,} words) at "
-              f"http://{shown}:{sock.getsockname()[1]}/ (Ctrl-C stops)", file=sys.stderr, flush=True)
+        print(
+            f"hlbl: serving {args.run} ({service.model_info['vocab_size']:,} words) at "
+            f"http://{shown}:{sock.getsockname()[1]}/ (Ctrl-C stops)",
+            file=sys.stderr,
+            flush=True,
+        )
         uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
 def add_commands(sub) -> None:
-    s = sub.add_parser("serve", help="an HTTP API and a page for a trained run (next words, scores, samples, tree)",
-                       description="Load a trained run once and answer JSON requests on /v1/... (predict, score, "
-                                   "generate, tree); a page at / shows live next-word predictions and the learned "
-                                   "tree. Needs the serve extra: pip install 'hlbl[serve]'.")
+    s = sub.add_parser(
+        "serve",
+        help="an HTTP API and a page for a trained run (next words, scores, samples, tree)",
+        description="Load a trained run once and answer JSON requests on /v1/... (predict, score, "
+        "generate, tree); a page at / shows live next-word predictions and the learned "
+        "tree. Needs the serve extra: pip install 'hlbl[serve]'.",
+    )
     s.add_argument("run", help="run directory")
-    s.add_argument("--which", choices=("best", "last"), default="best",
-                   help="weights with the best valid perplexity, or after the last epoch")
-    s.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on; the default answers this machine only (0.0.0.0: every interface)")
+    s.add_argument(
+        "--which",
+        choices=("best", "last"),
+        default="best",
+        help="weights with the best valid perplexity, or after the last epoch",
+    )
+    s.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; the default answers this machine only (0.0.0.0: every interface)",
+    )
     s.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
-    s.add_argument("--device", default="cpu",
-                   help="cpu, cuda, cuda:N or auto (the top-k search and sampling walk run on the CPU either way)")
+    s.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu, cuda, cuda:N or auto (the top-k search and sampling walk run on the CPU either way)",
+    )
     s.add_argument("--threads", type=int, default=None, help="CPU threads for scoring")
     s.add_argument("--jobs", type=int, default=2, help="score/generate/tree requests computed at once (others wait)")
     s.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes")
-    s.add_argument("--max-connections", type=int, default=256,
-                   help="open connections and requests at once; beyond, requests get 503")
-    s.add_argument("--predict-thread", action="store_true",
-                   help="compute each batch of predictions in a worker thread while the event loop reads the next "
-                        "requests (may help with cores to spare; see docs/serve.md)")
+    s.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        help="open connections and requests at once; beyond, requests get 503",
+    )
+    s.add_argument(
+        "--predict-thread",
+        action="store_true",
+        help="compute each batch of predictions in a worker thread while the event loop reads the next "
+        "requests (may help with cores to spare; see docs/serve.md)",
+    )
     s.set_defaults(func=cmd_serve)

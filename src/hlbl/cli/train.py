@@ -40,8 +40,11 @@ def cmd_train(args) -> int:
     """Train (under torchrun: one data-parallel process of several; see hlbl.distributed)."""
     set_threads(args.threads)
     # 0 is a value, not "unset": --epochs 0 must not mean the default.
-    for flag, value in (("--epochs", args.epochs), ("--max-train-tokens", args.max_train_tokens),
-                        ("--hogwild", args.hogwild)):
+    for flag, value in (
+        ("--epochs", args.epochs),
+        ("--max-train-tokens", args.max_train_tokens),
+        ("--hogwild", args.hogwild),
+    ):
         if value is not None and value < 1:
             raise DataError(f"{flag} must be at least 1, got {value}")
     if args.hogwild is not None and args.hogwild > 1 and args.engine == "torch":
@@ -49,8 +52,10 @@ def cmd_train(args) -> int:
     device = distributed.init_from_env(pick_device(args.device))  # torchrun: join the group, one GPU each
     if distributed.world_size() > 1 and args.hogwild is not None and args.hogwild > 1:
         distributed.cleanup(finished=False)
-        raise DataError("--hogwild runs threads of the fast engine, which trains in one process; under torchrun the "
-                        "torch engine runs (use --threads)")
+        raise DataError(
+            "--hogwild runs threads of the fast engine, which trains in one process; under torchrun the "
+            "torch engine runs (use --threads)"
+        )
     try:
         rc = _train(args, device)
     except BaseException:
@@ -74,13 +79,18 @@ def _contradictions(args, info: dict) -> list[str]:
         flag = parser_flags.get(dest, "--" + dest.replace("_", "-"))
         key = _RECORDED_AS.get(dest, dest)
         value = getattr(args, dest)
-        recorded = [sec[key] for sec in (info.get("model", {}), info.get("train", {}), info.get("options") or {})
-                    if key in sec]
+        recorded = [
+            sec[key] for sec in (info.get("model", {}), info.get("train", {}), info.get("options") or {}) if key in sec
+        ]
         if not recorded:
             out.append(f"{flag} (the run does not record it)")
             continue
-        same = recorded[0] == value or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                        and isinstance(recorded[0], (int, float)) and float(recorded[0]) == float(value))
+        same = recorded[0] == value or (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and isinstance(recorded[0], (int, float))
+            and float(recorded[0]) == float(value)
+        )
         if not same:
             out.append(f"{flag} {value} (the run's is {recorded[0]})")
     return out
@@ -93,8 +103,10 @@ def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple
     config, vocab, tree, info = ckpt.load_recipe(out)
     differ = _contradictions(args, info)
     if differ:
-        raise DataError(f"--resume continues {out} with its own recipe, and these flags contradict it: "
-                        f"{', '.join(differ)}; leave them out, or choose a new --out for a new run")
+        raise DataError(
+            f"--resume continues {out} with its own recipe, and these flags contradict it: "
+            f"{', '.join(differ)}; leave them out, or choose a new --out for a new run"
+        )
     blank_lines = info.get("blank_lines", "drop")  # (runs that predate the protocol's record dropped them)
     if args.blank_lines not in (None, blank_lines):
         raise DataError(f"{out} was trained with --blank-lines {blank_lines}; resume it with the same")
@@ -102,8 +114,10 @@ def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple
     corpus = load_corpus(args.data, vocab=vocab, splits=splits, blank_lines=blank_lines)
     differs = _differing_split(corpus, vocab, info)
     if differs:
-        raise DataError(f"the {differs} split of --data {args.data} is not the one {out} was trained on "
-                        f"({info['corpus']}); resume with the same corpus")
+        raise DataError(
+            f"the {differs} split of --data {args.data} is not the one {out} was trained on "
+            f"({info['corpus']}); resume with the same corpus"
+        )
     try:
         cfg = TrainConfig.from_json(info["train"], **({"max_epochs": args.epochs} if args.epochs else {}))
     except ValueError as e:
@@ -111,17 +125,29 @@ def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple
     found = ckpt.latest_checkpoint(out)
     done = read_state(found / "state.json") if found is not None else None
     if first and done is not None and done["done"]:
-        print(f"note: {out} had already stopped early (after epoch {done['epoch']}): nothing to train; "
-              "reporting its best weights", file=sys.stderr)
+        print(
+            f"note: {out} had already stopped early (after epoch {done['epoch']}): nothing to train; "
+            "reporting its best weights",
+            file=sys.stderr,
+        )
     elif first and done is not None and done["epoch"] >= cfg.max_epochs:
-        print(f"note: {out} has {done['epoch']} epochs and --epochs is {cfg.max_epochs}: nothing to train; "
-              "pass a larger --epochs to continue", file=sys.stderr)
+        print(
+            f"note: {out} has {done['epoch']} epochs and --epochs is {cfg.max_epochs}: nothing to train; "
+            "pass a larger --epochs to continue",
+            file=sys.stderr,
+        )
     if first:
-        where = ("with no complete checkpoint: from the start" if found is None else
-                 f"after epoch {done['epoch']}, from its newest complete checkpoint "
-                 f"({found.relative_to(out) if found != out else 'its files'})")
-        print(f"resuming {out} {where}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
-              "--hogwild, --device and --threads apply)", file=sys.stderr)
+        where = (
+            "with no complete checkpoint: from the start"
+            if found is None
+            else f"after epoch {done['epoch']}, from its newest complete checkpoint "
+            f"({found.relative_to(out) if found != out else 'its files'})"
+        )
+        print(
+            f"resuming {out} {where}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
+            "--hogwild, --device and --threads apply)",
+            file=sys.stderr,
+        )
     try:  # a checkpoint holds every weight; without one the run starts again from its own seed
         model = LBL(config, tree, torch.Generator().manual_seed(cfg.seed), init=found is None)
     except ValueError as e:
@@ -138,30 +164,54 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
     """A new model and recipe from the flags; the vocabulary comes from the training split."""
     if args.tree is not None and not takes_tree(args.output):
         raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
-    if args.output not in SAMPLED_KINDS and any(x is not None for x in (args.samples, args.noise_power, args.noise_share)):
-        raise DataError(f"--samples, --noise-power and --noise-share apply to --output {' or '.join(SAMPLED_KINDS)} only, "
-                        f"not {args.output}")
+    if args.output not in SAMPLED_KINDS and any(
+        x is not None for x in (args.samples, args.noise_power, args.noise_share)
+    ):
+        raise DataError(
+            f"--samples, --noise-power and --noise-share apply to --output {' or '.join(SAMPLED_KINDS)} only, "
+            f"not {args.output}"
+        )
     args.noise_share = LBLConfig.noise_share if args.noise_share is None else args.noise_share
     args.samples = LBLConfig.samples if args.samples is None else args.samples
     args.noise_power = LBLConfig.noise_power if args.noise_power is None else args.noise_power
     if args.momentum is not None and args.optimizer != "momentum":
         raise DataError(f"--momentum applies to --optimizer momentum only, not {args.optimizer}")
     if args.tree is not None and args.tree not in TREE_KINDS and not Path(args.tree).exists():
-        raise DataError(f"--tree {args.tree}: not {', '.join(TREE_KINDS)}, nor a tree file (.json or .npz; "
-                        "hlbl tree build writes one)")
-    corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=splits, blank_lines=args.blank_lines or "drop")
+        raise DataError(
+            f"--tree {args.tree}: not {', '.join(TREE_KINDS)}, nor a tree file (.json or .npz; "
+            "hlbl tree build writes one)"
+        )
+    corpus = load_corpus(
+        args.data, args.max_vocab, args.min_count, splits=splits, blank_lines=args.blank_lines or "drop"
+    )
     V = len(corpus.vocab)
     try:
-        mcfg = LBLConfig(V, dim=args.dim, context=args.context, full_context=args.full_context,
-                         output=args.output, init_std=args.init_std, samples=args.samples,
-                         noise_power=args.noise_power, noise_share=args.noise_share)
-        cfg = TrainConfig(lr=args.lr, lr_final=args.lr_final, batch_size=args.batch_size,
-                          max_epochs=args.epochs or TrainConfig.max_epochs, optimizer=args.optimizer,
-                          momentum=TrainConfig.momentum if args.momentum is None else args.momentum,
-                          weight_decay_words=args.weight_decay_words,
-                          weight_decay_other=args.weight_decay, hogwild=args.hogwild,
-                          seed=args.seed, device=device, max_train_tokens=args.max_train_tokens,
-                          progress=not args.quiet)
+        mcfg = LBLConfig(
+            V,
+            dim=args.dim,
+            context=args.context,
+            full_context=args.full_context,
+            output=args.output,
+            init_std=args.init_std,
+            samples=args.samples,
+            noise_power=args.noise_power,
+            noise_share=args.noise_share,
+        )
+        cfg = TrainConfig(
+            lr=args.lr,
+            lr_final=args.lr_final,
+            batch_size=args.batch_size,
+            max_epochs=args.epochs or TrainConfig.max_epochs,
+            optimizer=args.optimizer,
+            momentum=TrainConfig.momentum if args.momentum is None else args.momentum,
+            weight_decay_words=args.weight_decay_words,
+            weight_decay_other=args.weight_decay,
+            hogwild=args.hogwild,
+            seed=args.seed,
+            device=device,
+            max_train_tokens=args.max_train_tokens,
+            progress=not args.quiet,
+        )
     except ValueError as e:
         raise DataError(str(e)) from None
     from ..train import check_model_memory
@@ -208,23 +258,35 @@ def _train(args, device: str) -> int:
             raise DataError(f"--hogwild runs threads of the fast engine, which cannot train this model: {why}")
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
     if first:
-        print(f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
-              f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, "
-              f"device {device}", file=sys.stderr)
+        print(
+            f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
+            f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, "
+            f"device {device}",
+            file=sys.stderr,
+        )
     options = {"tree": args.tree or "random"} if takes_tree(model.config.output) else {}
     options.update(max_vocab=args.max_vocab, min_count=args.min_count)
-    state = fit(model, corpus, cfg, out, resume=resuming, corpus_spec=corpus_record(args.data), log=log,
-                options=options)
+    state = fit(
+        model, corpus, cfg, out, resume=resuming, corpus_spec=corpus_record(args.data), log=log, options=options
+    )
     if not first:
         return 0
     valid = corpus.token_counts("valid")
-    report = {"valid_perplexity": state["best_valid_ppl"], "blank_lines": corpus.blank_lines,
-              "valid_blank_lines_dropped": valid["blank_lines_dropped"]}
+    report = {
+        "valid_perplexity": state["best_valid_ppl"],
+        "blank_lines": corpus.blank_lines,
+        "valid_blank_lines_dropped": valid["blank_lines_dropped"],
+    }
     if "test" in corpus.splits:
         test = evaluate(model, corpus["test"], corpus.vocab.eos, device=device)  # fit left the best weights in
         test = with_oov(test, corpus, "test")
-        report.update(test_perplexity=test["perplexity"], test_tokens=test["tokens"], test_oov=test["oov"],
-                      test_unk_in_text=test["unk_in_text"], test_blank_lines_dropped=test["blank_lines_dropped"])
+        report.update(
+            test_perplexity=test["perplexity"],
+            test_tokens=test["tokens"],
+            test_oov=test["oov"],
+            test_unk_in_text=test["unk_in_text"],
+            test_blank_lines_dropped=test["blank_lines_dropped"],
+        )
         norm = self_normalisation(model, corpus["test"], corpus.vocab.eos, device=device)
         if norm is not None:  # nce / sampled: how far from Z = 1 (the perplexity above is exact)
             report["test_self_normalisation"] = norm
@@ -255,8 +317,12 @@ def cmd_eval(args) -> int:
         raise DataError("--weight is the mixture weight of --interpolate; give the n-gram model with --interpolate")
     tune = args.interpolate and str(args.weight).strip().lower() == "auto"
     needed = {args.split} | ({"valid"} if tune else set())  # valid: to tune the mixture weight
-    corpus = load_corpus(args.data or run_corpus(info), vocab=vocab, splits=tuple(needed),
-                         blank_lines=args.blank_lines or info.get("blank_lines", "drop"))  # the run's protocol by default
+    corpus = load_corpus(
+        args.data or run_corpus(info),
+        vocab=vocab,
+        splits=tuple(needed),
+        blank_lines=args.blank_lines or info.get("blank_lines", "drop"),
+    )  # the run's protocol by default
     if args.interpolate:  # mixture with an n-gram model (hlbl.ngram)
         from .ngram import interpolated_report
 
@@ -277,43 +343,88 @@ def add_commands(sub) -> None:
     t = sub.add_parser("train", help="train a model and report valid/test perplexity")
     corpus_args(t, "; with --resume, the run's own by default")
     t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
-    t.add_argument("--output", choices=OUTPUT_KINDS, default="tree",
-                   help="output layer: tree = HLBL, flat = LBL, adaptive = PyTorch's adaptive softmax, "
-                        "nce = noise-contrastive estimation, sampled = sampled softmax (nce and sampled train on "
-                        "--samples noise words per step and are evaluated with the exact full softmax)")
-    t.add_argument("--samples", type=int, default=None,
-                   help=f"K noise words per example (nce/sampled; default {m['samples']})")
-    t.add_argument("--noise-power", type=float, default=None,
-                   help=f"noise distribution = unigram ** this (nce/sampled; default {m['noise_power']}; 0.75 as word2vec)")
-    t.add_argument("--noise-share", type=int, default=None,
-                   help=f"examples that share one draw of K noise words (nce/sampled; default {m['noise_share']}; "
-                        "0 = the whole minibatch)")
-    t.add_argument("--tree", default=None, help="random (the default), huffman, or a tree file (JSON/npz); tree output only")
+    t.add_argument(
+        "--output",
+        choices=OUTPUT_KINDS,
+        default="tree",
+        help="output layer: tree = HLBL, flat = LBL, adaptive = PyTorch's adaptive softmax, "
+        "nce = noise-contrastive estimation, sampled = sampled softmax (nce and sampled train on "
+        "--samples noise words per step and are evaluated with the exact full softmax)",
+    )
+    t.add_argument(
+        "--samples", type=int, default=None, help=f"K noise words per example (nce/sampled; default {m['samples']})"
+    )
+    t.add_argument(
+        "--noise-power",
+        type=float,
+        default=None,
+        help=f"noise distribution = unigram ** this (nce/sampled; default {m['noise_power']}; 0.75 as word2vec)",
+    )
+    t.add_argument(
+        "--noise-share",
+        type=int,
+        default=None,
+        help=f"examples that share one draw of K noise words (nce/sampled; default {m['noise_share']}; "
+        "0 = the whole minibatch)",
+    )
+    t.add_argument(
+        "--tree", default=None, help="random (the default), huffman, or a tree file (JSON/npz); tree output only"
+    )
     t.add_argument("--dim", type=int, default=m["dim"], help="feature vector size")
     t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
     t.add_argument("--full-context", action="store_true", help="full d x d context matrices C_i")
     t.add_argument("--init-std", type=float, default=m["init_std"], help="std of the Gaussian initial weights")
-    t.add_argument("--epochs", type=int, default=None, help=f"maximum epochs (default {d.max_epochs}; early stopping ends sooner)")
+    t.add_argument(
+        "--epochs", type=int, default=None, help=f"maximum epochs (default {d.max_epochs}; early stopping ends sooner)"
+    )
     t.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per SGD step")
-    t.add_argument("--lr", type=float, default=d.lr, help="learning rate per example (gradients are summed over a batch)")
-    t.add_argument("--lr-final", type=float, default=d.lr_final, help="learning rate after validation perplexity first rises")
-    t.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer,
-                   help="momentum = SGD with momentum (the recipe), sgd = plain SGD; adam/adagrad use the torch engine")
+    t.add_argument(
+        "--lr", type=float, default=d.lr, help="learning rate per example (gradients are summed over a batch)"
+    )
+    t.add_argument(
+        "--lr-final", type=float, default=d.lr_final, help="learning rate after validation perplexity first rises"
+    )
+    t.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default=d.optimizer,
+        help="momentum = SGD with momentum (the recipe), sgd = plain SGD; adam/adagrad use the torch engine",
+    )
     t.add_argument("--momentum", type=float, default=None, help=f"with --optimizer momentum (default {d.momentum})")
-    t.add_argument("--weight-decay-words", type=float, default=d.weight_decay_words,
-                   help="L2 penalty per example on the word feature vectors R")
-    t.add_argument("--weight-decay", type=float, default=d.weight_decay_other,
-                   help="L2 penalty per example on the other weights (C, node vectors; never biases)")
-    t.add_argument("--engine", choices=ENGINES, default=d.engine,
-                   help="fast = numba CPU kernels (tree output, SGD/momentum), torch = autograd (GPU, any model); auto picks fast where it applies")
-    t.add_argument("--hogwild", type=int, default=d.hogwild,
-                   help="threads of the fast engine; 1 is bit-reproducible, more run lock-free Hogwild steps")
+    t.add_argument(
+        "--weight-decay-words",
+        type=float,
+        default=d.weight_decay_words,
+        help="L2 penalty per example on the word feature vectors R",
+    )
+    t.add_argument(
+        "--weight-decay",
+        type=float,
+        default=d.weight_decay_other,
+        help="L2 penalty per example on the other weights (C, node vectors; never biases)",
+    )
+    t.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=d.engine,
+        help="fast = numba CPU kernels (tree output, SGD/momentum), torch = autograd (GPU, any model); auto picks fast where it applies",
+    )
+    t.add_argument(
+        "--hogwild",
+        type=int,
+        default=d.hogwild,
+        help="threads of the fast engine; 1 is bit-reproducible, more run lock-free Hogwild steps",
+    )
     t.add_argument("--seed", type=seed_arg, default=0, help="initial weights and example order")
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     t.add_argument("--threads", type=int, default=None, help="CPU threads (PyTorch and numba)")
     t.add_argument("--max-train-tokens", type=int, default=None, help="train on this many tokens only")
-    t.add_argument("--resume", action="store_true", help="continue the run in --out from its newest complete "
-                   "checkpoint, with its own recipe (run.json); a new run if --out holds none")
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its newest complete "
+        "checkpoint, with its own recipe (run.json); a new run if --out holds none",
+    )
     t.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
     t.set_defaults(func=cmd_train)
     _note_given_flags(t)
@@ -323,11 +434,14 @@ def add_commands(sub) -> None:
     e.add_argument("--split", choices=("train", "valid", "test"), default="test", help="split to score")
     e.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
     blank_lines_arg(e, None, "the run's own")
-    e.add_argument("--interpolate", metavar="ARPA", default=None,
-                   help="also mix with this n-gram model: W p_model + (1-W) p_ngram, per token")
+    e.add_argument(
+        "--interpolate",
+        metavar="ARPA",
+        default=None,
+        help="also mix with this n-gram model: W p_model + (1-W) p_ngram, per token",
+    )
     e.add_argument("--weight", default="auto", help="with --interpolate: W in [0, 1], or auto (tuned on valid)")
     e.set_defaults(func=cmd_eval)
-
 
 
 class _Given:

@@ -24,8 +24,10 @@ def cmd_tree_stats(args) -> int:
     if args.data:
         corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",))
         if len(corpus.vocab) != tree.num_words:
-            raise TreeError(f"{args.tree}: tree has {tree.num_words} words, the corpus vocabulary {len(corpus.vocab)} "
-                            "(build the vocabulary as for the tree: --min-count / --max-vocab)")
+            raise TreeError(
+                f"{args.tree}: tree has {tree.num_words} words, the corpus vocabulary {len(corpus.vocab)} "
+                "(build the vocabulary as for the tree: --min-count / --max-vocab)"
+            )
         counts = corpus.vocab.counts
     elif path != Path(args.tree):  # a run directory: its vocabulary's training counts
         counts = read_vocab(path.parent).counts
@@ -52,27 +54,48 @@ def cmd_tree_build(args) -> int:
 
     set_threads(args.threads)
     if args.max_leaves_per_word is not None and not args.max_leaves_per_word >= 1:
-        raise DataError(f"--max-leaves-per-word must be at least 1 (every word has a leaf), got {args.max_leaves_per_word}")
+        raise DataError(
+            f"--max-leaves-per-word must be at least 1 (every word has a leaf), got {args.max_leaves_per_word}"
+        )
     parse_policy(args.policy)  # fail on a bad policy before the feature pass
     vocab, info = read_vocab(args.run), read_run(args.run)  # the model itself is loaded once, below
-    corpus = load_corpus(args.data or run_corpus(info), vocab=vocab, splits=("train",),
-                         blank_lines=info.get("blank_lines", "drop"))
+    corpus = load_corpus(
+        args.data or run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop")
+    )
     t0 = time.perf_counter()
     X, n = features_from_run(args.run, corpus)
     t1 = time.perf_counter()
     if (n == 0).mean() > 0.5:
-        print(f"hlbl: warning: {int((n == 0).sum()):,} of {len(n):,} words never occur as a target in the training "
-              "text, so they share one feature vector (the overall mean): is --data the run's corpus?", file=sys.stderr)
+        print(
+            f"hlbl: warning: {int((n == 0).sum()):,} of {len(n):,} words never occur as a target in the training "
+            "text, so they share one feature vector (the overall mean): is --data the run's corpus?",
+            file=sys.stderr,
+        )
     rep = BuildReport()
-    tree = build_tree_from_features(X, args.policy, args.seed, args.copies, args.em_iters,
-                                    weights=corpus.vocab.counts if args.weighted else None,
-                                    max_leaves=None if args.max_leaves_per_word is None
-                                    else int(args.max_leaves_per_word * len(X)), report=rep)
+    tree = build_tree_from_features(
+        X,
+        args.policy,
+        args.seed,
+        args.copies,
+        args.em_iters,
+        weights=corpus.vocab.counts if args.weighted else None,
+        max_leaves=None if args.max_leaves_per_word is None else int(args.max_leaves_per_word * len(X)),
+        report=rep,
+    )
     make_parent(args.out)
     tree.save(args.out)
-    print(json.dumps({"out": args.out, "feature_seconds": round(t1 - t0, 2),
-                      "build_seconds": round(time.perf_counter() - t1, 2), "unseen_words": int((n == 0).sum()),
-                      **rep.to_json(), **tree.stats(corpus.vocab.counts)}))
+    print(
+        json.dumps(
+            {
+                "out": args.out,
+                "feature_seconds": round(t1 - t0, 2),
+                "build_seconds": round(time.perf_counter() - t1, 2),
+                "unseen_words": int((n == 0).sum()),
+                **rep.to_json(),
+                **tree.stats(corpus.vocab.counts),
+            }
+        )
+    )
     return 0
 
 
@@ -87,19 +110,32 @@ def add_commands(sub) -> None:
     ts.set_defaults(func=cmd_tree_stats)
     tm = tsub.add_parser("make", help="build a RANDOM or Huffman tree for a corpus")
     corpus_args(tm)
-    tm.add_argument("--kind", choices=("random", "huffman"), default="random",
-                    help="random permutation halved recursively, or Huffman codes from the training counts")
+    tm.add_argument(
+        "--kind",
+        choices=("random", "huffman"),
+        default="random",
+        help="random permutation halved recursively, or Huffman codes from the training counts",
+    )
     tm.add_argument("--seed", type=seed_arg, default=0, help="the random tree's permutation")
     tm.add_argument("--out", required=True, help="tree file (.json or .npz)")
     tm.set_defaults(func=cmd_tree_make)
     tb = tsub.add_parser("build", help="learned tree from a trained run's word features (paper, Section 5)")
-    tb.add_argument("--from", dest="run", required=True, help="run directory of a trained model (normally HLBL on a RANDOM tree)")
+    tb.add_argument(
+        "--from", dest="run", required=True, help="run directory of a trained model (normally HLBL on a RANDOM tree)"
+    )
     tb.add_argument("--policy", default="adaptive", help="balanced, adaptive, or adaptive:EPS (e.g. adaptive:0.4)")
-    tb.add_argument("--copies", type=int, default=1, help="K trees from different seeds joined under new top nodes (xK)")
+    tb.add_argument(
+        "--copies", type=int, default=1, help="K trees from different seeds joined under new top nodes (xK)"
+    )
     tb.add_argument("--seed", type=seed_arg, default=0, help="EM initialisation (trees differ run to run)")
     tb.add_argument("--em-iters", type=int, default=DEFAULT_EM_ITERS, help="EM iterations per split")
     tb.add_argument("--weighted", action="store_true", help="weight words by training frequency in the EM")
-    tb.add_argument("--max-leaves-per-word", type=float, default=None, help=f"leaf budget per tree, in units of V (default {DEFAULT_MAX_LEAVES_PER_WORD})")
+    tb.add_argument(
+        "--max-leaves-per-word",
+        type=float,
+        default=None,
+        help=f"leaf budget per tree, in units of V (default {DEFAULT_MAX_LEAVES_PER_WORD})",
+    )
     tb.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
     tb.add_argument("--threads", type=int, default=None, help="CPU threads")
     tb.add_argument("--out", required=True, help="tree file (.json or .npz)")

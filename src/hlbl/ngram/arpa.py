@@ -86,9 +86,9 @@ def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True, c
                     hi = min(lo + chunk, len(bo))
                     lp = list(map(fmt, model.log10_prob[k - 1][lo:hi].tolist()))
                     bo_txt = [fmt(b) if h else "" for b, h in zip(bo[lo:hi].tolist(), has_bo[lo:hi].tolist())]
-                    f.writelines([
-                        f"{p}\t{t}\t{b}\n" if b else f"{p}\t{t}\n" for p, t, b in zip(lp, text[lo:hi], bo_txt)
-                    ])
+                    f.writelines(
+                        [f"{p}\t{t}\t{b}\n" if b else f"{p}\t{t}\n" for p, t, b in zip(lp, text[lo:hi], bo_txt)]
+                    )
                     lp_out[lo:hi] = np.asarray(lp, dtype=np.float64)  # the values as written
                     bo_out[lo:hi] = np.asarray([b or "0" for b in bo_txt], dtype=np.float64)
                 written_lp.append(lp_out)
@@ -199,7 +199,7 @@ def parse_arpa(data: bytes | str, name: str = "<arpa>") -> NgramModel:
     nlines = len(ls) - 1
 
     def line(j: int) -> str:
-        return data[ls[j]:ls[j + 1]].decode("utf-8").strip()
+        return data[ls[j] : ls[j + 1]].decode("utf-8").strip()
 
     def where(j: int) -> str:
         return f"{name}:{min(j, max(nlines - 1, 0)) + 1}"
@@ -215,7 +215,7 @@ def parse_arpa(data: bytes | str, name: str = "<arpa>") -> NgramModel:
     i += 1
     counts: list[int] = []
     while i < nlines and line(i).startswith("ngram "):
-        k_s, _, n_s = line(i)[len("ngram "):].partition("=")
+        k_s, _, n_s = line(i)[len("ngram ") :].partition("=")
         try:
             k, n = int(k_s), int(n_s)
         except ValueError:
@@ -334,6 +334,7 @@ def _floats(fields: np.ndarray, start: int, name: str, what: str, rows: np.ndarr
     """Parse an object array of number fields; name the first bad line on failure. A log10
     probability may be -inf (probability 0, as some toolkits write for ``<s>``); nothing else
     may be infinite or NaN."""
+
     def finite(x):
         return np.isfinite(x) | ((x == -np.inf) if what == "probability" else False)
 
@@ -371,9 +372,7 @@ def _assemble(vocab, higher, name: str) -> NgramModel:
         lp1.append(-99.0)
         bo1.append(0.0)
     base = len(words)
-    model = NgramModel(
-        tuple(words), [np.arange(base, dtype=np.int64)], [np.asarray(lp1)], [np.asarray(bo1)]
-    )
+    model = NgramModel(tuple(words), [np.arange(base, dtype=np.int64)], [np.asarray(lp1)], [np.asarray(bo1)])
     order = 1 + len(higher)
     mats = [h[3] for h in higher]
 
@@ -393,7 +392,9 @@ def _assemble(vocab, higher, name: str) -> NgramModel:
         dup = np.flatnonzero(sk[1:] == sk[:-1])
         if len(dup):
             j = int(order_idx[dup[0] + 1])
-            raise ArpaError(f"{name}:{start + j + 1}: the {k}-gram {' '.join(words[x] for x in own[j])!r} appears twice")
+            raise ArpaError(
+                f"{name}:{start + j + 1}: the {k}-gram {' '.join(words[x] for x in own[j])!r} appears twice"
+            )
         # k-word prefixes of all longer lines; those not among this order's own n-grams are
         # missing contexts (none in a well-formed KenLM or hlbl file).
         longer = [(m, prefix_row[m - 2] * base + mats[m - 2][:, k - 1]) for m in range(k + 1, order + 1)]
@@ -412,7 +413,7 @@ def _assemble(vocab, higher, name: str) -> NgramModel:
             ctx_rows, last = np.divmod(missing, base)
             win = _rows_text_ids(model, ctx_rows, k - 1)
             win = np.concatenate([win, last[:, None]], axis=1)
-            prob[len(own_keys):] = model.score_windows(win, max_order=k)
+            prob[len(own_keys) :] = model.score_windows(win, max_order=k)
         srt = np.argsort(keys, kind="stable")
         model.keys.append(keys[srt])
         model.log10_prob.append(prob[srt])

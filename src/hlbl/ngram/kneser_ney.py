@@ -166,4 +166,3 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
         ctx_of[k] = word_of[k] = None  # freed as each order's keys are made
     words = tuple(arpa_word(w) for w in vocab.words) + (BOS_WORD,)
     return NgramModel(words, keys, log10_prob, backoffs, discounts=[tuple(d) for d in discounts])
-

@@ -160,7 +160,7 @@ class NgramModel:
         top = self.order if max_order is None else max_order
         w = np.asarray(windows, dtype=np.int64)
         if w.shape[1] > top:
-            w = w[:, w.shape[1] - top:]
+            w = w[:, w.shape[1] - top :]
         L, n = w.shape
         target = w[:, -1]
         if np.any((target < 0) | (target >= self.base)):

@@ -39,8 +39,11 @@ log = logging.getLogger("hlbl.serve")
 
 STATIC = {"app.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}  # file -> media type
 # The page loads only its own script and style and talks only to this server.
-PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'",
-                "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
 
 
@@ -219,8 +222,11 @@ class PredictBatcher:
         self.busy = True
         loop = asyncio.get_running_loop()
         job = self.executor.submit(self.compute, batch)
-        job.add_done_callback(lambda j: loop.call_soon_threadsafe(
-            self.finish, batch, [j.exception()] * len(batch) if j.exception() else j.result()))
+        job.add_done_callback(
+            lambda j: loop.call_soon_threadsafe(
+                self.finish, batch, [j.exception()] * len(batch) if j.exception() else j.result()
+            )
+        )
 
     def compute(self, batch) -> list:
         """(probs, ids) or the exception, per request; one exact search per k asked (the top-k of
@@ -289,9 +295,17 @@ class Predict:
                 status, body = e.status, encode_json({"error": e.message})
         except Exception as e:
             log.exception("error answering POST /v1/predict")
-            status, body = 500, encode_json({"error": f"internal error ({type(e).__name__}); the server log has the details"})
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            status, body = (
+                500,
+                encode_json({"error": f"internal error ({type(e).__name__}); the server log has the details"}),
+            )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -321,13 +335,16 @@ class HostCheck:
                     break
             name = host.rsplit(":", 1)[0] if not host.endswith("]") else host  # strip a port
             if name not in self.hosts:
-                await error(421, f"this server answers requests to {', '.join(sorted(self.hosts))} only")(scope, receive, send)
+                await error(421, f"this server answers requests to {', '.join(sorted(self.hosts))} only")(
+                    scope, receive, send
+                )
                 return
         await self.app(scope, receive, send)
 
 
-def create_app(service: Service, allowed_hosts: tuple[str, ...] | None = None, jobs: int = 2,
-               predict_thread: bool = False):
+def create_app(
+    service: Service, allowed_hosts: tuple[str, ...] | None = None, jobs: int = 2, predict_thread: bool = False
+):
     """The ASGI application answering for ``service``. ``allowed_hosts``: Host header names to
     accept (None: any); ``jobs``: how many score, generate and tree requests are computed at once (others wait);
     ``predict_thread``: compute predictions in a worker thread (see :class:`PredictBatcher`)."""
@@ -366,15 +383,19 @@ def create_app(service: Service, allowed_hosts: tuple[str, ...] | None = None, j
         return JSONResponse(await in_thread(service.score, sentences))
 
     async def generate(request: Request) -> Response:
-        f = Fields(await json_body(request, limits.max_body), ("prompt", "tokens", "seed", "temperature",
-                                                               "per_node_temperature"))
+        f = Fields(
+            await json_body(request, limits.max_body),
+            ("prompt", "tokens", "seed", "temperature", "per_node_temperature"),
+        )
         prompt = f.text("prompt", limits.max_text, default="")
         tokens = f.integer("tokens", 20, 0, limits.max_tokens)
         seed = f.integer("seed", 0, 0, 2**63 - 1)
         temperature = f.number("temperature", 1.0, 0.0, limits.max_temperature)
         per_node = f.flag("per_node_temperature")
         if per_node and service.index is None:
-            raise ApiError(400, f"per_node_temperature needs a tree model; this one has {service.model.config.output} output")
+            raise ApiError(
+                400, f"per_node_temperature needs a tree model; this one has {service.model.config.output} output"
+            )
         return JSONResponse(await in_thread(service.generate, prompt, tokens, seed, temperature, per_node))
 
     async def tree(request: Request) -> Response:
@@ -428,8 +449,10 @@ def create_app(service: Service, allowed_hosts: tuple[str, ...] | None = None, j
         return error(400, str(e))
 
     async def http_error(request: Request, e: HTTPException) -> Response:
-        text = {404: f"no such endpoint: {request.method} {request.url.path[:100]}",
-                405: f"{request.method} is not allowed on {request.url.path[:100]}"}.get(e.status_code, e.detail)
+        text = {
+            404: f"no such endpoint: {request.method} {request.url.path[:100]}",
+            405: f"{request.method} is not allowed on {request.url.path[:100]}",
+        }.get(e.status_code, e.detail)
         return JSONResponse({"error": text}, status_code=e.status_code, headers=e.headers)
 
     async def internal(request: Request, e: Exception) -> Response:
@@ -451,10 +474,16 @@ def create_app(service: Service, allowed_hosts: tuple[str, ...] | None = None, j
         Route("/v1/tree/path", path, methods=["POST"]),
         Route("/v1/tree/decisions", decisions, methods=["POST"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={
-        ApiError: api_error, NotFound: not_found, HlblError: library_error, HTTPException: http_error,
-        Exception: internal,
-    })
+    app = Starlette(
+        routes=routes,
+        exception_handlers={
+            ApiError: api_error,
+            NotFound: not_found,
+            HlblError: library_error,
+            HTTPException: http_error,
+            Exception: internal,
+        },
+    )
     app.state.service = service
     app.state.batcher = batcher
     app = Predict(app, service, batcher)

@@ -102,7 +102,7 @@ class TreeIndex:
 
     def words_below(self, node: int) -> np.ndarray:
         """Distinct words with a leaf below ``node``, most frequent first (ids are frequency ranks)."""
-        return np.unique(self.dfs_words[self.lo[node]: self.lo[node] + self.size[node]])
+        return np.unique(self.dfs_words[self.lo[node] : self.lo[node] + self.size[node]])
 
 
 class Service:
@@ -171,8 +171,11 @@ class Service:
             "tree": None,
         }
         if tree is not None:
-            out["tree"] = {"kind": info.get("tree", train.get("tree")), "fingerprint": tree.fingerprint(),
-                           **tree.stats(self.counts.astype(np.float64))}
+            out["tree"] = {
+                "kind": info.get("tree", train.get("tree")),
+                "fingerprint": tree.fingerprint(),
+                **tree.stats(self.counts.astype(np.float64)),
+            }
         return out
 
     # ---- next words, scores, samples ----------------------------------------------------------
@@ -185,7 +188,7 @@ class Service:
 
     def context(self, text: str) -> tuple[list[int], int]:
         """:meth:`context_ids` without the words."""
-        return encode_context(self.vocab, text.split()[-self.n:] if self.n else [], self.n)
+        return encode_context(self.vocab, text.split()[-self.n :] if self.n else [], self.n)
 
     def topk(self, contexts: list[list[int]], k: int) -> tuple[list[list[float]], list[list[int]]]:
         """Exact top-k (probabilities, word ids) for a batch of encoded contexts: ``model.topk``'s."""
@@ -216,9 +219,13 @@ class Service:
             if b is None:
                 b = cache[i] = json.dumps(words[i], ensure_ascii=False).encode("utf-8")
             return b
+
         return b'{"context":[%b],"oov":%d,"words":[%b],"probs":[%b]}' % (
-            b",".join([enc(i) for i in context]), oov, b",".join([enc(i) for i in ids]),
-            ",".join(map(float.__repr__, probs)).encode())
+            b",".join([enc(i) for i in context]),
+            oov,
+            b",".join([enc(i) for i in ids]),
+            ",".join(map(float.__repr__, probs)).encode(),
+        )
 
     def predict(self, text: str, k: int) -> dict:
         ids, oov, words = self.context_ids(text)
@@ -237,8 +244,14 @@ class Service:
         sample = self.vocab.decode(self.model.generate(ids, tokens, self.vocab.eos, gen, temperature, per_node))
         # As `hlbl generate` prints it: the prompt as typed, then the sample; every <eos> ends a line.
         lines = text_lines(words + sample)
-        return {"prompt_oov": oov, "words": sample, "text": "\n".join(lines), "seed": seed,
-                "temperature": temperature, "per_node_temperature": per_node}
+        return {
+            "prompt_oov": oov,
+            "words": sample,
+            "text": "\n".join(lines),
+            "seed": seed,
+            "temperature": temperature,
+            "per_node_temperature": per_node,
+        }
 
     # ---- the tree ---------------------------------------------------------------------------
 
@@ -265,7 +278,9 @@ class Service:
         with torch.no_grad():
             h = self.model.context_vector(torch.tensor([context], device=self.device))[0].double()
             rows = torch.as_tensor(np.asarray(nodes, dtype=np.int64), device=self.device)
-            s = (out.weight[rows].double() @ h + out.bias[rows].double()).cpu().numpy()  # only these rows: O(len(nodes) d)
+            s = (
+                (out.weight[rows].double() @ h + out.bias[rows].double()).cpu().numpy()
+            )  # only these rows: O(len(nodes) d)
         return 0.5 * (1.0 + np.tanh(0.5 * s))  # sigmoid without overflow in exp(-s)
 
     def decisions(self, context: list[int], nodes: list[int]) -> dict:
@@ -279,16 +294,25 @@ class Service:
         ix = self.index
         if c < 0:
             w = -1 - c
-            return {"kind": "leaf", "word": self.vocab.words[w], "id": w, "count": int(self.counts[w]),
-                    "codes": int(ix.tree.codes_per_word[w])}
+            return {
+                "kind": "leaf",
+                "word": self.vocab.words[w],
+                "id": w,
+                "count": int(self.counts[w]),
+                "codes": int(ix.tree.codes_per_word[w]),
+            }
         below = ix.words_below(c)
-        return {"kind": "node", "node": c, "leaves": int(ix.size[c]), "words": len(below),
-                "top": self.vocab.decode(below[:top])}
+        return {
+            "kind": "node",
+            "node": c,
+            "leaves": int(ix.size[c]),
+            "words": len(below),
+            "top": self.vocab.decode(below[:top]),
+        }
 
     def tree_summary(self) -> dict:
         ix = self._tree()
-        return {"root": 0, "nodes": ix.tree.num_nodes, "leaves": int(ix.size[0]),
-                "stats": self.model_info["tree"]}
+        return {"root": 0, "nodes": ix.tree.num_nodes, "leaves": int(ix.size[0]), "stats": self.model_info["tree"]}
 
     def node(self, node: int, context: list[int] | None = None, top: int = 5) -> dict:
         """A node: its place (depth, parent, side), what lies below, and its two children; with
@@ -297,11 +321,16 @@ class Service:
         node = self._node(node)
         below = ix.words_below(node)
         kids = [self._child(int(c), top) for c in ix.tree.children[node]]
-        out = {"node": node, "depth": int(ix.depth[node]),
-               "parent": None if node == 0 else int(ix.parent[node]),
-               "side": None if node == 0 else ("left" if ix.side[node] == 1 else "right"),
-               "leaves": int(ix.size[node]), "words": len(below), "top": self.vocab.decode(below[:top]),
-               "children": kids}
+        out = {
+            "node": node,
+            "depth": int(ix.depth[node]),
+            "parent": None if node == 0 else int(ix.parent[node]),
+            "side": None if node == 0 else ("left" if ix.side[node] == 1 else "right"),
+            "leaves": int(ix.size[node]),
+            "words": len(below),
+            "top": self.vocab.decode(below[:top]),
+            "children": kids,
+        }
         if context is not None:
             inner = [node] + [k["node"] for k in kids if k["kind"] == "node"]
             p = self.p_left(context, inner).tolist()
@@ -314,17 +343,26 @@ class Service:
     def node_words(self, node: int, offset: int, limit: int) -> dict:
         node = self._node(node)
         below = self.index.words_below(node)
-        page = below[offset: offset + limit]
-        return {"node": node, "total": len(below), "offset": offset,
-                "words": [{"word": self.vocab.words[w], "id": int(w), "count": int(self.counts[w])} for w in page]}
+        page = below[offset : offset + limit]
+        return {
+            "node": node,
+            "total": len(below),
+            "offset": offset,
+            "words": [{"word": self.vocab.words[w], "id": int(w), "count": int(self.counts[w])} for w in page],
+        }
 
     def word(self, word: str) -> dict:
         """A word's codes: the nodes and decisions (1 = left) from the root to each of its leaves."""
         tree = self._tree().tree
         w = self.word_id(word)
         codes = [{"nodes": nodes, "bits": bits, "depth": len(nodes)} for nodes, bits in tree.codes(w)]
-        return {"word": word, "id": w, "count": int(self.counts[w]), "codes": codes,
-                "depths": [c["depth"] for c in codes]}
+        return {
+            "word": word,
+            "id": w,
+            "count": int(self.counts[w]),
+            "codes": codes,
+            "depths": [c["depth"] for c in codes],
+        }
 
     def path(self, context: list[int], word: str) -> dict:
         """For a context, the decisions on the way to ``word``: P(left) at each node of each of
@@ -336,7 +374,7 @@ class Service:
         p = self.p_left(context, [j for nodes, _ in codes for j in nodes])
         paths, at, total = [], 0, 0.0
         for nodes, bits in codes:
-            pl = p[at: at + len(nodes)]
+            pl = p[at : at + len(nodes)]
             at += len(nodes)
             taken = np.where(np.asarray(bits) == 1, pl, 1.0 - pl)
             prob = float(np.prod(taken))
