@@ -439,8 +439,9 @@ def load_corpus(
         if not p.is_file():
             raise DataError(f"corpus {root} has no {s}.txt" + (" (it is a directory)" if p.is_dir() else ""))
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    keys = {s: _file_key(p) for s, p in files.items()}  # each file read once (the train split serves twice)
     if vocab is None:
-        key_src = json.dumps([ENCODING_VERSION, _file_key(files["train"]), max_vocab, min_count])
+        key_src = json.dumps([ENCODING_VERSION, keys["train"], max_vocab, min_count])
         vdir = cache / "corpora" / (hashlib.sha1(key_src.encode()).hexdigest()[:16] + protocol)
         vpath = vdir / "vocab.json"
         try:  # a cache: a damaged file is rebuilt, not an error
@@ -456,7 +457,7 @@ def load_corpus(
     encoded, counts = {}, {}
     for s in (s for s in SPLITS if s in splits):
         p = files[s]
-        ekey = hashlib.sha1(f"{ENCODING_VERSION}:{_file_key(p)}:{vhash}".encode()).hexdigest()[:16]
+        ekey = hashlib.sha1(f"{ENCODING_VERSION}:{keys[s]}:{vhash}".encode()).hexdigest()[:16]
         bin_path = cache / "encoded" / f"{s}-{ekey}{protocol}.i32"
         meta_path = bin_path.with_suffix(".json")
         meta = _read_meta(meta_path)
