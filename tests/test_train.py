@@ -14,12 +14,12 @@ from hlbl.train import TrainConfig, fit, make_optimizer
 from hlbl.tree import random_tree
 
 
-def train(tmp_path, name, corpus, epochs=2, optimizer="momentum", output="tree", seed=0):
+def train(tmp_path, name, corpus, epochs=2, optimizer="momentum", output="tree", seed=0, **recipe):
     V = len(corpus.vocab)
     tree = random_tree(V, seed) if output == "tree" else None
     model = LBL(LBLConfig(V, dim=8, context=3, output=output), tree, torch.Generator().manual_seed(seed))
     model.init_unigram(corpus.vocab.counts)
-    cfg = TrainConfig(batch_size=64, max_epochs=epochs, optimizer=optimizer, seed=seed, progress=False)
+    cfg = TrainConfig(batch_size=64, max_epochs=epochs, optimizer=optimizer, seed=seed, progress=False, **recipe)
     state = fit(model, corpus, cfg, tmp_path / name, log=lambda *a: None)
     return model, state
 
@@ -181,6 +181,43 @@ def test_early_stopping_restores_the_best_weights_and_lowers_the_rate(tmp_path, 
 
     ckpt.load_weights(tmp_path / "es" / "best.safetensors", best)
     assert _same(best.state_dict(), scripted["validated"][4])
+
+
+def test_the_halving_schedule_decays_on_small_gains_and_stops_after_its_decays(tmp_path, corpus, scripted):
+    # 1: first; 2: -10% (keep); 3: -0.1% (< lr_min_gain: halve, keep these weights, the best);
+    # 4: rises (halve from the best = epoch 3's); 5: improves; 6: rises with no decay left: stop.
+    scripted["script"] = [10.0, 9.0, 8.991, 9.5, 8.0, 8.5, 7.0]
+    model, state = train(tmp_path, "h", corpus, epochs=40, lr_schedule="halve", lr_decays=2)
+    assert state["epoch"] == 6 and state["done"] and state["best_valid_ppl"] == 8.0
+    assert scripted["lr"] == {1: {1e-3}, 2: {1e-3}, 3: {1e-3}, 4: {5e-4}, 5: {2.5e-4}, 6: {2.5e-4}}
+    assert state["phase"] == 2
+    assert _same(scripted["start"][4], scripted["validated"][3])  # a small gain keeps its weights
+    assert _same(scripted["start"][5], scripted["validated"][3])  # a rise goes back to the best
+    assert _same(model.state_dict(), scripted["validated"][5])
+
+
+def test_a_bad_schedule_setting_is_refused_by_name():
+    for bad in ({"lr_schedule": "cosine"}, {"lr_decay": 1.0}, {"lr_decays": -1}, {"lr_min_gain": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            TrainConfig(**bad)
+
+
+def test_warm_start_keeps_words_and_context_and_starts_nodes_from_the_unigram(tmp_path, corpus):
+    src, _ = train(tmp_path, "src", corpus, epochs=1)
+    V = len(corpus.vocab)
+    tree = random_tree(V, 5)  # another tree, as after a rebuild
+    model = LBL(LBLConfig(V, dim=8, context=3), tree, torch.Generator().manual_seed(1))
+    model.init_unigram(corpus.vocab.counts)
+    tr.warm_start(model, tmp_path / "src", corpus)
+    assert torch.equal(model.R.weight, src.R.weight) and torch.equal(model.C, src.C)
+    assert not model.out.weight.any()  # zero node vectors: the prediction is the unigram, any context
+    counts = np.asarray(corpus.vocab.counts, float)
+    unigram = np.where(counts > 0, counts, 0.5) / np.where(counts > 0, counts, 0.5).sum()  # (init_unigram's rule)
+    ctx = torch.tensor([[0, 1, 2]])
+    assert np.allclose(model.log_prob(ctx).exp()[0].detach().numpy(), unigram, atol=1e-6)
+    other = LBL(LBLConfig(V, dim=6, context=3), tree)
+    with pytest.raises(tr.ConfigError, match="dim=8"):
+        tr.warm_start(other, tmp_path / "src", corpus)
 
 
 def test_resume_after_the_rate_drop_keeps_the_low_rate(tmp_path, corpus, scripted):

@@ -278,7 +278,7 @@ def read_state(path: Path) -> dict:
         ("optimizer", "dict"),
     ):
         check_field(path, key, obj[key], kind)
-    if obj["epoch"] < 0 or obj["phase"] not in (0, 1):
+    if obj["epoch"] < 0 or obj["phase"] < 0:
         bad = "epoch" if obj["epoch"] < 0 else "phase"
         raise CheckpointError(f"{path}: field {bad!r} is out of range ({obj[bad]})")
     ppl = obj["best_valid_ppl"]  # infinite before the first epoch ends

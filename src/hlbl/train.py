@@ -7,7 +7,11 @@ Default recipe, after Mnih & Hinton (2008, appendix; 2007 for what 2008 leaves o
   mention: PTB is 15 times smaller than the paper's APNews data, and plain SGD at 1e-3 needs
   many more epochs on it (``--optimizer sgd`` gives the plain recipe);
 * learning rate 1e-3 until validation perplexity rises, then the best weights so far are
-  restored and training goes on at 3e-5 until it rises again; the best weights are kept;
+  restored and training goes on at 3e-5 until it rises again; the best weights are kept
+  (``lr_schedule="two-rate"``, the default). ``lr_schedule="halve"`` is the gentler RNNLM-style
+  option: whenever validation perplexity fails to improve by ``lr_min_gain`` (relative), the
+  learning rate is multiplied by ``lr_decay`` (the best weights restored first when it rose),
+  and training stops when that would happen for the ``lr_decays + 1``-th time;
 * L2 penalty 1e-4 on word vectors, 1e-5 on other weights, none on biases, per example (the
   penalised objective is the mean over examples of NLL + penalty);
 * non-bias weights from N(0, 0.1^2) (the context weights C_i around 1), node biases set so
@@ -59,6 +63,7 @@ from .sampled_output import noise_seed
 logger = logging.getLogger(__name__)
 
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
+LR_SCHEDULES = ("two-rate", "halve")
 ENGINES = ("torch", "fast", "auto")  # see epoch_runner
 
 
@@ -66,6 +71,10 @@ ENGINES = ("torch", "fast", "auto")  # see epoch_runner
 class TrainConfig:
     lr: float = 1e-3
     lr_final: float = 3e-5
+    lr_schedule: str = "two-rate"  # "two-rate" (the paper's) or "halve" (see the module docstring)
+    lr_decay: float = 0.5  # "halve": the factor applied to the rate at each decay
+    lr_decays: int = 6  # "halve": decays before training stops (0.5**6 = 1/64 of lr at the end)
+    lr_min_gain: float = 0.003  # "halve": a relative improvement smaller than this decays the rate
     batch_size: int = 1000
     max_epochs: int = 40
     optimizer: str = "momentum"
@@ -94,6 +103,14 @@ class TrainConfig:
             raise ValueError(f"learning rate must be positive, got {self.lr}")
         if not 0 <= self.lr_final < math.inf:
             raise ValueError(f"the final learning rate must be >= 0, got {self.lr_final}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr_schedule={self.lr_schedule}; choose from {', '.join(LR_SCHEDULES)}")
+        if not 0 < self.lr_decay < 1:
+            raise ValueError(f"lr_decay={self.lr_decay} is not in (0, 1)")
+        if isinstance(self.lr_decays, bool) or not isinstance(self.lr_decays, int) or self.lr_decays < 0:
+            raise ValueError(f"lr_decays={self.lr_decays} is not an integer >= 0")
+        if not 0 <= self.lr_min_gain < 1:
+            raise ValueError(f"lr_min_gain={self.lr_min_gain} is not in [0, 1)")
         if not 0 <= self.momentum < 1:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if not (0 <= self.weight_decay_words < math.inf and 0 <= self.weight_decay_other < math.inf):
@@ -224,6 +241,35 @@ def _restore_best(model: LBL, best: Path | None, vocab) -> None:
 
 # Settings of how a run is computed, not of what it learns: a resume may change them.
 RUNTIME_SETTINGS = ("max_epochs", "device", "progress", "engine", "hogwild")
+
+
+def warm_start(model: LBL, source: str | Path, corpus: Corpus, log=lambda msg: None) -> None:
+    """Start ``model`` from the word vectors R and context weights C of the run in ``source``.
+
+    The iterated bootstrap of the paper's Section 5: a tree rebuilt from a trained model's features
+    is trained on, keeping what the model learned about contexts; only the output layer starts
+    afresh, with the zero node vectors and unigram biases of an untrained layer (so the first
+    prediction is the unigram distribution, whatever the tree). The source must share the
+    vocabulary (word for word), the feature size, the context size and the form of C."""
+    from .checkpoint import load_model
+
+    src, vocab, _ = load_model(source)
+    if list(vocab.words) != list(corpus.vocab.words):
+        raise ConfigError(
+            f"--init-from {source}: its vocabulary differs from this run's (the same corpus and vocabulary rule are needed)"
+        )
+    for key in ("dim", "context", "full_context"):
+        mine, theirs = getattr(model.config, key), getattr(src.config, key)
+        if mine != theirs:
+            raise ConfigError(f"--init-from {source}: its {key}={theirs}, this run's {mine}")
+    with torch.no_grad():
+        model.R.weight.copy_(src.R.weight)
+        model.C.copy_(src.C)
+        for name, p in model.out.named_parameters():
+            if "bias" not in name:
+                p.zero_()
+    model.init_unigram(corpus.vocab.counts)
+    log(f"started from the word vectors and context weights of {source}; the output layer from the unigram")
 
 
 def check_memory(model: LBL, cfg: TrainConfig, tokens: int) -> None:
@@ -403,16 +449,22 @@ def _fit(
         metrics.append(json.dumps(line))  # written with the epoch's checkpoint, never before
         log(f"epoch {epoch}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state['lr']:g}")
         state["epoch"] = epoch
+        enough = ppl < state["best_valid_ppl"] * (1.0 - cfg.lr_min_gain)
         if improved:
             state["best_valid_ppl"] = ppl
-        elif state["phase"] == 0 and cfg.lr_final > 0:
-            # Validation perplexity rose: go back to the best weights, continue at the low rate.
-            state["phase"], state["lr"] = 1, cfg.lr_final
-            _restore_best(model, best, corpus.vocab)
-            optimizer = make_optimizer(model, cfg, state["lr"])
-            log(f"valid perplexity rose: best weights restored, learning rate now {cfg.lr_final:g}")
-        else:
+        new_lr, drop = _next_lr(cfg, state, improved, enough)
+        if new_lr is None:
             state["done"] = True
+        elif drop:
+            # phase = how many times the rate has dropped (0 or 1 for the two-rate schedule)
+            state["phase"], state["lr"] = state["phase"] + 1, new_lr
+            if not improved:
+                _restore_best(model, best, corpus.vocab)  # go back to the best weights
+            optimizer = make_optimizer(model, cfg, state["lr"])  # (momentum starts afresh)
+            restored = "best weights restored, " if not improved else ""
+            log(
+                f"valid perplexity {'rose' if not improved else 'barely improved'}: {restored}learning rate now {new_lr:g}"
+            )
         if rank == 0:
             best = (
                 _checkpoint(model, optimizer, state, run_dir, corpus.vocab, metrics, None if improved else best)
@@ -420,6 +472,22 @@ def _fit(
             )
     _restore_best(model, best, corpus.vocab)
     return state
+
+
+def _next_lr(cfg: TrainConfig, state: dict, improved: bool, enough: bool) -> tuple[float | None, bool]:
+    """(the learning rate for the epoch after one that ended in ``state``, whether it drops);
+    a rate of None: stop.
+
+    two-rate: keep the rate while validation improves; on the first rise switch to lr_final (0:
+    stop), on the second stop. halve: keep the rate while validation improves by lr_min_gain
+    (relative); otherwise multiply it by lr_decay, lr_decays times, then stop."""
+    if cfg.lr_schedule == "two-rate":
+        if improved:
+            return state["lr"], False
+        return (cfg.lr_final, True) if state["phase"] == 0 and cfg.lr_final > 0 else (None, False)
+    if enough:
+        return state["lr"], False
+    return (state["lr"] * cfg.lr_decay, True) if state["phase"] < cfg.lr_decays else (None, False)
 
 
 def _start_or_resume(

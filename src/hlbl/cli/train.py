@@ -18,7 +18,7 @@ from ..evaluate import evaluate, self_normalisation
 from ..model import LBL, LBLConfig
 from ..output import OUTPUT_KINDS, takes_tree
 from ..sampled_output import SAMPLED_KINDS
-from ..train import ENGINES, OPTIMIZERS, TrainConfig, fit
+from ..train import ENGINES, LR_SCHEDULES, OPTIMIZERS, TrainConfig, fit, warm_start
 from ..tree import build_tree
 from .common import blank_lines_arg, corpus_args, pick_device, run_args, seed_arg, set_threads, with_oov
 
@@ -154,6 +154,9 @@ def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple
         raise ckpt.CheckpointError(f"{out}: {e}") from None
     if found is None:
         model.init_unigram(vocab.counts)
+        source = (info.get("options") or {}).get("init_from")
+        if source:  # a run stopped before its first checkpoint starts as it first did
+            warm_start(model, source, corpus)
     return model, corpus, cfg
 
 
@@ -200,6 +203,10 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
         cfg = TrainConfig(
             lr=args.lr,
             lr_final=args.lr_final,
+            lr_schedule=args.lr_schedule,
+            lr_decay=args.lr_decay,
+            lr_decays=args.lr_decays,
+            lr_min_gain=args.lr_min_gain,
             batch_size=args.batch_size,
             max_epochs=args.epochs or TrainConfig.max_epochs,
             optimizer=args.optimizer,
@@ -220,6 +227,10 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
     tree = build_tree(args.tree or "random", V, corpus.vocab.counts, args.seed) if takes_tree(args.output) else None
     model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
     model.init_unigram(corpus.vocab.counts)
+    if args.init_from:
+        if not (Path(args.init_from) / "run.json").exists():
+            raise DataError(f"--init-from {args.init_from}: not a run directory (no run.json)")
+        warm_start(model, args.init_from, corpus, lambda msg: print(msg, file=sys.stderr))
     return model, corpus, cfg
 
 
@@ -266,6 +277,8 @@ def _train(args, device: str) -> int:
         )
     options = {"tree": args.tree or "random"} if takes_tree(model.config.output) else {}
     options.update(max_vocab=args.max_vocab, min_count=args.min_count)
+    if getattr(args, "init_from", None):
+        options["init_from"] = str(Path(args.init_from).resolve())
     state = fit(
         model, corpus, cfg, out, resume=resuming, corpus_spec=corpus_record(args.data), log=log, options=options
     )
@@ -370,6 +383,14 @@ def add_commands(sub) -> None:
     t.add_argument(
         "--tree", default=None, help="random (the default), huffman, or a tree file (JSON/npz); tree output only"
     )
+    t.add_argument(
+        "--init-from",
+        default=None,
+        metavar="RUN",
+        help="start from the word vectors and context weights of a trained run (same vocabulary, --dim, "
+        "--context); a tree's nodes start from the discriminants of that model's word features "
+        "(the iterated bootstrap: hlbl tree build --from RUN, then train on the new tree with --init-from RUN)",
+    )
     t.add_argument("--dim", type=int, default=m["dim"], help="feature vector size")
     t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
     t.add_argument("--full-context", action="store_true", help="full d x d context matrices C_i")
@@ -382,7 +403,26 @@ def add_commands(sub) -> None:
         "--lr", type=float, default=d.lr, help="learning rate per example (gradients are summed over a batch)"
     )
     t.add_argument(
-        "--lr-final", type=float, default=d.lr_final, help="learning rate after validation perplexity first rises"
+        "--lr-final",
+        type=float,
+        default=d.lr_final,
+        help="two-rate schedule: the learning rate after validation perplexity first rises",
+    )
+    t.add_argument(
+        "--lr-schedule",
+        choices=LR_SCHEDULES,
+        default=d.lr_schedule,
+        help="two-rate = the paper's (--lr until validation rises, then --lr-final until it rises again); "
+        "halve = multiply the rate by --lr-decay whenever validation gains less than --lr-min-gain, "
+        "--lr-decays times, then stop",
+    )
+    t.add_argument("--lr-decay", type=float, default=d.lr_decay, help="halve schedule: factor per decay")
+    t.add_argument("--lr-decays", type=int, default=d.lr_decays, help="halve schedule: decays before stopping")
+    t.add_argument(
+        "--lr-min-gain",
+        type=float,
+        default=d.lr_min_gain,
+        help="halve schedule: relative validation gain below which the rate decays",
     )
     t.add_argument(
         "--optimizer",
