@@ -18,7 +18,9 @@ from hlbl.treebuild import (
     em_responsibilities,
     join_trees,
     parse_policy,
+    sense_features,
     tree_label,
+    tree_over_items,
     word_features,
 )
 
@@ -356,3 +358,58 @@ def test_tree_build_cli(tmp_path):
         == 0
     )
     assert main(["tree", "build", "--from", str(run), "--policy", "nope", "--out", str(out)]) == 2
+
+
+class _PreviousWord:
+    """A stand-in model whose r_hat is a fixed vector of the previous word (context n = 1)."""
+
+    def __init__(self, table: np.ndarray):
+        self.table = torch.from_numpy(table)
+        self.config = LBLConfig(len(table), dim=table.shape[1], context=1)
+        self.training = False
+
+    def eval(self):
+        return self
+
+    def train(self, mode=True):
+        return self
+
+    def context_vector(self, ctx):
+        return self.table[ctx[:, -1]]
+
+
+def test_sense_features_split_a_word_with_two_kinds_of_context_only():
+    V, d = 8, 3
+    table = np.zeros((V, d))
+    table[1], table[2], table[3] = [10, 0, 0], [0, 10, 0], [0, 0, 10]
+    # word 5 follows word 1 and word 2 (two senses, 60/40); word 6 follows word 3 only
+    rng = np.random.default_rng(0)
+    pairs = [(1, 5)] * 60 + [(2, 5)] * 40 + [(3, 6)] * 100 + [(4, 7)] * 5
+    stream = np.array([w for i in rng.permutation(len(pairs)) for w in pairs[i]], dtype=np.int32)
+    from hlbl.treebuild import SenseReport
+
+    rep = SenseReport()
+    X, owner = sense_features(_PreviousWord(table), stream, 0, min_count=50, report=rep)
+    assert rep.candidates == 4 and rep.split_words == 1  # 1, 3, 5 and 6 are frequent; only 5 splits
+    assert owner.tolist() == list(range(V)) + [5]
+    senses = sorted([tuple(X[5]), tuple(X[V])])
+    np.testing.assert_allclose(senses, [(0, 10, 0), (10, 0, 0)])
+    np.testing.assert_allclose(X[6], [0, 0, 10])
+    # only the first 30 occurrences of a word are kept: the same two senses here
+    X2, owner2 = sense_features(_PreviousWord(table), stream, 0, min_count=50, max_occurrences=30)
+    assert owner2.tolist() == owner.tolist()
+    np.testing.assert_allclose(sorted(map(tuple, X2[[5, V]])), senses)
+
+
+def test_a_tree_over_items_is_a_word_tree_and_merges_sibling_senses():
+    # items 0..3 are words 0..3; item 4 is a second sense of word 1, item 5 of word 3
+    owner = np.array([0, 1, 2, 3, 1, 3])
+    items = WordTree.from_nested((((0, 4), 1), ((2, 3), 5)), 6)
+    tree = tree_over_items(items, owner, 4)
+    assert tree.codes_per_word.tolist() == [1, 2, 1, 2]
+    assert sorted(len(nodes) for nodes, _ in tree.codes(1)) == [2, 3]
+    merged = tree_over_items(WordTree.from_nested(((0, (1, 4)), (2, 3)), 5), owner[:5], 4)
+    assert merged.codes_per_word.tolist() == [1, 1, 1, 1]  # word 1's two senses were siblings
+    layer = TreeSoftmax(5, tree, init_std=0.5, generator=torch.Generator().manual_seed(0))
+    p = layer.log_prob(torch.randn(7, 5)).exp().sum(1)
+    torch.testing.assert_close(p, torch.ones(7), rtol=1e-5, atol=1e-5)

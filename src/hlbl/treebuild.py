@@ -504,3 +504,111 @@ def build_tree_from_features(
     return join_trees(
         [build_learned_tree(X, policy, s, em_iters, weights, max_leaves, report) for s in tree_seeds(seed, copies)]
     )
+
+
+# ---- several context vectors per word ---------------------------------------------------------
+
+
+@dataclass
+class SenseReport:
+    """What :func:`sense_features` found: words given two vectors, and the words it looked at."""
+
+    split_words: int = 0
+    candidates: int = 0
+
+    def to_json(self) -> dict:
+        return {"split_words": self.split_words, "sense_candidates": self.candidates}
+
+
+@torch.no_grad()
+def sense_features(
+    model,
+    stream: np.ndarray,
+    pad: int,
+    min_count: int = 100,
+    min_share: float = 0.25,
+    max_occurrences: int = 2000,
+    seed: int = 0,
+    report: SenseReport | None = None,
+    features: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Items for tree building with up to two context vectors per word (the paper's Section 7).
+
+    Returns ``(X_items (M, d) float64, item_word (M,) int64)``: every word's mean r_hat (as
+    :func:`word_features`), and for each word seen at least ``min_count`` times as a target whose
+    occurrences fall into two groups, the two group means instead. The groups are 2-means over
+    r_hat of the word's first ``max_occurrences`` occurrences (10 Lloyd iterations, started from a
+    split along the direction of largest spread); a word keeps its split when the smaller group
+    holds at least ``min_share`` of them. Memory: at most ``max_occurrences`` vectors per word.
+    ``features``: this model's ``word_features`` over ``stream``, when already computed.
+    """
+    rep = report if report is not None else SenseReport()
+    X, n = word_features(model, stream, pad) if features is None else (features[0].copy(), features[1])
+    V, d = X.shape
+    want = np.flatnonzero(n >= min_count)
+    rep.candidates = len(want)
+    slot = np.full(V, -1, dtype=np.int64)
+    slot[want] = np.arange(len(want))
+    cap = np.minimum(n[want], max_occurrences)
+    base = np.concatenate([[0], np.cumsum(cap)])
+    store = np.zeros((int(base[-1]), d), dtype=np.float32)  # the kept r_hat of each candidate word
+    filled = np.zeros(len(want), dtype=np.int64)
+    was_training = model.training
+    model.eval()
+    for ctx, tgt in batches(stream, model.config.context, 8192, pad):
+        s = slot[tgt]
+        keep = np.flatnonzero(s >= 0)
+        if not len(keep):
+            continue
+        s = s[keep]
+        # the rank of each position among its word's occurrences so far, in stream order
+        order = np.argsort(s, kind="stable")
+        ss = s[order]
+        first = np.r_[True, ss[1:] != ss[:-1]]
+        rank = np.arange(len(ss)) - np.maximum.accumulate(np.where(first, np.arange(len(ss)), 0))
+        pos = filled[ss] + rank
+        ok = pos < cap[ss]
+        rhat = model.context_vector(torch.from_numpy(ctx[keep[order[ok]]])).float().numpy()
+        store[base[ss[ok]] + pos[ok]] = rhat
+        np.add.at(filled, ss, 1)
+    model.train(was_training)
+    rng = np.random.default_rng(seed)
+    items, owner = [X], [np.arange(V)]
+    extra_rows, extra_words = [], []
+    for i, w in enumerate(want):
+        Y = store[base[i] : base[i + 1]].astype(np.float64)
+        mu = Y.mean(0)
+        v = rng.standard_normal(d)
+        for _ in range(5):  # power iteration: the direction of largest spread
+            v = (Y - mu).T @ ((Y - mu) @ v)
+            v /= np.linalg.norm(v) + 1e-300
+        lab = (Y - mu) @ v > 0
+        for _ in range(10):
+            if lab.all() or not lab.any():
+                break
+            c1, c0 = Y[lab].mean(0), Y[~lab].mean(0)
+            lab = ((Y - c1) ** 2).sum(1) < ((Y - c0) ** 2).sum(1)
+        share = min(lab.mean(), 1 - lab.mean())
+        if share >= min_share:
+            X[w] = Y[lab].mean(0)
+            extra_rows.append(Y[~lab].mean(0))
+            extra_words.append(w)
+    rep.split_words = len(extra_words)
+    if extra_rows:
+        items.append(np.asarray(extra_rows))
+        owner.append(np.asarray(extra_words, dtype=np.int64))
+    return np.concatenate(items), np.concatenate(owner)
+
+
+def tree_over_items(tree: WordTree, item_word: np.ndarray, num_words: int) -> WordTree:
+    """The word tree of a tree built over items (:func:`sense_features`): each item's leaf becomes
+    a leaf of its word; a node whose two children become leaves of one word becomes that leaf."""
+    ch = tree.children
+
+    def visit(c: int):
+        if c < 0:
+            return int(item_word[-1 - c])
+        a, b = visit(int(ch[c, 0])), visit(int(ch[c, 1]))
+        return a if isinstance(a, int) and a == b else (a, b)
+
+    return WordTree.from_nested(visit(0), num_words)

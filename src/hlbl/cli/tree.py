@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+
+import numpy as np
 from pathlib import Path
 
 from ..checkpoint import read_run, read_vocab
@@ -50,7 +52,16 @@ def cmd_tree_build(args) -> int:
     """A learned tree (the paper's Section 5) from the word features of a trained run."""
     import time
 
-    from ..treebuild import BuildReport, build_tree_from_features, features_from_run, parse_policy
+    from ..checkpoint import load_model
+    from ..treebuild import (
+        BuildReport,
+        SenseReport,
+        build_tree_from_features,
+        features_from_run,
+        parse_policy,
+        sense_features,
+        tree_over_items,
+    )
 
     set_threads(args.threads)
     if args.max_leaves_per_word is not None and not args.max_leaves_per_word >= 1:
@@ -64,6 +75,19 @@ def cmd_tree_build(args) -> int:
     )
     t0 = time.perf_counter()
     X, n = features_from_run(args.run, corpus)
+    senses = SenseReport()
+    item_word = None
+    if args.senses:  # up to two vectors per frequent word; the tree is built over these items
+        model, _, _ = load_model(args.run)
+        X, item_word = sense_features(
+            model,
+            corpus["train"],
+            corpus.vocab.eos,
+            min_count=args.sense_min_count,
+            seed=args.seed,
+            report=senses,
+            features=(X, n),
+        )
     t1 = time.perf_counter()
     if (n == 0).mean() > 0.5:
         print(
@@ -78,10 +102,14 @@ def cmd_tree_build(args) -> int:
         args.seed,
         args.copies,
         args.em_iters,
-        weights=corpus.vocab.counts if args.weighted else None,
+        weights=(
+            None if not args.weighted else np.asarray(corpus.vocab.counts)[item_word if args.senses else slice(None)]
+        ),
         max_leaves=None if args.max_leaves_per_word is None else int(args.max_leaves_per_word * len(X)),
         report=rep,
     )
+    if args.senses:
+        tree = tree_over_items(tree, item_word, len(corpus.vocab))
     make_parent(args.out)
     tree.save(args.out)
     print(
@@ -92,6 +120,7 @@ def cmd_tree_build(args) -> int:
                 "build_seconds": round(time.perf_counter() - t1, 2),
                 "unseen_words": int((n == 0).sum()),
                 **rep.to_json(),
+                **(senses.to_json() if args.senses else {}),
                 **tree.stats(corpus.vocab.counts),
             }
         )
@@ -135,6 +164,15 @@ def add_commands(sub) -> None:
         type=float,
         default=None,
         help=f"leaf budget per tree, in units of V (default {DEFAULT_MAX_LEAVES_PER_WORD})",
+    )
+    tb.add_argument(
+        "--senses",
+        action="store_true",
+        help="give each frequent word whose contexts form two groups two feature vectors (2-means over its "
+        "occurrences), so that it can get codes in two parts of the tree",
+    )
+    tb.add_argument(
+        "--sense-min-count", type=int, default=100, help="with --senses: occurrences a word needs to be split"
     )
     tb.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
     tb.add_argument("--threads", type=int, default=None, help="CPU threads")

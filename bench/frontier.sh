@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The PTB runs of the quality-vs-time frontier (results/ptb/frontier.md) that `hlbl reproduce`
+# and bench/sampling.sh do not make, in order, then the table. One thread per run, seed 0, the
+# default recipe unless a row says otherwise. Takes a few hours on one free core.
+#
+#   HLBL_DATA=../shared/data bash bench/frontier.sh
+set -euo pipefail
+mkdir -p runs/exp runs/trees
+T="hlbl train --data ptb --threads 1"
+row() { python bench/frontier.py row "$@"; }
+
+# The RANDOM-tree run whose word features seed every learned tree (the README's quickstart).
+[ -e runs/ptb-random/state.json ] || hlbl train --data ptb --tree random --out runs/ptb-random
+hlbl tree build --from runs/ptb-random --policy adaptive:0.4 --copies 4 --seed 7 --out runs/trees/x4.json
+hlbl tree build --from runs/ptb-random --policy adaptive:0.4 --seed 7 --out runs/trees/a04.json
+hlbl tree build --from runs/ptb-random --policy adaptive:0.4 --seed 7 --senses --out runs/trees/a04-senses.json
+
+# Recipe: the paper's two-rate schedule, the halving schedule, stronger L2 on C and the nodes.
+$T --tree runs/trees/x4.json --out runs/exp/x4-tworate
+$T --tree runs/trees/x4.json --lr-schedule halve --out runs/exp/x4-halve
+$T --tree runs/trees/x4.json --weight-decay 1e-4 --out runs/exp/x4-wd1e-4
+
+# Iterated bootstrap with warm start: rebuild from the last model, keep its R and C.
+hlbl tree build --from runs/exp/x4-tworate --policy adaptive:0.4 --copies 4 --seed 8 --out runs/trees/x4-r1.json
+$T --tree runs/trees/x4-r1.json --init-from runs/exp/x4-tworate --out runs/exp/x4-boot1
+hlbl tree build --from runs/exp/x4-boot1 --policy adaptive:0.4 --copies 4 --seed 9 --out runs/trees/x4-r2.json
+$T --tree runs/trees/x4-r2.json --init-from runs/exp/x4-boot1 --out runs/exp/x4-boot2
+
+# Several context vectors per word, against the same rule without them.
+$T --tree runs/trees/a04.json --out runs/exp/a04
+$T --tree runs/trees/a04-senses.json --out runs/exp/a04-senses
+
+# KN5 and the mixtures.
+hlbl ngram train --data ptb --order 5 --out runs/kn5.arpa
+
+# Rows (exact test/valid perplexity of each run's best weights), speed side by side, the table.
+row --run runs/exp/x4-tworate --name "HLBL ADAPTIVE(0.4) x4 (rebuilt, two-rate)" --speed-key tree:adaptive0.4x4 \
+    --command "$T --tree runs/trees/x4.json --out runs/exp/x4-tworate"
+row --run runs/exp/x4-halve --name "HLBL ADAPTIVE(0.4) x4, halving schedule" --speed-key tree:adaptive0.4x4 \
+    --command "$T --tree runs/trees/x4.json --lr-schedule halve --out runs/exp/x4-halve"
+row --run runs/exp/x4-wd1e-4 --name "HLBL ADAPTIVE(0.4) x4, L2 1e-4 on C and nodes" --speed-key tree:adaptive0.4x4 \
+    --command "$T --tree runs/trees/x4.json --weight-decay 1e-4 --out runs/exp/x4-wd1e-4"
+row --run runs/exp/x4-boot1 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 1 (warm)" --speed-key tree:x4-r1 \
+    --command "$T --tree runs/trees/x4-r1.json --init-from runs/exp/x4-tworate --out runs/exp/x4-boot1"
+row --run runs/exp/x4-boot2 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 2 (warm)" --speed-key tree:x4-r2 \
+    --command "$T --tree runs/trees/x4-r2.json --init-from runs/exp/x4-boot1 --out runs/exp/x4-boot2"
+row --run runs/exp/a04 --name "HLBL ADAPTIVE(0.4) (rebuilt)" --speed-key tree:a04 \
+    --command "$T --tree runs/trees/a04.json --out runs/exp/a04"
+row --run runs/exp/a04-senses --name "HLBL ADAPTIVE(0.4), two vectors per frequent word" --speed-key tree:a04-senses \
+    --command "$T --tree runs/trees/a04-senses.json --out runs/exp/a04-senses"
+for run in x4-boot1 x4-boot2; do
+    python bench/frontier.py mix --run runs/exp/$run --run-name runs/exp/$run --arpa runs/kn5.arpa \
+        --arpa-name runs/kn5.arpa --name "HLBL x4 bootstrap round ${run#x4-boot} + KN5"
+done
+python bench/frontier.py speed --threads 1 --rounds 5 --trees random=random huffman=huffman \
+    adaptive0.4=runs/trees/a04.json a04=runs/trees/a04.json a04-senses=runs/trees/a04-senses.json \
+    adaptive0.4x4=runs/trees/x4.json x4-r1=runs/trees/x4-r1.json x4-r2=runs/trees/x4-r2.json
+python bench/frontier.py table
