@@ -499,6 +499,27 @@ def test_tune_weight_maximises_likelihood():
     assert tune_weight(a - 1.0, a) == 0.0
 
 
+def test_tune_weights_of_three_models_maximises_likelihood_and_agrees_with_two():
+    from hlbl.ngram.mixture import interpolate_many, tune_weights
+
+    rng = np.random.default_rng(4)
+    L = np.log(rng.uniform(1e-4, 1, size=(3, 3000)))
+    L[2] -= 0.3  # a worse model still earns some weight
+    w = tune_weights(L)
+    assert w.shape == (3,) and np.all(w > 0) and w.sum() == pytest.approx(1.0)
+    ll = interpolate_many(L, w).sum()
+    for _ in range(200):  # no point of the simplex nearby does better
+        v = np.abs(w + rng.normal(scale=0.02, size=3))
+        assert ll >= interpolate_many(L, v / v.sum()).sum() - 1e-6
+    two = tune_weights(L[:2])
+    assert two[0] == pytest.approx(tune_weight(L[0], L[1]), abs=1e-5)  # EM and bisection agree
+    np.testing.assert_allclose(interpolate_many(L[:2], two), interpolate(L[0], L[1], two[0]), rtol=1e-12)
+    with pytest.raises(ValueError, match="probability 0"):
+        tune_weights(np.array([[0.0, -np.inf], [-1.0, -np.inf]]))
+    with pytest.raises(ValueError, match="summing to 1"):
+        interpolate_many(L, [0.5, 0.5, 0.5])
+
+
 # ------------------------------------------------------------------------------------- CLI
 
 
@@ -588,6 +609,23 @@ def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
     assert 0 < tune_weight(a["valid"], b["valid"]) < 1
     assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--weight", "2"]) == 2
     assert "--weight" in capsys.readouterr().err
+    # --with: a second model in the mixture, every weight tuned on valid together
+    from hlbl.ngram.mixture import interpolate_many, tune_weights
+
+    run2 = tmp_path / "run2"
+    argv = ["train", "--data", str(data), "--out", str(run2), "--epochs", "1", "--dim", "8", "--context", "2"]
+    assert cli.main(argv + ["--output", "flat", "--quiet", "--device", "cpu", "--seed", "1"]) == 0
+    capsys.readouterr()
+    model2, _, _ = load_model(run2, device="cpu")
+    a2 = {s: neural_log_probs(model2, corpus[s], vocab.eos) for s in ("valid", "test")}
+    assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--with", str(run2)]) == 0
+    rep = json.loads(capsys.readouterr().out.strip())
+    w = tune_weights(np.stack([a["valid"], a2["valid"], b["valid"]]))
+    np.testing.assert_allclose(rep["weights"], w, rtol=1e-9)
+    mix = interpolate_many(np.stack([a["test"], a2["test"], b["test"]]), w)
+    assert rep["nll"] == pytest.approx(-mix.mean(), rel=1e-6)
+    assert cli.main(["eval", str(run), "--device", "cpu", "--with", str(run2)]) == 2  # --with needs --interpolate
+    assert "--interpolate" in capsys.readouterr().err
 
 
 def test_cli_eval_scores_with_the_arpa_vocabulary(tmp_path, monkeypatch, capsys):

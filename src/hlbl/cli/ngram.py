@@ -17,7 +17,7 @@ from ..data import BLANK_LINES, EOS, UNK, DataError, Vocab, load_corpus
 from ..ngram import token_log_probs
 from ..ngram.arpa import read_arpa, write_arpa
 from ..ngram.kneser_ney import train_kneser_ney
-from ..ngram.mixture import interpolate, tune_weight
+from ..ngram.mixture import interpolate, interpolate_many, tune_weight, tune_weights
 from ..ngram.model import BOS_WORD, EOS_WORD
 from .common import DATA_HELP, min_count_arg
 
@@ -106,14 +106,22 @@ def parse_weight(text: str) -> float | None:
     return w
 
 
-def interpolated_report(model, corpus, split: str, arpa, weight: str | float = "auto", device="cpu") -> dict:
+def interpolated_report(
+    model, corpus, split: str, arpa, weight: str | float = "auto", device="cpu", others: tuple = ()
+) -> dict:
     """``hlbl eval RUN --interpolate ARPA --weight W|auto``: perplexity of the linear mixture
     ``W p_model + (1 - W) p_ngram`` on ``split``, per token under the stream protocol.
 
     ``auto`` picks W maximising the likelihood of the valid split (:func:`tune_weight`). The
     JSON has ``hlbl eval``'s keys for the mixture, plus ``weight`` and both models' own
     perplexities. ``corpus`` is encoded with the neural model's vocabulary.
+
+    ``others``: more neural models over the same vocabulary (``hlbl eval RUN --with RUN2``); then
+    the mixture has one weight per model, all tuned on valid together (:func:`tune_weights`), and
+    ``weight`` is the neural models' total.
     """
+    if others:
+        return _ensemble_report([model, *others], corpus, split, arpa, weight, device)
     from ..evaluate import perplexity_report
     from ..evaluate import token_log_probs as neural_log_probs
 
@@ -170,6 +178,38 @@ def interpolated_report(model, corpus, split: str, arpa, weight: str | float = "
             "weight_tuned_on": "valid" if auto else None,
             "model_perplexity": math.exp(-float(a.mean())),
             "ngram_perplexity": ngram_ppl,
+        }
+    )
+    return report
+
+
+def _ensemble_report(models: list, corpus, split: str, arpa, weight, device) -> dict:
+    """:func:`interpolated_report` for several neural models and one n-gram model."""
+    from ..evaluate import perplexity_report
+    from ..evaluate import token_log_probs as neural_log_probs
+
+    if parse_weight(str(weight)) is not None:
+        raise DataError("--with mixes several models with weights tuned on valid: leave --weight at auto")
+    ngram = read_arpa(arpa)
+    vocab = corpus.vocab
+    scored = {}
+    for s in {split, "valid"}:
+        lps = [neural_log_probs(m, corpus[s], vocab.eos, device=device) for m in models]
+        scored[s] = np.stack(lps + [token_log_probs(ngram, corpus[s], vocab)])  # (K + 1, N)
+    w = tune_weights(scored["valid"])
+    mixed = interpolate_many(scored[split], w)
+    if not np.isfinite(mixed).all():
+        raise DataError(f"{split} has tokens that every model of the mixture gives probability 0")
+    report = perplexity_report(mixed)
+    report.update(
+        {
+            "weight": float(w[:-1].sum()),
+            "weights": [float(x) for x in w],
+            "weight_tuned_on": "valid",
+            "model_perplexities": [math.exp(-float(a.mean())) for a in scored[split][:-1]],
+            "ngram_perplexity": math.exp(-float(scored[split][-1].mean()))
+            if np.isfinite(scored[split][-1]).all()
+            else None,
         }
     )
     return report

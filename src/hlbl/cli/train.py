@@ -326,6 +326,8 @@ def cmd_eval(args) -> int:
     set_threads(args.threads)
     device = pick_device(args.device)
     model, vocab, info = load_model(args.run, which=args.which, device=device)
+    if args.ensemble and not args.interpolate:
+        raise DataError("--with adds models to the mixture of --interpolate; give the n-gram model with --interpolate")
     if args.weight != "auto" and not args.interpolate:
         raise DataError("--weight is the mixture weight of --interpolate; give the n-gram model with --interpolate")
     tune = args.interpolate and str(args.weight).strip().lower() == "auto"
@@ -339,7 +341,15 @@ def cmd_eval(args) -> int:
     if args.interpolate:  # mixture with an n-gram model (hlbl.ngram)
         from .ngram import interpolated_report
 
-        report = interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device)
+        others = []
+        for run in args.ensemble or ():
+            other, other_vocab, _ = load_model(run, which=args.which, device=device)
+            if list(other_vocab.words) != list(vocab.words):
+                raise DataError(
+                    f"--with {run}: its vocabulary differs from {args.run}'s; a mixture needs the same words"
+                )
+            others.append(other)
+        report = interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device, tuple(others))
     else:
         report = evaluate(model, corpus[args.split], vocab.eos, device=device)
         norm = self_normalisation(model, corpus[args.split], vocab.eos, device=device)
@@ -481,6 +491,15 @@ def add_commands(sub) -> None:
         help="also mix with this n-gram model: W p_model + (1-W) p_ngram, per token",
     )
     e.add_argument("--weight", default="auto", help="with --interpolate: W in [0, 1], or auto (tuned on valid)")
+    e.add_argument(
+        "--with",
+        dest="ensemble",
+        metavar="RUN",
+        action="append",
+        default=None,
+        help="with --interpolate: another trained run (same vocabulary) in the mixture; repeatable; "
+        "every model's weight is tuned on valid",
+    )
     e.set_defaults(func=cmd_eval)
 
 

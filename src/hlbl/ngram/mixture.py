@@ -74,3 +74,41 @@ def tune_weight(neural_lp_valid: np.ndarray, ngram_lp_valid: np.ndarray) -> floa
         else:
             hi = mid
     return 0.5 * (lo + hi)
+
+
+def tune_weights(log_probs: np.ndarray, iters: int = 1000, tol: float = 1e-10) -> np.ndarray:
+    """(K,) weights on the simplex maximising the validation log-likelihood of a K-model mixture.
+
+    ``log_probs``: (K, N) natural-log probabilities of the same N tokens under K models. The
+    objective ``sum_t log sum_k w_k p_kt`` is concave in ``w``; EM (``w_k <- mean_t of the
+    posterior share of model k``) increases it at every step and converges to its maximum. Used
+    for three or more models, where the bisection of :func:`tune_weight` does not apply.
+    """
+    L = np.asarray(log_probs, dtype=np.float64)
+    if L.ndim != 2 or L.shape[0] < 2 or L.shape[1] == 0:
+        raise ValueError(f"need (K >= 2, N >= 1) per-token log-probabilities, got shape {L.shape}")
+    if np.isnan(L).any() or (L > 1e-5).any():
+        raise ValueError("per-token log-probabilities must be <= 0 and not NaN")
+    m = L.max(0)
+    if np.isneginf(m).any():
+        raise ValueError(f"token {int(np.flatnonzero(np.isneginf(m))[0])} has probability 0 under every model")
+    P = np.exp(L - m)  # (K, N): each token scaled by its best model's probability, so nothing underflows
+    w = np.full(L.shape[0], 1.0 / L.shape[0])
+    for _ in range(iters):
+        new = w * (P / (w @ P)).mean(1)
+        done = np.abs(new - w).max() < tol
+        w = new / new.sum()
+        if done:
+            break
+    return w
+
+
+def interpolate_many(log_probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """(N,) ``log sum_k w_k p_k`` of each token for (K, N) log-probabilities and (K,) weights."""
+    L = np.asarray(log_probs, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    if w.shape != (L.shape[0],) or (w < 0).any() or not np.isclose(w.sum(), 1.0):
+        raise ValueError(f"need {L.shape[0]} non-negative weights summing to 1, got {w.tolist()}")
+    keep = w > 0  # a weight of 0 drops its model (0 x a probability of 0 is no -inf)
+    with np.errstate(divide="ignore"):
+        return np.logaddexp.reduce(np.log(w[keep])[:, None] + L[keep], axis=0)
