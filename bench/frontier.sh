@@ -25,10 +25,19 @@ hlbl tree build --from runs/exp/x4-tworate --policy adaptive:0.4 --copies 4 --se
 $T --tree runs/trees/x4-r1.json --init-from runs/exp/x4-tworate --out runs/exp/x4-boot1
 hlbl tree build --from runs/exp/x4-boot1 --policy adaptive:0.4 --copies 4 --seed 9 --out runs/trees/x4-r2.json
 $T --tree runs/trees/x4-r2.json --init-from runs/exp/x4-boot1 --out runs/exp/x4-boot2
+hlbl tree build --from runs/exp/x4-boot2 --policy adaptive:0.4 --copies 4 --seed 10 --out runs/trees/x4-r3.json
+$T --tree runs/trees/x4-r3.json --init-from runs/exp/x4-boot2 --out runs/exp/x4-boot3
+# Round 3 again, with two vectors for frequent words.
+hlbl tree build --from runs/exp/x4-boot2 --policy adaptive:0.4 --copies 4 --seed 10 --senses \
+    --out runs/trees/x4-r3-senses.json
+$T --tree runs/trees/x4-r3-senses.json --init-from runs/exp/x4-boot2 --out runs/exp/x4-boot3-senses
 
 # Several context vectors per word, against the same rule without them.
 $T --tree runs/trees/a04.json --out runs/exp/a04
 $T --tree runs/trees/a04-senses.json --out runs/exp/a04-senses
+
+# The Huffman tree (frequency only) for the table.
+$T --tree huffman --out runs/exp/huffman
 
 # KN5 and the mixtures.
 hlbl ngram train --data ptb --order 5 --out runs/kn5.arpa
@@ -48,11 +57,18 @@ row --run runs/exp/a04 --name "HLBL ADAPTIVE(0.4) (rebuilt)" --speed-key tree:a0
     --command "$T --tree runs/trees/a04.json --out runs/exp/a04"
 row --run runs/exp/a04-senses --name "HLBL ADAPTIVE(0.4), two vectors per frequent word" --speed-key tree:a04-senses \
     --command "$T --tree runs/trees/a04-senses.json --out runs/exp/a04-senses"
+row --run runs/exp/x4-boot3 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 3 (warm)" --speed-key tree:x4-r3 \
+    --command "$T --tree runs/trees/x4-r3.json --init-from runs/exp/x4-boot2 --out runs/exp/x4-boot3"
+row --run runs/exp/x4-boot3-senses --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 3 with two vectors per frequent word" \
+    --speed-key tree:x4-r3-senses \
+    --command "$T --tree runs/trees/x4-r3-senses.json --init-from runs/exp/x4-boot2 --out runs/exp/x4-boot3-senses"
+row --run runs/exp/huffman --name "HLBL Huffman" --speed-key tree:huffman --command "$T --tree huffman --out runs/exp/huffman"
 for run in x4-boot1 x4-boot2; do
     python bench/frontier.py mix --run runs/exp/$run --run-name runs/exp/$run --arpa runs/kn5.arpa \
         --arpa-name runs/kn5.arpa --name "HLBL x4 bootstrap round ${run#x4-boot} + KN5"
 done
 python bench/frontier.py speed --threads 1 --rounds 5 --trees random=random huffman=huffman \
     adaptive0.4=runs/trees/a04.json a04=runs/trees/a04.json a04-senses=runs/trees/a04-senses.json \
-    adaptive0.4x4=runs/trees/x4.json x4-r1=runs/trees/x4-r1.json x4-r2=runs/trees/x4-r2.json
+    adaptive0.4x4=runs/trees/x4.json x4-r1=runs/trees/x4-r1.json x4-r2=runs/trees/x4-r2.json \
+    x4-r3=runs/trees/x4-r3.json x4-r3-senses=runs/trees/x4-r3-senses.json
 python bench/frontier.py table
