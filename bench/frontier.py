@@ -10,8 +10,8 @@ to (or replaces the row of the same name in) the ``--rows`` JSON list.
     python bench/frontier.py row --run runs/x4 --name "HLBL ADAPTIVE(0.4) x4" \\
         --command "hlbl train --data ptb --tree x4.json --out runs/x4" --rows results/ptb/frontier_runs.json
 
-``mix``: a run interpolated with a Kneser-Ney ARPA model (``hlbl eval --interpolate``; the weight
-tuned on valid), as a ``mixture`` row in the same list.
+``mix``: a run (``--with``: and more runs) interpolated with a Kneser-Ney ARPA model (``hlbl eval
+--interpolate``; the weights tuned on valid), as a ``mixture`` row in the same list.
 
 ``speed``: training words/s of each kind of model **in one process, round robin**: the flat LBL,
 NCE and the sampled softmax at k = 5, 25, 100 (torch engine), and HLBL on each tree file given
@@ -89,6 +89,8 @@ def row(args) -> None:
 def mix(args) -> None:
     cmd = [sys.executable, "-m", "hlbl", "eval", args.run, "--interpolate", args.arpa, "--split", "test"]
     cmd += ["--threads", str(args.threads)]
+    for other in args.ensemble:
+        cmd += ["--with", other]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
     got = json.loads(out)
     _save_row(
@@ -103,9 +105,9 @@ def mix(args) -> None:
             "weight": got.get("weight"),
             "epochs": None,
             "converged": None,
-            "command": "hlbl eval RUN --interpolate KN5.arpa --split test".replace("RUN", args.run_name).replace(
-                "KN5.arpa", args.arpa_name
-            ),
+            "weights": got.get("weights"),
+            "command": f"hlbl eval {args.run_name} --interpolate {args.arpa_name} --split test"
+            + "".join(f" --with {o}" for o in args.ensemble),
             "note": args.note,
         },
     )
@@ -361,6 +363,7 @@ def main() -> None:
     m.add_argument("--arpa", required=True)
     m.add_argument("--arpa-name", required=True, help="the ARPA file as the command line should show it")
     m.add_argument("--name", required=True)
+    m.add_argument("--with", dest="ensemble", action="append", default=[], help="more runs in the mixture")
     m.add_argument("--note", default=None)
     m.add_argument("--rows", default="results/ptb/frontier_runs.json")
     m.add_argument("--threads", type=int, default=1)

@@ -67,6 +67,10 @@ for run in x4-boot1 x4-boot2; do
     python bench/frontier.py mix --run runs/exp/$run --run-name runs/exp/$run --arpa runs/kn5.arpa \
         --arpa-name runs/kn5.arpa --name "HLBL x4 bootstrap round ${run#x4-boot} + KN5"
 done
+python bench/frontier.py mix --run runs/exp/x4-boot2 --run-name runs/exp/x4-boot2 --with runs/exp/x4-tworate \
+    --with runs/exp/a04-senses --arpa runs/kn5.arpa --arpa-name runs/kn5.arpa \
+    --name "three HLBL models (x4 bootstrap round 2, x4, ADAPTIVE(0.4) two vectors) + KN5" \
+    --note "an ensemble: three tree models and KN5 mixed per token, the four weights tuned on valid"
 python bench/frontier.py speed --threads 1 --rounds 5 --trees random=random huffman=huffman \
     adaptive0.4=runs/trees/a04.json a04=runs/trees/a04.json a04-senses=runs/trees/a04-senses.json \
     adaptive0.4x4=runs/trees/x4.json x4-r1=runs/trees/x4-r1.json x4-r2=runs/trees/x4-r2.json \

@@ -226,6 +226,8 @@ def table(args) -> None:
         st = read_state(r / "state.json")
         same = old and old["epochs"] == st["epoch"] and old["converged"] == bool(st["done"])
         rows.append(old if same else _run_row(r, ratio))
+    # rows of runs whose directories are not here (trained elsewhere, checkpoints not kept) stay
+    rows += [row for name, row in done.items() if name not in {r.name for r in runs}]
     flat_ref = dict(REFERENCE[0])
     if "flat" in sp.get("words_per_s_median", {}):
         flat_ref["words_per_s_side_by_side"] = sp["words_per_s_median"]["flat"]
