@@ -14,6 +14,11 @@ row() { python bench/frontier.py row "$@"; }
 hlbl tree build --from runs/ptb-random --policy adaptive:0.4 --copies 4 --seed 7 --out runs/trees/x4.json
 hlbl tree build --from runs/ptb-random --policy adaptive:0.4 --seed 7 --out runs/trees/a04.json
 hlbl tree build --from runs/ptb-random --policy adaptive:0.4 --seed 7 --senses --out runs/trees/a04-senses.json
+# (for the speed of the paper's other trees: the same rules over the same features)
+hlbl tree build --from runs/ptb-random --policy balanced --seed 7 --out runs/trees/balanced.json
+hlbl tree build --from runs/ptb-random --policy adaptive --seed 7 --out runs/trees/adaptive.json
+hlbl tree build --from runs/ptb-random --policy adaptive:0.25 --seed 7 --out runs/trees/a025.json
+hlbl tree build --from runs/ptb-random --policy adaptive:0.4 --copies 2 --seed 7 --out runs/trees/x2.json
 
 # Recipe: the paper's two-rate schedule, the halving schedule, stronger L2 on C and the nodes.
 $T --tree runs/trees/x4.json --out runs/exp/x4-tworate
@@ -72,7 +77,8 @@ python bench/frontier.py mix --run runs/exp/x4-boot2 --run-name runs/exp/x4-boot
     --name "three HLBL models (x4 bootstrap round 2, x4, ADAPTIVE(0.4) two vectors) + KN5" \
     --note "an ensemble: three tree models and KN5 mixed per token, the four weights tuned on valid"
 python bench/frontier.py speed --threads 1 --rounds 5 --trees random=random huffman=huffman \
-    adaptive0.4=runs/trees/a04.json a04=runs/trees/a04.json a04-senses=runs/trees/a04-senses.json \
+    balanced=runs/trees/balanced.json adaptive=runs/trees/adaptive.json adaptive0.25=runs/trees/a025.json \
+    adaptive0.4x2=runs/trees/x2.json adaptive0.4=runs/trees/a04.json a04=runs/trees/a04.json a04-senses=runs/trees/a04-senses.json \
     adaptive0.4x4=runs/trees/x4.json x4-r1=runs/trees/x4-r1.json x4-r2=runs/trees/x4-r2.json \
     x4-r3=runs/trees/x4-r3.json x4-r3-senses=runs/trees/x4-r3-senses.json
 python bench/frontier.py table
