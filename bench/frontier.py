@@ -236,12 +236,13 @@ def _sampling_rows(path: Path) -> list[dict]:
 
 def table(args) -> None:
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     rows = _reproduce_rows(out / "results.json")
     rows += _sampling_rows(Path(args.sampling))
     for extra in (out / "classes.json", Path(args.rows)):
         for r in _load_rows(extra):
             rows.append({**r, "source": r.get("source", str(extra))})
-    sp = json.loads(Path(args.speed).read_text()) if Path(args.speed).is_file() else {}
+    sp = json.loads(Path(args.speed).read_text()) if args.speed != "none" and Path(args.speed).is_file() else {}
     med = sp.get("words_per_s_median", {})
     ratio = sp.get("ratio_to_flat_median", {})
     for r in rows:
@@ -254,6 +255,11 @@ def table(args) -> None:
             r["words_per_s"] = r.get("words_per_s_run")
             r["minutes_per_epoch"] = r.get("minutes_per_epoch_run")
             r["speed_vs_flat"] = None
+    if not med:  # no side-by-side figures: each run's own words/s against the flat run's own (rough)
+        own_flat = next((r.get("words_per_s_run") for r in rows if r["model"] == "flat"), None)
+        for r in rows:
+            if own_flat and r.get("words_per_s_run"):
+                r["speed_vs_flat"] = r["words_per_s_run"] / own_flat
     order = {"flat": 0, "tree": 1, "nce": 2, "sampled": 3, "kn5": 4, "mixture": 5}
     rows.sort(key=lambda r: (order.get(r["model"], 9), r["test_ppl"]))
     (out / "frontier.json").write_text(json.dumps(rows, indent=1) + "\n")
@@ -262,15 +268,17 @@ def table(args) -> None:
     def f(x, fmt):
         return "-" if x is None else format(x, fmt)
 
+    tokens = next((r["test_tokens"] for r in rows if r.get("test_tokens")), None)
     md = [
-        "# Quality against training time on PTB",
+        f"# Quality against training time on {args.corpus}",
         "",
         "Produced by `python bench/frontier.py table` from the result files named in each row's source; one run "
-        "per row (seed 0), 100-d features, context 5, exact perplexity over the 10,000-word vocabulary "
-        f"({rows[0].get('test_tokens') or 82430:,} test tokens). *Minutes per epoch* and *words/s* are measured "
+        f"per row (seed 0), 100-d features, context 5, exact perplexity over the whole vocabulary "
+        f"({tokens or '?':,} test tokens). *Minutes per epoch* and *words/s* are measured "
         "side by side in one process (`bench/frontier.py speed`, `frontier_speed.json`, median of "
         f"{sp.get('rounds', '?')} rounds, {sp.get('threads', '?')} thread) for every row whose kind it times; "
-        "*speed vs flat* is the median of the per-round ratios. The run's own mean minutes per epoch "
+        "*speed vs flat* is the median of the per-round ratios (without a speed file: each run's own words/s over "
+        "the flat run's own, rough). The run's own mean minutes per epoch "
         "(training only, measured under whatever else ran on the shared 2-core machine) is the last column. "
         "*Converged*: early stopping ended the run, not an epoch cap.",
         "",
@@ -299,10 +307,10 @@ def table(args) -> None:
             seen.add(r["command"])
     (out / "frontier.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
-    _plot(rows, out / "frontier.png")
+    _plot(rows, out / "frontier.png", args.corpus)
 
 
-def _plot(rows: list[dict], path: Path) -> None:
+def _plot(rows: list[dict], path: Path, corpus: str) -> None:
     try:
         import matplotlib
 
@@ -336,9 +344,9 @@ def _plot(rows: list[dict], path: Path) -> None:
                 r["name"], (ax.get_xlim()[0], r["test_ppl"]), fontsize=7, xytext=(2, 2), textcoords="offset points"
             )
     ax.set_xscale("log")
-    ax.set_xlabel("minutes per training epoch (side by side, 1 thread)")
-    ax.set_ylabel("PTB test perplexity (exact)")
-    ax.set_title("Quality against training time per epoch on PTB (lower left is better)")
+    ax.set_xlabel("minutes per training epoch (1 thread)")
+    ax.set_ylabel(f"{corpus} test perplexity (exact)")
+    ax.set_title(f"Quality against training time per epoch on {corpus} (lower left is better)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -381,7 +389,8 @@ def main() -> None:
     t.add_argument("--out", default="results/ptb")
     t.add_argument("--sampling", default="results/sampling/sampling.json")
     t.add_argument("--rows", default="results/ptb/frontier_runs.json")
-    t.add_argument("--speed", default="results/ptb/frontier_speed.json")
+    t.add_argument("--speed", default="results/ptb/frontier_speed.json", help="'none': the runs' own speeds only")
+    t.add_argument("--corpus", default="PTB", help="the corpus, for the title")
     t.set_defaults(func=table)
     args = ap.parse_args()
     args.func(args)

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The frontier's second corpus: the King James Bible (kjv/, 740k training tokens once blank lines
+# are dropped) with the 2,000 most frequent words (the rest read as <unk> in every split), so that
+# the flat LBL converges in well under an hour on one core. Same recipe and seed as on PTB; rows
+# in results/kjv/frontier_runs.json, table in results/kjv/frontier.md.
+#
+#   HLBL_DATA=../shared/data bash bench/frontier_kjv.sh
+set -euo pipefail
+mkdir -p runs/kjv results/kjv
+T="hlbl train --data kjv --max-vocab 2000 --threads 1"
+ROWS=results/kjv/frontier_runs.json
+row() { python bench/frontier.py row --rows $ROWS "$@"; }
+done_run() { [ -e "$1/state.json" ] && python -c "import json,sys; sys.exit(0 if json.load(open('$1/state.json'))['done'] else 1)"; }
+
+done_run runs/kjv/flat || $T --output flat --out runs/kjv/flat
+done_run runs/kjv/random || $T --tree random --out runs/kjv/random
+hlbl tree build --from runs/kjv/random --policy adaptive:0.4 --copies 4 --seed 7 --out runs/kjv/x4.json
+done_run runs/kjv/x4 || $T --tree runs/kjv/x4.json --out runs/kjv/x4
+hlbl tree build --from runs/kjv/x4 --policy adaptive:0.4 --copies 4 --seed 8 --out runs/kjv/x4-r1.json
+done_run runs/kjv/x4-boot1 || $T --tree runs/kjv/x4-r1.json --init-from runs/kjv/x4 --out runs/kjv/x4-boot1
+hlbl tree build --from runs/kjv/x4-boot1 --policy adaptive:0.4 --copies 4 --seed 9 --out runs/kjv/x4-r2.json
+done_run runs/kjv/x4-boot2 || $T --tree runs/kjv/x4-r2.json --init-from runs/kjv/x4-boot1 --out runs/kjv/x4-boot2
+done_run runs/kjv/nce-25 || $T --output nce --samples 25 --out runs/kjv/nce-25
+[ -e runs/kjv/kn5.arpa ] || hlbl ngram train --data kjv --max-vocab 2000 --order 5 --out runs/kjv/kn5.arpa
+
+row --run runs/kjv/flat --model flat --name "LBL (flat softmax)" --command "$T --output flat --out runs/kjv/flat"
+row --run runs/kjv/random --name "HLBL RANDOM" --command "$T --tree random --out runs/kjv/random"
+row --run runs/kjv/x4 --name "HLBL ADAPTIVE(0.4) x4" --command "$T --tree runs/kjv/x4.json --out runs/kjv/x4"
+row --run runs/kjv/x4-boot1 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 1 (warm)" \
+    --command "$T --tree runs/kjv/x4-r1.json --init-from runs/kjv/x4 --out runs/kjv/x4-boot1"
+row --run runs/kjv/x4-boot2 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 2 (warm)" \
+    --command "$T --tree runs/kjv/x4-r2.json --init-from runs/kjv/x4-boot1 --out runs/kjv/x4-boot2"
+row --run runs/kjv/nce-25 --model nce --name "NCE k=25" --command "$T --output nce --samples 25 --out runs/kjv/nce-25"
+hlbl ngram eval runs/kjv/kn5.arpa --data kjv --split test > results/kjv/kn5.json
+hlbl ngram eval runs/kjv/kn5.arpa --data kjv --split valid > results/kjv/kn5-valid.json
+python - <<'PY'
+import json, sys
+sys.path.insert(0, "bench")
+from frontier import _save_row
+from pathlib import Path
+test, valid = (json.loads(Path(f"results/kjv/{n}.json").read_text()) for n in ("kn5", "kn5-valid"))
+_save_row(Path("results/kjv/frontier_runs.json"), {
+    "model": "kn5", "name": "KN5", "speed_key": None, "test_ppl": test["perplexity"], "test_tokens": test["tokens"],
+    "valid_ppl": valid["perplexity"], "epochs": None, "converged": None,
+    "command": "hlbl ngram train --data kjv --max-vocab 2000 --order 5 --out runs/kjv/kn5.arpa"})
+PY
+python bench/frontier.py mix --rows $ROWS --run runs/kjv/x4-boot2 --run-name runs/kjv/x4-boot2 \
+    --arpa runs/kjv/kn5.arpa --arpa-name runs/kjv/kn5.arpa --name "HLBL x4 bootstrap round 2 + KN5"
+python bench/frontier.py table --out results/kjv --rows $ROWS --speed none --sampling none --corpus "KJV (2,000 words)"
