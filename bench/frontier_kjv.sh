@@ -14,11 +14,11 @@ done_run() { [ -e "$1/state.json" ] && python -c "import json,sys; sys.exit(0 if
 
 done_run runs/kjv/flat || $T --output flat --out runs/kjv/flat
 done_run runs/kjv/random || $T --tree random --out runs/kjv/random
-hlbl tree build --from runs/kjv/random --policy adaptive:0.4 --copies 4 --seed 7 --out runs/kjv/x4.json
+[ -e runs/kjv/x4.json ] || hlbl tree build --from runs/kjv/random --policy adaptive:0.4 --copies 4 --seed 7 --out runs/kjv/x4.json
 done_run runs/kjv/x4 || $T --tree runs/kjv/x4.json --out runs/kjv/x4
-hlbl tree build --from runs/kjv/x4 --policy adaptive:0.4 --copies 4 --seed 8 --out runs/kjv/x4-r1.json
+[ -e runs/kjv/x4-r1.json ] || hlbl tree build --from runs/kjv/x4 --policy adaptive:0.4 --copies 4 --seed 8 --out runs/kjv/x4-r1.json
 done_run runs/kjv/x4-boot1 || $T --tree runs/kjv/x4-r1.json --init-from runs/kjv/x4 --out runs/kjv/x4-boot1
-hlbl tree build --from runs/kjv/x4-boot1 --policy adaptive:0.4 --copies 4 --seed 9 --out runs/kjv/x4-r2.json
+[ -e runs/kjv/x4-r2.json ] || hlbl tree build --from runs/kjv/x4-boot1 --policy adaptive:0.4 --copies 4 --seed 9 --out runs/kjv/x4-r2.json
 done_run runs/kjv/x4-boot2 || $T --tree runs/kjv/x4-r2.json --init-from runs/kjv/x4-boot1 --out runs/kjv/x4-boot2
 done_run runs/kjv/nce-25 || $T --output nce --samples 25 --out runs/kjv/nce-25
 [ -e runs/kjv/kn5.arpa ] || hlbl ngram train --data kjv --max-vocab 2000 --order 5 --out runs/kjv/kn5.arpa
