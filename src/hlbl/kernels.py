@@ -674,9 +674,10 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
 
 
 @njit(nogil=True, cache=True)
-def _train_steps(steps, order, B, stream, pad, params, paths, opt, work, S, clock):
-    """Steps ``steps`` (step t trains on order[(t-1)B : tB], in blocks of S) in sequence; returns the
-    summed NLL. ``params``, ``opt``, ``work``: see _step. ``clock`` (6,) int64 accumulates the
+def _train_steps(steps, order, first, B, stream, pad, params, paths, opt, work, S, clock):
+    """Steps ``steps`` (step t trains on positions (t-1)B .. tB-1 of the epoch's order, in blocks of
+    S) in sequence; returns the summed NLL. ``order`` holds the order from its position ``first`` on
+    (a window of a long epoch's order, or all of it with ``first`` 0). ``params``, ``opt``, ``work``: see _step. ``clock`` (6,) int64 accumulates the
     cycles of each phase and the rows touched (PHASES).
 
     Releases the GIL, so several Python threads can run it on disjoint steps (Hogwild).
@@ -684,7 +685,7 @@ def _train_steps(steps, order, B, stream, pad, params, paths, opt, work, S, cloc
     total = 0.0
     for x in range(steps.shape[0]):
         t = steps[x]
-        total += _step(t, order[(t - 1) * B : t * B], stream, pad, params, paths, opt, work, S, clock)
+        total += _step(t, order[(t - 1) * B - first : t * B - first], stream, pad, params, paths, opt, work, S, clock)
     return total
 
 
