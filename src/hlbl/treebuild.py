@@ -369,7 +369,7 @@ def build_learned_tree(
     word = np.arange(V, dtype=np.int64)
     n_nodes, first_id = 1, 0  # nodes of this level have ids first_id .. first_id + n_nodes - 1
     made_leaves = 0
-    bar = progress(None, "splitting", "level")
+    bar = progress(None, "splitting", "level", heartbeat=True)  # a top level of EM on 10^5 words takes a while
     while n_nodes:
         bar.update(1)
         bar.set_postfix(nodes=n_nodes, refresh=False)
