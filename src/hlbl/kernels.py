@@ -734,3 +734,28 @@ def _score(stream, pad, R, C, Q, qb, paths, out):
                 plp[0, cc] = lp
                 best = max(best, lp)
             out[p] = _log_sum_exp(plp, 0, best)
+
+
+# ---- word features for learned trees ---------------------------------------------------------
+
+
+@njit(nogil=True, cache=True)
+def _feature_sums(stream, lo, hi, pad, R, C, sums, counts):
+    """Add r_hat of positions lo .. hi-1 of ``stream`` into ``sums[target]`` (float64) and count
+    targets. r_hat = sum_i C[i] * R[w_i] in float32, summed in context order as torch's
+    ``(R[ctx] * C).sum(1)`` does, then widened: the same numbers as the torch path, without the
+    (B, n, d) temporaries. R (V, d) and C (n, d) float32; sums (V, d) float64; counts (V,) int64."""
+    n, d = C.shape
+    acc = np.empty(d, np.float32)
+    for p in range(lo, hi):
+        for j in range(d):
+            acc[j] = 0.0
+        for i in range(n):
+            q = p - n + i
+            w = stream[q] if q >= 0 else pad
+            for j in range(d):
+                acc[j] += R[w, j] * C[i, j]
+        t = stream[p]
+        counts[t] += 1
+        for j in range(d):
+            sums[t, j] += np.float64(acc[j])
