@@ -325,9 +325,12 @@ def kn_child(args) -> None:
 
 
 def stage_kn(args) -> dict:
-    rows = {}
     work = Path(args.work)
+    prev_file = Path(args.out) / "kn.json"  # rows measured by an earlier run of this stage are kept
+    rows = json.loads(prev_file.read_text())["rows"] if prev_file.exists() else {}
     for vocab in ("open", "default", "50k"):
+        if vocab in rows:
+            continue
         argv = me("_kn_child", vocab, "--data", args.data, "--order", "5")
         if vocab != "open":  # the neural models' vocabularies: the hlbl stage built these with the CLI
             if not (work / vocab / "kn5.safetensors").exists():
@@ -522,7 +525,7 @@ def stage_summary(args) -> dict:
     }
     summary["targets_met"] = targets
     write_json(out / "summary.json", summary)
-    (out / "table.md").write_text(table(summary, kn, hl, vocab))
+    (out / "table.md").write_text(table(summary, kn, hl, vocab) + "\n")
     return summary
 
 
@@ -538,6 +541,8 @@ def table(s: dict, kn: dict, hl: dict, vocab: dict) -> str:
     ]
     knr = kn["rows"]
     for name, v in (("open", None), *((n, hl[n]) for n in hl)):
+        if name not in knr:
+            continue
         size = f"{knr[name]['vocab_size']:,}"
         if v is None:
             lines.append(
@@ -564,7 +569,41 @@ def table(s: dict, kn: dict, hl: dict, vocab: dict) -> str:
             lines.append(
                 f"| {label} | HLBL {model} + KN5, mixed per token (w = {mix.get('weight', float('nan')):.3f}) | {mix['perplexity']:.2f} | - | - | - | `{v['steps'][f'mix_{run}']['command']}` |"
             )
-    lines += ["", "Summary figures and which targets were met: [`summary.json`](summary.json).", ""]
+    o = knr["open"]
+    t = s["targets_met"]
+    yes = lambda k: "met" if t[k] else "**missed**"  # noqa: E731
+    lines += [
+        "",
+        "## Costs (targets from the issue; every figure is in [`summary.json`](summary.json))",
+        "",
+        "| step | measured | target | |",
+        "|---|---|---|---|",
+        f"| vocabulary + encoding of the train split (default rule) | {s['vocab_encode_s']:.0f} s | < 120 s | {yes('vocab_encode_lt_120s')} |",
+        f"| learned ADAPTIVE(0.4) x2 tree over all {s['vocab_size']:,} words (`hlbl tree build`, features included) | "
+        + (f"{s['tree_build_s']:.0f} s" if s["tree_build_s"] is not None else "-")
+        + f" | < 300 s | {yes('tree_build_lt_300s')} |",
+        f"| training words/s, Gutenberg ({s['vocab_size']:,} words) / PTB (10,000), same run | {s['gutenberg_wps']:,.0f} / {s['ptb_wps']:,.0f} = "
+        f"{s['wps_ratio']:.2f} (per CPU-second: {s['words_per_cpu_s_ratio']:.2f}) | >= 0.7 | {yes('wps_ratio_ge_0.7')} |",
+        f"| KN5 of the train split, unpruned, open vocabulary: estimation time | {o['build_s']:.0f} s (lmplz {KENLM['build_s']:.0f} s, "
+        f"x{o['build_s'] / KENLM['build_s']:.1f}) | <= 5x | {yes('kn_time_within_5x_lmplz')} |",
+        f"| the same: peak RSS of the process | {o['process_peak_rss_mb'] / 1024:.2f} GiB (lmplz {KENLM['peak_rss_mb'] / 1024:.1f} GB, "
+        f"x{o['process_peak_rss_mb'] / KENLM['peak_rss_mb']:.1f}) | <= 3x | {yes('kn_memory_within_3x_lmplz')} |",
+        f"| the same: test / valid perplexity, KenLM's protocol | {o['test_ppl']:.3f} / {o['valid_ppl']:.3f} "
+        f"(lmplz {KENLM['open_test_ppl']} / {KENLM['open_valid_ppl']}) | within 0.05 | {yes('kn_open_ppl_within_0.05')} |",
+        f"| peak RSS of training, 50M / 100M tokens (VmHWM) | {s['peak_rss_mb_50m']:,.0f} / {s['peak_rss_mb_100m']:,.0f} MB | within 10% | {yes('peak_rss_100m_within_10pct')} |",
+        f"| the same, anonymous memory only (model, optimiser, buffers) | {s['peak_anon_mb_50m']:,.0f} / {s['peak_anon_mb_100m']:,.0f} MB | within 10% | {yes('peak_anon_100m_within_10pct')} |",
+        "| best HLBL tree vs KN5, same vocabulary (test ppl) | "
+        + (f"{s['best_tree_test_ppl']:.2f} vs {s['kn_test_ppl']:.2f}" if s["best_tree_test_ppl"] else "-")
+        + f" | below | {yes('best_tree_below_kn5')} |",
+        "| HLBL + KN5 mixture vs KN5 (test ppl) | "
+        + (
+            f"{s['mixture_test_ppl']:.2f} vs {s['kn_test_ppl']:.2f} ({100 * (1 - s['mixture_test_ppl'] / s['kn_test_ppl']):.1f}% below)"
+            if s["mixture_test_ppl"]
+            else "-"
+        )
+        + f" | >= 15% below | {yes('mixture_15pct_below_kn5')} |",
+        "",
+    ]
     return "\n".join(lines)
 
 
