@@ -370,3 +370,14 @@ def test_hogwild_runs_the_threads_it_is_given():
     assert stats["threads"] == 2
     fast.train_epoch(model, opt, stream_for(tree.num_words, 400, 1), 0, cfg, 2, False, stats=stats)
     assert stats["threads"] == 1  # cfg.hogwild's default
+
+
+def test_scoring_in_chunks_gives_the_same_numbers(monkeypatch):
+    """The scorer runs in pieces (progress on long splits), each with the context tokens before
+    it: the scores are exactly those of one call, at every chunk size."""
+    model = make_model(TREES["single"]())
+    stream = stream_for(model.config.vocab_size, 3000, 5)
+    whole = fast.token_log_probs(model, stream, 0)
+    for size in (1, 2, 37, 1000):
+        monkeypatch.setattr(fast, "SCORE_CHUNK", size)
+        np.testing.assert_array_equal(fast.token_log_probs(model, stream, 0), whole)
