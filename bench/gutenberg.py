@@ -14,6 +14,8 @@ Stages, each in its own processes, each writing ``OUT/STAGE.json`` (``summary`` 
   the peaks of its two parts sampled every 0.2 s, anonymous memory (the process's own: model,
   optimiser state, buffers) and file pages (the memory-mapped encoded split, shared page cache
   the kernel can drop at any time).
+* ``mapped``: RSS after 16,000 random reads of the memory-mapped 100M-token split (run after
+  ``memory``), with and without ``MADV_RANDOM``: why the file pages of training are not bounded.
 * ``kn``: our modified Kneser-Ney 5-gram of the train split, each model in a child process
   (its peak RSS is the child's): the open vocabulary (every train word, KenLM's ``query``
   protocol: one ``</s>`` a line, OOV tokens scored as ``<unk>`` and counted), the default
@@ -291,6 +293,57 @@ def stage_memory(args) -> dict:
             "of the encoded split is touched within them); vm_hwm = the kernel's peak RSS of the process"
         ),
     }
+
+
+def stage_mapped(args) -> dict:
+    """Whether random reads of a memory-mapped encoded split can be kept out of RSS: RssFile after
+    16,000 random reads (one engine chunk of 16 minibatches), with and without madvise advice."""
+    import mmap
+
+    import numpy as np
+
+    from hlbl.data import load_corpus
+
+    corpus = load_corpus(
+        str(Path(args.work) / "train-twice"), vocab=load_corpus(args.data, splits=("train",)).vocab, splits=("train",)
+    )
+    path = Path(corpus["train"].filename)
+    del corpus
+    rss_file = lambda: _status_file()  # noqa: E731
+    rng = np.random.default_rng(0)
+    rows = []
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
+        a = np.frombuffer(mm, dtype="<i4")
+        for advice in ("none", "MADV_RANDOM"):
+            mm.madvise(mmap.MADV_DONTNEED)
+            if advice == "MADV_RANDOM":
+                mm.madvise(mmap.MADV_RANDOM)
+            before = rss_file()
+            t = time.perf_counter()
+            int(a[rng.integers(0, len(a), 16000)].sum())
+            rows.append(
+                {
+                    "advice": advice,
+                    "reads": 16000,
+                    "seconds": time.perf_counter() - t,
+                    "rss_file_mb": (rss_file() - before) / 1024,
+                }
+            )
+        t = time.perf_counter()
+        mm.madvise(mmap.MADV_DONTNEED)
+        dontneed_s = time.perf_counter() - t
+        after = rss_file() - before
+        del a
+    return {
+        "split_mb": path.stat().st_size / 2**20,
+        "rows": rows,
+        "dontneed_s": dontneed_s,
+        "rss_file_mb_after_dontneed": after / 1024,
+    }
+
+
+def _status_file() -> int:
+    return _status().get("RssFile", 0)
 
 
 # ------------------------------------------------------------------------------------------- kn
@@ -621,7 +674,7 @@ def table(s: dict, kn: dict, hl: dict, vocab: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "stage", choices=["vocab", "speed", "memory", "kn", "hlbl", "summary", "_memory_child", "_kn_child"]
+        "stage", choices=["vocab", "speed", "memory", "mapped", "kn", "hlbl", "summary", "_memory_child", "_kn_child"]
     )
     ap.add_argument(
         "vocab", nargs="?", default="default", help="hlbl stage: default or 50k; _kn_child: open, default, 50k"
@@ -649,6 +702,7 @@ def main(argv=None) -> int:
         "vocab": stage_vocab,
         "speed": stage_speed,
         "memory": stage_memory,
+        "mapped": stage_mapped,
         "kn": stage_kn,
         "hlbl": stage_hlbl,
         "summary": stage_summary,
