@@ -2,7 +2,18 @@ import numpy as np
 import pytest
 
 from conftest import ptb_root, write_corpus
-from hlbl.data import EOS, UNK, DataError, Vocab, batches, contexts, epoch_order, load_corpus, resolve_corpus
+from hlbl.data import (
+    EOS,
+    UNK,
+    DataError,
+    EpochOrder,
+    Vocab,
+    batches,
+    contexts,
+    epoch_order,
+    load_corpus,
+    resolve_corpus,
+)
 
 
 def test_ptb_has_the_standard_counts():
@@ -212,3 +223,25 @@ def test_encoding_maps_unknown_words_to_unk_and_counts_them():
     assert vocab.encode_counting_oov(["the", UNK]) == ([2, 1], 0)  # <unk> itself is a word
     assert vocab.encode(["dog", "the"]) == [1, 2]
     assert vocab.encode_counting_oov([]) == ([], 0)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 1000, 4097, 100_003])
+def test_windowed_epoch_order_is_a_seeded_permutation(n):
+    """Past ORDER_IN_MEMORY the order comes a window at a time: any cut into windows gives the
+    same permutation of 0..n-1, fixed by (seed, epoch) and different for another epoch."""
+    order = EpochOrder(3, 2, n, in_memory=0)
+    assert not order.in_memory and len(order) == n
+    whole = order.window(0, n)
+    assert whole.dtype == np.int32 and np.array_equal(np.sort(whole), np.arange(n))
+    cuts = np.concatenate([order.window(lo, lo + 37) for lo in range(0, n, 37)])
+    assert np.array_equal(cuts, whole)
+    assert np.array_equal(EpochOrder(3, 2, n, in_memory=0).window(0, n), whole)
+    assert len(order.window(n, n + 5)) == 0
+    if n > 100:
+        assert not np.array_equal(EpochOrder(3, 3, n, in_memory=0).window(0, n), whole)
+        assert abs(np.corrcoef(np.arange(n), whole)[0, 1]) < 0.1  # no trace of the stream order
+
+
+def test_short_epoch_order_is_held_whole():
+    order = EpochOrder(3, 2, 10_001)
+    assert order.in_memory and np.array_equal(order.window(0, 10_001), epoch_order(3, 2, 10_001))

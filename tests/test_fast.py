@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import multi_code_tree
-from hlbl import fast
+from hlbl import data, fast
 from hlbl.evaluate import token_log_probs
 from hlbl.model import LBL, LBLConfig
 from hlbl.train import TrainConfig, make_optimizer, train_epoch
@@ -98,6 +98,26 @@ def test_many_steps_lazy_momentum_is_exact(tree_name):
     for p_t, p_f in zip(m_t.parameters(), m_f.parameters()):
         b_t, b_f = o_t.state[p_t]["momentum_buffer"], o_f.state[p_f]["momentum_buffer"]
         assert torch.allclose(b_t, b_f, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_windowed_epoch_order_trains_like_the_torch_engine(monkeypatch, threads):
+    """A stream longer than ORDER_IN_MEMORY is visited through windows of the seeded bijection;
+    both engines read the same windows (Hogwild threads each their own), so one thread stays
+    exact, and the order is not the in-memory permutation (the switch really happened)."""
+    monkeypatch.setattr(data, "ORDER_IN_MEMORY", 100)
+    assert not data.EpochOrder(7, 1, 700).in_memory
+    (m_t, _), (m_f, _), (lt, lf), start = run_both(
+        TREES["single"](), "momentum", n_tokens=700, batch=64, threads=threads
+    )
+    if threads == 1:
+        assert lf == pytest.approx(lt, rel=1e-5)
+        assert_params_close(m_t, m_f, start, atol=1e-5)
+    else:
+        assert abs(lf - lt) < 0.05 * abs(lt)
+    monkeypatch.setattr(data, "ORDER_IN_MEMORY", 1 << 24)
+    (m_t2, _), _, (lt2, _), _ = run_both(TREES["single"](), "momentum", n_tokens=700, batch=64)
+    assert lt2 != lt
 
 
 @pytest.mark.parametrize("tree_name", list(TREES))
@@ -350,3 +370,14 @@ def test_hogwild_runs_the_threads_it_is_given():
     assert stats["threads"] == 2
     fast.train_epoch(model, opt, stream_for(tree.num_words, 400, 1), 0, cfg, 2, False, stats=stats)
     assert stats["threads"] == 1  # cfg.hogwild's default
+
+
+def test_scoring_in_chunks_gives_the_same_numbers(monkeypatch):
+    """The scorer runs in pieces (progress on long splits), each with the context tokens before
+    it: the scores are exactly those of one call, at every chunk size."""
+    model = make_model(TREES["single"]())
+    stream = stream_for(model.config.vocab_size, 3000, 5)
+    whole = fast.token_log_probs(model, stream, 0)
+    for size in (1, 2, 37, 1000):
+        monkeypatch.setattr(fast, "SCORE_CHUNK", size)
+        np.testing.assert_array_equal(fast.token_log_probs(model, stream, 0), whole)

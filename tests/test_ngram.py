@@ -258,6 +258,50 @@ def test_arpa_round_trip(small, tmp_path):
     np.testing.assert_allclose(back.score_sentences(test), model.score_sentences(test), atol=1e-5)
 
 
+def test_binary_form_round_trip_and_errors(small, tmp_path, monkeypatch, capsys):
+    """The safetensors form holds the model exactly (no 8-digit rounding), read_arpa and the CLI
+    recognise it by content, and a damaged or foreign file is a one-line error."""
+    from hlbl.ngram.binary import is_binary, write_binary
+
+    _, test, vocab, model = small
+    path = tmp_path / "m.safetensors"
+    write_binary(model, path)
+    assert is_binary(path) and not is_binary(tmp_path / "missing")
+    back = read_arpa(path)
+    assert back.words == model.words
+    for k in range(model.order):
+        np.testing.assert_array_equal(back.keys[k], model.keys[k])
+        np.testing.assert_array_equal(back.log10_prob[k], model.log10_prob[k])
+        np.testing.assert_array_equal(back.log10_backoff[k], model.log10_backoff[k])
+    np.testing.assert_array_equal(back.score_sentences(test), model.score_sentences(test))
+    arpa = tmp_path / "m.arpa"
+    write_arpa(model, arpa)
+    assert not is_binary(arpa)
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(DataError, match="damaged n-gram model"):
+        read_arpa(cut)
+    from safetensors.numpy import save_file
+
+    other = tmp_path / "other.safetensors"
+    save_file({"x": np.zeros(3)}, str(other), metadata={"format": "something-else"})
+    with pytest.raises(DataError, match="not an hlbl n-gram model"):
+        read_arpa(other)
+    import hlbl.cli as cli
+
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    data = _write_corpus(tmp_path / "toy", np.random.default_rng(4))
+    for name in ("kn3.arpa", "kn3.safetensors"):
+        assert cli.main(["ngram", "train", "--data", str(data), "--order", "3", "--out", str(tmp_path / name)]) == 0
+        capsys.readouterr()
+        assert cli.main(["ngram", "eval", str(tmp_path / name), "--data", str(data)]) == 0
+        rep = json.loads(capsys.readouterr().out)
+        if name.endswith("arpa"):
+            first = rep["perplexity"]
+    assert is_binary(tmp_path / "kn3.safetensors")
+    assert rep["perplexity"] == pytest.approx(first, rel=1e-6)
+
+
 def test_arpa_binary_cache(small, tmp_path, monkeypatch):
     monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
     _, test, _, model = small

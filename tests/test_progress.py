@@ -66,3 +66,25 @@ def test_a_redirected_epoch_prints_progress_lines(monkeypatch, capsys):
         assert "epoch 1: " in err and "/600 w" in err, err
         run(model, make_optimizer(model, cfg, cfg.lr), stream, 0, cfg, 2, False)  # show=False: silent
         assert "epoch 2" not in capsys.readouterr().err
+
+
+def test_heartbeat_writes_lines_while_no_unit_finishes(monkeypatch):
+    """A step stuck inside one long unit (an n-gram order's sort) still writes a line every
+    interval, with the elapsed time moving; after close the thread writes nothing more."""
+    import time
+
+    monkeypatch.setattr(pg, "LOG_EVERY", 0.05)
+    out = io.StringIO()
+    bar = pg.progress(5, "counting n-grams", "order", file=out, heartbeat=True)
+    bar.every = 0.05
+    bar.update(1)
+    time.sleep(0.5)
+    bar.close()
+    time.sleep(0.15)
+    lines = out.getvalue().splitlines()
+    assert len(lines) >= 3 and all(line.startswith("counting n-grams: 1/5 order (20%)") for line in lines), lines
+    assert len(out.getvalue().splitlines()) == len(lines)
+    quiet = io.StringIO()
+    pg.progress(5, "x", file=quiet, heartbeat=False).update(1)
+    time.sleep(0.15)
+    assert quiet.getvalue() == ""

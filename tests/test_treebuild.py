@@ -304,6 +304,20 @@ def test_word_features_are_exact_means_with_fallback():
         np.testing.assert_allclose(X[w], ref, rtol=1e-6, atol=1e-9)
 
 
+def test_word_features_numba_pass_equals_the_torch_batches():
+    """The CPU pass (numba) and the torch batches give the same sums: r_hat in float32 in
+    context order, widened, added in stream order. Checked on a stream longer than one chunk
+    boundary of neither (positions before the start read the pad)."""
+    V, n = 50, 4
+    model = LBL(LBLConfig(V, dim=8, context=n), random_tree(V, 0), torch.Generator().manual_seed(1))
+    stream = np.random.default_rng(1).integers(0, V, size=5000).astype(np.int32)
+    X_fast, c_fast = word_features(model, stream, 3)
+    X_torch, c_torch = word_features(model, stream, 3, batch_size=333, engine="torch")
+    np.testing.assert_array_equal(c_fast, c_torch)
+    np.testing.assert_allclose(X_fast, X_torch, rtol=1e-12, atol=1e-12)
+    assert np.abs(X_fast).max() > 1e-3  # not a vacuous comparison of zeros
+
+
 def test_tree_build_cli(tmp_path):
     from hlbl.cli import main
 

@@ -636,6 +636,72 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     return order
 
 
+# Streams of up to this many tokens get their epoch order as one permutation in memory (4 bytes a
+# token: 64 MB here); longer ones get it a window at a time from a seeded bijection, so training
+# memory does not grow with the corpus.
+ORDER_IN_MEMORY = 1 << 24
+_ROUNDS = 6  # Feistel rounds of the bijection (4 already give a pseudo-random permutation)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on a uint64 array (wrapping arithmetic): the Feistel round function."""
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+class EpochOrder:
+    """The order in which an epoch visits the n positions of a stream, read a window at a time.
+
+    Up to ``in_memory`` positions (default :data:`ORDER_IN_MEMORY`) it is :func:`epoch_order`'s
+    permutation, held whole. Beyond, position ``i`` of the order is ``f(i)`` for a bijection ``f`` of
+    ``0..n-1`` seeded by (seed, epoch): a balanced Feistel network over the smallest even number of
+    bits that holds n, made a bijection of ``0..n-1`` by cycle walking (apply it again while the
+    value is n or more). A window costs O(its length) time and memory, whatever n, so a 100M-token
+    epoch holds no 400 MB permutation. Both forms are a permutation; they are different ones.
+    """
+
+    def __init__(self, seed: int, epoch: int, n: int, in_memory: int | None = None):
+        self.n = int(n)
+        limit = ORDER_IN_MEMORY if in_memory is None else int(in_memory)
+        self.dtype = np.int32 if self.n < 2**31 else np.int64
+        self._perm = epoch_order(seed, epoch, self.n) if self.n <= limit else None
+        bits = max(2, (self.n - 1).bit_length())
+        self._half = np.uint64((bits + 1) // 2)
+        self._mask = np.uint64((1 << int(self._half)) - 1)
+        keys = np.random.default_rng([seed, epoch, 1]).integers(0, 2**64, size=_ROUNDS, dtype=np.uint64, endpoint=False)
+        self._keys = [np.uint64(k) for k in keys]
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def in_memory(self) -> bool:
+        return self._perm is not None
+
+    def _feistel(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self._half, x & self._mask
+        for k in self._keys:
+            left, right = right, left ^ (_mix64(right ^ k) & self._mask)
+        return (left << self._half) | right
+
+    def window(self, lo: int, hi: int) -> np.ndarray:
+        """(min(hi, n) - lo,) the positions visited at steps lo .. hi-1 of the epoch."""
+        lo, hi = max(0, int(lo)), min(int(hi), self.n)
+        if self._perm is not None:
+            return self._perm[lo:hi]
+        if hi <= lo:
+            return np.zeros(0, self.dtype)
+        y = self._feistel(np.arange(lo, hi, dtype=np.uint64))
+        out = y >= np.uint64(self.n)
+        while out.any():  # cycle walking: fewer than 4 rounds on average (the domain is < 4n)
+            idx = np.flatnonzero(out)
+            y[idx] = self._feistel(y[idx])
+            out[idx] = y[idx] >= np.uint64(self.n)
+        return y.astype(self.dtype)
+
+
 def batches(
     stream: np.ndarray,
     n_ctx: int,

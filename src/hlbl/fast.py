@@ -117,7 +117,7 @@ import numba
 import numpy as np
 import torch
 
-from .data import epoch_order
+from .data import EpochOrder
 from .kernels import PHASES, OptState, Params, Workspace, _catch_up, _score, _train_steps
 from .memory import prefer_huge_pages
 from .output import TreeSoftmax
@@ -361,7 +361,7 @@ def train_epoch(
         raise ValueError(f"the fast engine cannot train this model: {why}")
     T = max(1, int(threads or getattr(cfg, "hogwild", 1)))
     stream = _check_stream(stream, pad, model.config.vocab_size)
-    order = epoch_order(cfg.seed, epoch, len(stream))
+    order = EpochOrder(cfg.seed, epoch, len(stream))  # whole, or a window at a time for long streams
     B = int(cfg.batch_size)
     if block < 1:
         raise ValueError(f"block must be at least 1, got {block}")
@@ -392,7 +392,9 @@ def train_epoch(
     clocks = np.zeros((T, len(PHASES)), np.int64)
     # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
     # cache before the progress bar and the clock start, so neither counts compilation.
-    _train_steps(np.empty(0, np.int64), order, B, stream, pad, params, paths, state, works[0], S, clocks[0])
+    _train_steps(
+        np.empty(0, np.int64), order.window(0, 0), 0, B, stream, pad, params, paths, state, works[0], S, clocks[0]
+    )
     bar = progress(min(len(order), steps * B), f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
     chunk = 16  # steps per kernel call: progress updates without per-step Python overhead
 
@@ -401,7 +403,9 @@ def train_epoch(
         total = 0.0
         for c0 in range(0, len(mine), chunk):
             part = mine[c0 : c0 + chunk]
-            total += _train_steps(part, order, B, stream, pad, params, paths, state, works[r], S, clocks[r])
+            lo = (int(part[0]) - 1) * B  # the order's positions these steps read: lo .. hi-1
+            win = order.window(lo, int(part[-1]) * B)
+            total += _train_steps(part, win, lo, B, stream, pad, params, paths, state, works[r], S, clocks[r])
             bar.update(int(sum(min(B, len(order) - (t - 1) * B) for t in part)))
         return total
 
@@ -466,6 +470,9 @@ def train_epoch(
     return total / max(seen, 1), seen / elapsed
 
 
+SCORE_CHUNK = 1 << 19  # positions per scoring call (a progress update each)
+
+
 def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = None) -> np.ndarray:
     """(N,) float64 log P of every token of ``stream`` given its context (the fast scorer)."""
     why = unsupported(model)
@@ -475,17 +482,20 @@ def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = N
     stream = _check_stream(stream, pad, model.config.vocab_size)
     out = np.empty(len(stream), dtype=np.float64)
     _huge_pages_once(model, _np(model.R.weight), _np(model.out.weight))
+    n = model.config.context
+    weights = (_np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias), _word_paths(model.out))
+    # In pieces of SCORE_CHUNK positions, each with the n tokens before it as context (their own
+    # scores are dropped): the same numbers as one call, and progress on a 2M-token split.
+    bar = progress(len(stream), "scoring", "w", show=len(stream) > SCORE_CHUNK)
     with torch.no_grad():
-        _score(
-            stream,
-            pad,
-            _np(model.R.weight),
-            _np(model.C),
-            _np(model.out.weight),
-            _np(model.out.bias),
-            _word_paths(model.out),
-            out,
-        )
+        for lo in range(0, len(stream), SCORE_CHUNK):
+            hi = min(lo + SCORE_CHUNK, len(stream))
+            start = max(0, lo - n)
+            part = np.empty(hi - start, dtype=np.float64)
+            _score(stream[start:hi], pad, *weights, part)
+            out[lo:hi] = part[lo - start :]
+            bar.update(hi - lo)
+    bar.close()
     return out
 
 

@@ -674,9 +674,10 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
 
 
 @njit(nogil=True, cache=True)
-def _train_steps(steps, order, B, stream, pad, params, paths, opt, work, S, clock):
-    """Steps ``steps`` (step t trains on order[(t-1)B : tB], in blocks of S) in sequence; returns the
-    summed NLL. ``params``, ``opt``, ``work``: see _step. ``clock`` (6,) int64 accumulates the
+def _train_steps(steps, order, first, B, stream, pad, params, paths, opt, work, S, clock):
+    """Steps ``steps`` (step t trains on positions (t-1)B .. tB-1 of the epoch's order, in blocks of
+    S) in sequence; returns the summed NLL. ``order`` holds the order from its position ``first`` on
+    (a window of a long epoch's order, or all of it with ``first`` 0). ``params``, ``opt``, ``work``: see _step. ``clock`` (6,) int64 accumulates the
     cycles of each phase and the rows touched (PHASES).
 
     Releases the GIL, so several Python threads can run it on disjoint steps (Hogwild).
@@ -684,7 +685,7 @@ def _train_steps(steps, order, B, stream, pad, params, paths, opt, work, S, cloc
     total = 0.0
     for x in range(steps.shape[0]):
         t = steps[x]
-        total += _step(t, order[(t - 1) * B : t * B], stream, pad, params, paths, opt, work, S, clock)
+        total += _step(t, order[(t - 1) * B - first : t * B - first], stream, pad, params, paths, opt, work, S, clock)
     return total
 
 
@@ -733,3 +734,28 @@ def _score(stream, pad, R, C, Q, qb, paths, out):
                 plp[0, cc] = lp
                 best = max(best, lp)
             out[p] = _log_sum_exp(plp, 0, best)
+
+
+# ---- word features for learned trees ---------------------------------------------------------
+
+
+@njit(nogil=True, cache=True)
+def _feature_sums(stream, lo, hi, pad, R, C, sums, counts):
+    """Add r_hat of positions lo .. hi-1 of ``stream`` into ``sums[target]`` (float64) and count
+    targets. r_hat = sum_i C[i] * R[w_i] in float32, summed in context order as torch's
+    ``(R[ctx] * C).sum(1)`` does, then widened: the same numbers as the torch path, without the
+    (B, n, d) temporaries. R (V, d) and C (n, d) float32; sums (V, d) float64; counts (V,) int64."""
+    n, d = C.shape
+    acc = np.empty(d, np.float32)
+    for p in range(lo, hi):
+        for j in range(d):
+            acc[j] = 0.0
+        for i in range(n):
+            q = p - n + i
+            w = stream[q] if q >= 0 else pad
+            for j in range(d):
+                acc[j] += R[w, j] * C[i, j]
+        t = stream[p]
+        counts[t] += 1
+        for j in range(d):
+            sums[t, j] += np.float64(acc[j])

@@ -8,11 +8,16 @@ line is written every :data:`LOG_EVERY` seconds, and nothing for steps shorter t
 
 :func:`progress` returns either one; both take ``update(n)``, ``set_postfix(**kw)`` and ``close()``
 (and work as context managers).
+
+A step whose units come seldom (one order of n-gram counting: one numpy sort of 50M keys) passes
+``heartbeat=True``: a daemon thread then writes the line (or redraws the bar) every interval even
+when no unit has finished, so the elapsed time keeps moving and a log is never silent for minutes.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TextIO
 
@@ -59,6 +64,10 @@ class LogLines:
 
     def update(self, n: float = 1) -> None:
         self.n += n
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Write the line if the interval has passed since the last one."""
         now = self.clock()
         if now - self.last >= self.every:
             self.last = now
@@ -91,15 +100,50 @@ class LogLines:
         self.close()
 
 
+def _beat(bar, stop: threading.Event, every: float) -> None:
+    """The heartbeat thread: refresh ``bar`` every ``every`` seconds until ``stop`` is set."""
+    while not stop.wait(every):
+        try:
+            bar.refresh()
+        except Exception:  # a closed file or bar: the heartbeat simply ends
+            return
+
+
 def progress(
-    total: float | None = None, desc: str | None = None, unit: str = "it", show: bool = True, file: TextIO | None = None
+    total: float | None = None,
+    desc: str | None = None,
+    unit: str = "it",
+    show: bool = True,
+    file: TextIO | None = None,
+    heartbeat: bool = False,
 ):
     """A progress display for a step of ``total`` units: a tqdm bar when ``file`` (stderr by
-    default) is a terminal, else :class:`LogLines`; nothing at all (a disabled bar) if not ``show``."""
+    default) is a terminal, else :class:`LogLines`; nothing at all (a disabled bar) if not ``show``.
+    ``heartbeat``: refresh it from a thread every interval even without updates (module docstring)."""
     file = file if file is not None else sys.stderr
     tty = hasattr(file, "isatty") and file.isatty()
     if show and not tty:
-        return LogLines(total, desc, unit, file=file)
-    return tqdm(
-        total=total, desc=desc, unit=unit, unit_scale=True, leave=False, file=file, mininterval=1.0, disable=not show
-    )
+        bar = LogLines(total, desc, unit, file=file)
+    else:
+        bar = tqdm(
+            total=total,
+            desc=desc,
+            unit=unit,
+            unit_scale=True,
+            leave=False,
+            file=file,
+            mininterval=1.0,
+            disable=not show,
+        )
+    if heartbeat and show:
+        stop = threading.Event()
+        every = LOG_EVERY if not tty else 1.0
+        threading.Thread(target=_beat, args=(bar, stop, max(every, 0.05)), daemon=True).start()
+        close = bar.close
+
+        def close_and_stop() -> None:
+            stop.set()
+            close()
+
+        bar.close = close_and_stop
+    return bar

@@ -53,7 +53,7 @@ import torch
 from . import atomic
 from . import checkpoint as ckpt
 from . import distributed as ddp
-from .data import Corpus, DataError, contexts, corpus_meta, epoch_order, stream_fingerprint
+from .data import Corpus, DataError, EpochOrder, contexts, corpus_meta, stream_fingerprint
 from .errors import ConfigError
 from .evaluate import evaluate
 from .model import LBL
@@ -165,7 +165,7 @@ def train_epoch(
     over the ranks: every rank takes the single-process step. The returned loss and words/s are
     global (all ranks' tokens).
     """
-    order = epoch_order(cfg.seed, epoch, len(stream))  # (N,) the same on every rank
+    order = EpochOrder(cfg.seed, epoch, len(stream))  # N positions, the same on every rank
     device = torch.device(cfg.device)
     rank, world = ddp.rank(), ddp.world_size()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -180,7 +180,7 @@ def train_epoch(
     # whole minibatch (noise_share 0; with groups a rank's shard is grouped on its own).
     model.out.reseed(noise_seed(cfg.seed, epoch))
     for first in range(0, len(order), cfg.batch_size):
-        batch = order[first : first + cfg.batch_size]  # (B,) positions of the global minibatch
+        batch = order.window(first, first + cfg.batch_size)  # (B,) positions of the global minibatch
         lo, hi = ddp.shard_bounds(len(batch), rank, world)
         pos = batch[lo:hi]  # (b,) this rank's shard; b = B in one process, and can be 0
         optimizer.zero_grad(set_to_none=True)

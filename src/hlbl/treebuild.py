@@ -94,17 +94,26 @@ REG_FRACTION = 1e-6
 
 @torch.no_grad()
 def word_features(
-    model, stream: np.ndarray, pad: int, batch_size: int = 8192, device: str | torch.device = "cpu"
+    model,
+    stream: np.ndarray,
+    pad: int,
+    batch_size: int = 8192,
+    device: str | torch.device = "cpu",
+    engine: str = "auto",
 ) -> tuple[np.ndarray, np.ndarray]:
     """(X (V, d) float64, n (V,) int64): mean r_hat over each word's occurrences as a target.
 
     One pass over ``stream`` in order; r_hat of every position is summed into its target's row
     in float64 and divided once, so X is the exact mean. Words with ``n == 0`` get the mean of
-    r_hat over all positions (module docstring).
+    r_hat over all positions (module docstring). ``engine``: ``auto`` takes the numba pass for a
+    diagonal-context model on the CPU (:func:`_word_features_cpu`), ``torch`` the batched one.
     """
     V, d = model.config.vocab_size, model.config.dim
     if len(stream) == 0:
         raise TreeError("word features need a non-empty training stream")
+    cpu = model.R.weight.device.type == "cpu"
+    if engine == "auto" and cpu and not model.config.full_context and getattr(model, "C", None) is not None:
+        return _word_features_cpu(model, stream, pad)
     was_training = model.training
     model.eval()
     sums = torch.zeros(V, d, dtype=torch.float64)
@@ -124,6 +133,36 @@ def word_features(
     X[seen] = sums[seen] / n[seen, None]
     X[~seen] = sums.sum(0) / n.sum()
     return X, n
+
+
+def _word_features_cpu(model, stream: np.ndarray, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`word_features` for a diagonal-context model on the CPU: one numba pass over the
+    stream (memory-mapped, read in order), about 20x the torch batches' speed on 50M tokens;
+    the same sums (the tests compare the two)."""
+    from .kernels import _feature_sums
+
+    V, d = model.config.vocab_size, model.config.dim
+    R = np.ascontiguousarray(model.R.weight.detach().numpy(), dtype=np.float32)  # (V, d)
+    C = np.ascontiguousarray(model.C.detach().numpy(), dtype=np.float32)  # (n, d)
+    stream = np.asarray(stream)
+    if stream.dtype != np.int32:
+        stream = stream.astype(np.int32)
+    if int(stream.min()) < 0 or int(stream.max()) >= V or not 0 <= pad < V:
+        raise TreeError(f"word features: token ids must be in 0..{V - 1}")
+    sums = np.zeros((V, d), np.float64)
+    counts = np.zeros(V, np.int64)
+    bar = progress(len(stream), "word features", "w")
+    step = 1 << 20
+    for lo in range(0, len(stream), step):
+        hi = min(lo + step, len(stream))
+        _feature_sums(stream, lo, hi, pad, R, C, sums, counts)
+        bar.update(hi - lo)
+    bar.close()
+    X = np.empty_like(sums)
+    seen = counts > 0
+    X[seen] = sums[seen] / counts[seen, None]
+    X[~seen] = sums.sum(0) / counts.sum()
+    return X, counts
 
 
 def features_from_run(run_dir: str | Path, corpus=None, which: str = "best") -> tuple[np.ndarray, np.ndarray]:
@@ -369,7 +408,7 @@ def build_learned_tree(
     word = np.arange(V, dtype=np.int64)
     n_nodes, first_id = 1, 0  # nodes of this level have ids first_id .. first_id + n_nodes - 1
     made_leaves = 0
-    bar = progress(None, "splitting", "level")
+    bar = progress(None, "splitting", "level", heartbeat=True)  # a top level of EM on 10^5 words takes a while
     while n_nodes:
         bar.update(1)
         bar.set_postfix(nodes=n_nodes, refresh=False)

@@ -16,6 +16,7 @@ import numpy as np
 from ..data import BLANK_LINES, EOS, UNK, DataError, Vocab, load_corpus
 from ..ngram import token_log_probs
 from ..ngram.arpa import read_arpa, write_arpa
+from ..ngram.binary import write_binary
 from ..ngram.kneser_ney import train_kneser_ney
 from ..ngram.mixture import interpolate, interpolate_many, tune_weight, tune_weights
 from ..ngram.model import BOS_WORD, EOS_WORD
@@ -37,7 +38,10 @@ def cmd_ngram_train(args) -> int:
     t1 = time.perf_counter()
     try:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        write_arpa(model, args.out)
+        if str(args.out).endswith(".safetensors"):  # the binary form: no text to format
+            write_binary(model, args.out)
+        else:
+            write_arpa(model, args.out)
     except OSError as e:
         raise DataError(f"cannot write {args.out}: {e.strerror or e}") from None
     t2 = time.perf_counter()
@@ -223,14 +227,16 @@ def add_subcommands(subparsers) -> None:
     t = nsub.add_parser("train", help="estimate interpolated modified Kneser-Ney and write an ARPA file")
     t.add_argument("--data", required=True, help=DATA_HELP)
     t.add_argument("--order", type=int, default=5, help="n-gram order")
-    t.add_argument("--out", required=True, help="ARPA file to write")
+    t.add_argument(
+        "--out", required=True, help="ARPA file to write; a name ending in .safetensors writes the binary form instead"
+    )
     t.add_argument("--max-vocab", type=int, default=None, help="keep at most this many word types (as for hlbl train)")
     t.add_argument("--min-count", type=min_count_arg, default="auto", help="as for hlbl train")
     t.add_argument("--blank-lines", choices=BLANK_LINES, default="drop", help=BLANK_HELP)
     t.set_defaults(func=cmd_ngram_train)
 
     e = nsub.add_parser("eval", help="perplexity of an ARPA model on a split (one JSON line, as hlbl eval)")
-    e.add_argument("arpa", help="ARPA file (from hlbl ngram train, KenLM, SRILM, ...)")
+    e.add_argument("arpa", help="ARPA file (from hlbl ngram train, KenLM, SRILM, ...) or hlbl's binary form")
     e.add_argument("--data", required=True, help=DATA_HELP)
     e.add_argument("--split", choices=SPLITS, default="test", help="split to score")
     e.add_argument("--blank-lines", choices=BLANK_LINES, default="drop", help=BLANK_HELP)

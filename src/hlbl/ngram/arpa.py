@@ -39,6 +39,7 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..data import DataError, default_cache_dir
+from ..progress import progress
 from .model import BOS_WORD, UNK_WORD, NgramModel
 
 
@@ -64,6 +65,7 @@ def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True, c
     fmt = _FMT.format
     written_lp: list[np.ndarray] = []
     written_bo: list[np.ndarray] = []
+    bar = progress(sum(model.sizes()), "writing ARPA", "lines", heartbeat=True)
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
             f.write("\\data\\\n")
@@ -91,6 +93,7 @@ def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True, c
                     )
                     lp_out[lo:hi] = np.asarray(lp, dtype=np.float64)  # the values as written
                     bo_out[lo:hi] = np.asarray([b or "0" for b in bo_txt], dtype=np.float64)
+                    bar.update(hi - lo)
                 written_lp.append(lp_out)
                 written_bo.append(bo_out)
             f.write("\n\\end\\\n")
@@ -98,6 +101,8 @@ def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True, c
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        bar.close()
     if cache:
         as_read = NgramModel(model.words, list(model.keys), written_lp, written_bo)
         _save_cached(as_read, _cache_file(path))
@@ -115,6 +120,10 @@ def read_arpa(path: str | os.PathLike, cache: bool = True) -> NgramModel:
         raise ArpaError(f"{path} is a directory, expected an ARPA file")
     if not path.exists():
         raise ArpaError(f"{path}: no such file")
+    from .binary import is_binary, read_binary
+
+    if is_binary(path):  # the binary form (hlbl ngram train --out X.safetensors) is read as it is
+        return read_binary(path)
     where = _cache_file(path) if cache else None
     if where is not None and where.exists():
         model = _load_cached(where)

@@ -92,7 +92,8 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
     suffix_of: list[np.ndarray] = [np.zeros(0, np.int64)]
     starts_bos: list[np.ndarray] = [np.arange(base) == bos]
     row_prev = seq  # (T,) row of the unigram ending at each position: the word id itself
-    bar = progress(order, "counting n-grams", "order")  # each order sorts all T windows: minutes on a big corpus
+    # Each order sorts all T windows (a minute on 50M tokens): the heartbeat keeps the log moving.
+    bar = progress(order, "counting n-grams", "order", heartbeat=True)
     bar.update(1)
     for k in range(2, order + 1):
         at = np.flatnonzero(pos >= k - 1)  # windows of length k that stay inside a sentence
@@ -128,6 +129,7 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
     del raw, starts_bos  # only the adjusted counts are needed from here
 
     discounts = [modified_kn_discounts(a)[0] for a in adjusted]
+    bar = progress(order, "estimating", "order", heartbeat=True)
 
     # Unigrams: interpolate with the uniform distribution over the V predictable words
     # (<s> excluded; words of count 0, such as an unused <unk>, get only the uniform share).
@@ -140,6 +142,7 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
     p = (a1 - dv[cap]) / total + gamma0 / V
     probs = [p]
     backoffs: list[np.ndarray] = []
+    bar.update(1)
     for k in range(2, order + 1):
         a = adjusted[k - 1]
         ctx = ctx_of[k - 1]
@@ -155,7 +158,9 @@ def train_kneser_ney(stream: np.ndarray, vocab: Vocab, order: int = 5) -> NgramM
         p = (a - dv[cap]) / denom[ctx] + gamma[ctx] * probs[-1][suffix_of[k - 1]]
         probs.append(p)
         backoffs.append(np.where(is_ctx, np.log10(gamma), 0.0))
+        bar.update(1)
     backoffs.append(np.zeros(len(probs[-1])))
+    bar.close()
 
     del adjusted, suffix_of
     log10_prob = [np.log10(p, out=p) for p in probs]  # in place: no second float64 copy per order

@@ -31,6 +31,7 @@ from typing import Sequence
 import numpy as np
 
 from ..data import EOS, UNK, DataError
+from ..progress import progress
 
 BOS_WORD = "<s>"
 EOS_WORD = "</s>"  # the ARPA name of our <eos>
@@ -262,7 +263,10 @@ def stream_log10(model: NgramModel, stream: np.ndarray, vocab_words: Sequence[st
     starts = sentence_starts(stream, eos)
     out = np.empty(len(stream), dtype=np.float64)
     chunk = 1 << 18  # bounds the (chunk, order) window array
+    bar = progress(len(stream), "n-gram scoring", "w", show=len(stream) > 4 * chunk)  # seconds a chunk on 10^8 n-grams
     for lo in range(0, len(stream), chunk):
         hi = min(lo + chunk, len(stream))
         out[lo:hi] = model.score_windows(model.stream_windows(ids, starts, lo, hi))
+        bar.update(hi - lo)
+    bar.close()
     return out
