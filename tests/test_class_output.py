@@ -128,6 +128,24 @@ def test_gradients_equal_autograd_and_finite_differences(name):
     assert torch.autograd.gradcheck(f, args, fast_mode=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_numba_kernels_equal_the_pytorch_loop(monkeypatch, dtype):
+    classes = structures()["multi"]
+    layer, h = random_layer(classes, dtype=dtype)
+    targets = torch.tensor([0, 3, 12, 5, 1, 9, 12, 8, 3])
+    results = []
+    for kernels in (True, False):
+        monkeypatch.setattr("hlbl.class_output.USE_KERNELS", kernels)
+        layer.zero_grad()
+        x = h.clone().requires_grad_(True)
+        lp = layer.target_log_prob(x, targets)
+        (lp * torch.arange(1.0, 10.0, dtype=dtype)).sum().backward()
+        results.append([lp.detach(), x.grad] + [p.grad.clone() for p in layer.parameters()])
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for a, b in zip(*results):
+        assert torch.allclose(a, b, atol=tol)
+
+
 @pytest.mark.parametrize("name", structures())
 def test_topk_is_exact(name):
     classes = structures()[name]

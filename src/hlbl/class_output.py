@@ -34,20 +34,44 @@ from .classes import WordClasses
 from .output import OutputLayer, _check_targets, _gaussian, _unigram
 
 
+USE_KERNELS = True  # False: the per-class PyTorch loop on the CPU too (the tests compare the two)
+
+
 class _WithinClass(torch.autograd.Function):
     """log P(member | class, h) for pairs grouped by class, with a hand-written backward.
 
-    Pairs are taken class by class (``order``, ``counts``); each class's examples (n_c, d) meet
-    its contiguous member rows (|c|, d) in one matrix product (n_c, |c|). Autograd over the
-    per-class slices would give each slice a full (M, d) zero gradient (one per class per step,
-    most of the time of a step); here every class adds into one (M, d) buffer. With
-    g = d loss / d lp and p the class softmax: d lp / d scores = onehot(member) - p."""
+    On the CPU the numba kernels of :mod:`hlbl.class_kernels` run it (one pass over the pairs,
+    class by class). Elsewhere (a GPU) each class's examples (n_c, d) meet its contiguous member
+    rows (|c|, d) in one matrix product (n_c, |c|), a Python loop over classes. Either way the
+    backward adds into one (M, d) buffer: autograd over per-class slices would give each slice a
+    full (M, d) zero gradient, one per class per step. With g = d loss / d lp and p the class
+    softmax, d lp / d scores = onehot(member) - p."""
 
     @staticmethod
-    def forward(ctx, input, weight, bias, rows, member, order, counts, starts):
-        # input (B, d), weight (M, d), bias (M,), rows / member / order (P,); counts: C ints
+    def forward(ctx, input, weight, bias, rows, member, cls, starts_t, starts):
+        # input (B, d), weight (M, d), bias (M,); rows / member / cls (P,); starts_t (C + 1,) and
+        # starts (the same as ints)
+        order = torch.argsort(cls, stable=True)  # (P,) pairs class by class
+        ctx.starts = starts
+        ctx.cpu = USE_KERNELS and input.device.type == "cpu" and not torch.compiler.is_compiling()
+        if ctx.cpu:
+            from .class_kernels import pair_offsets, within_forward
+
+            start, end = starts_t[cls], starts_t[cls + 1]  # (P,) each pair's class rows
+            off = pair_offsets((end - start).numpy())
+            H, W, bb = (t.detach().contiguous() for t in (input, weight, bias))
+            out = input.new_empty(len(rows))
+            prob = input.new_empty(int(off[-1]))  # (T,) class softmax of every pair
+            within_forward(
+                H.numpy(), W.numpy(), bb.numpy(), rows.numpy(), member.numpy(), start.numpy(), end.numpy(),
+                order.numpy(), off, out.numpy(), prob.numpy(),
+            )  # fmt: skip
+            ctx.kernel = (start, end, order, off, prob)
+            ctx.save_for_backward(H, W, rows, member)
+            return out
         out = input.new_empty(len(rows))
         saved = []
+        counts = torch.bincount(cls, minlength=len(starts) - 1).tolist()
         pos = 0
         for c, n in enumerate(counts):
             if n == 0:
@@ -62,16 +86,26 @@ class _WithinClass(torch.autograd.Function):
             out[idx] = logp.gather(1, target).squeeze(1)
             saved.append((c, idx, target, logp))
         ctx.saved = saved
-        ctx.starts = starts
-        ctx.save_for_backward(input, weight, rows)
+        ctx.save_for_backward(input, weight, rows, member)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        input, weight, rows = ctx.saved_tensors
-        g_in = torch.zeros_like(input) if ctx.needs_input_grad[0] else None
+        input, weight, rows, member = ctx.saved_tensors
+        want_h = ctx.needs_input_grad[0]
+        g_in = torch.zeros_like(input)
         g_w = torch.zeros_like(weight)
         g_b = weight.new_zeros(len(weight))
+        if ctx.cpu:
+            from .class_kernels import within_backward
+
+            start, end, order, off, prob = ctx.kernel
+            within_backward(
+                input.numpy(), weight.numpy(), grad_out.detach().contiguous().numpy(), rows.numpy(), member.numpy(),
+                start.numpy(), end.numpy(), order.numpy(), off, prob.numpy(), g_in.numpy(), g_w.numpy(),
+                g_b.numpy(), want_h,
+            )  # fmt: skip
+            return (g_in if want_h else None), g_w, g_b, None, None, None, None, None
         for c, idx, target, logp in ctx.saved:
             a, b = ctx.starts[c], ctx.starts[c + 1]
             g = grad_out[idx].unsqueeze(1)  # (n, 1)
@@ -80,9 +114,9 @@ class _WithinClass(torch.autograd.Function):
             r = rows[idx]
             g_w[a:b].addmm_(G.t(), input[r])
             g_b[a:b] += G.sum(0)
-            if g_in is not None:
+            if want_h:
                 g_in.index_add_(0, r, G @ weight[a:b])
-        return g_in, g_w, g_b, None, None, None, None, None
+        return (g_in if want_h else None), g_w, g_b, None, None, None, None, None
 
 
 class ClassSoftmax(OutputLayer):
@@ -149,9 +183,9 @@ class ClassSoftmax(OutputLayer):
         S = self._classes.num_shortlist
         member = leaves - S  # (P,) row of word_weight
         cls = self.leaf_root[leaves] - S  # (P,) class of each pair
-        order = torch.argsort(cls, stable=True)
-        counts = torch.bincount(cls, minlength=self._classes.num_classes).tolist()
-        return _WithinClass.apply(input, self.word_weight, self.word_bias, rows, member, order, counts, self._starts)
+        return _WithinClass.apply(
+            input, self.word_weight, self.word_bias, rows, member, cls, self.class_start, self._starts
+        )
 
     def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         _check_targets(target, self.vocab_size)
