@@ -182,7 +182,9 @@ def _structure(args, counts) -> object:
 def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, TrainConfig]:
     """A new model and recipe from the flags; the vocabulary comes from the training split."""
     if args.tree is not None and not takes_structure(args.output):
-        raise DataError(f"--tree applies to --output tree or classes only, not --output {args.output}")
+        raise DataError(
+            f"--tree applies to the tree output layer (and to classes output) only, not --output {args.output}"
+        )
     if args.output not in SAMPLED_KINDS and any(
         x is not None for x in (args.samples, args.noise_power, args.noise_share)
     ):
