@@ -382,6 +382,9 @@ def test_cli_trains_builds_and_infers_end_to_end(tmp_path, capsys, monkeypatch):
     info = ckpt.read_run(tmp_path / "freq")
     assert info["model"]["output"] == "classes" and info["options"]["tree"] == "frequency"
     assert WordClasses.load(tmp_path / "freq" / "tree.json").num_classes == 4  # round(sqrt(14 words))
+    assert main(["tree", "stats", str(tmp_path / "freq")]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["classes"] == 4 and stats["weighting"] == "unigram"
     # classes from the run's features (k-means), with a shortlist and several memberships
     cfile = tmp_path / "km.json"
     assert (

@@ -19,7 +19,9 @@ def cmd_tree_stats(args) -> int:
         if not (path / "tree.json").is_file():
             raise TreeError(f"{path} is a directory without a tree.json; give a tree file or a run directory")
         path = path / "tree.json"
-    tree = WordTree.load(path)
+    from ..classes import WordClasses, is_classes_file
+
+    tree = WordClasses.load(path) if is_classes_file(path) else WordTree.load(path)
     counts = None
     if args.data:
         corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",))
@@ -174,7 +176,7 @@ tb_defaults = {
 def add_commands(sub) -> None:
     tr = sub.add_parser("tree", help="word trees: statistics, builders")
     tsub = tr.add_subparsers(dest="tree_command", required=True)
-    ts = tsub.add_parser("stats", help="Table 1 statistics of a tree (one JSON line)")
+    ts = tsub.add_parser("stats", help="Table 1 statistics of a tree, or sizes of word classes (one JSON line)")
     ts.add_argument("tree", help="tree file (JSON or npz), or a run directory (its tree and training counts)")
     ts.add_argument("--data", default=None, help="corpus whose training counts weight the averages")
     ts.add_argument("--max-vocab", type=int, default=None, help="as for hlbl train")
