@@ -22,8 +22,8 @@ from pathlib import Path
 
 RESULTS = Path("results/ptb/classes")
 SPEED_NOTE = (
-    "training words/s on the first 50,000 PTB positions (random order), flat LBL and class models "
-    "alternating, 3 rounds each, one thread, median; one session per call on a shared 2-core machine"
+    "training words/s on the same 50,000 seeded random PTB training positions, flat LBL and class models "
+    "alternating, 3 rounds each, one thread, median; one measurement per call on a shared 2-core machine"
 )
 PTB_TRAIN_TOKENS = 929_589
 
@@ -52,7 +52,7 @@ def cmd_row(args) -> None:
 
 
 def cmd_speed(args) -> None:
-    """Training words/s of flat and classes models on the first --tokens of PTB, alternating."""
+    """Training words/s of flat and classes models on --tokens seeded random PTB positions, alternating."""
     import numpy as np
     import torch
 
@@ -95,9 +95,9 @@ def cmd_speed(args) -> None:
         v["speedup_over_flat"] = v["words_per_sec_median"] / flat
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    # Each call adds a session: the machine's load differs from one to the next.
-    doc = json.loads(out.read_text()) if out.exists() else {"note": SPEED_NOTE, "sessions": []}
-    doc["sessions"].append(res)
+    # Each call adds a measurement: the machine's load differs from one to the next.
+    doc = json.loads(out.read_text()) if out.exists() else {"note": SPEED_NOTE, "measurements": []}
+    doc["measurements"].append(res)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     print(json.dumps({k: round(v["speedup_over_flat"], 2) for k, v in res.items()}))
 
