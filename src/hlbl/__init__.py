@@ -30,6 +30,7 @@ _LAZY = {
     "TreeSoftmax": "output",
     "FlatSoftmax": "output",
     "AdaptiveSoftmax": "output",
+    "ClassSoftmax": "class_output",
     "make_output_layer": "output",
     # trees
     "WordTree": "tree",
@@ -40,6 +41,9 @@ _LAZY = {
     "build_tree_from_features": "treebuild",
     "word_features": "treebuild",
     "join_trees": "treebuild",
+    "WordClasses": "classes",
+    "frequency_classes": "classes",
+    "kmeans_classes": "classes",
     # data
     "Vocab": "data",
     "Corpus": "data",
@@ -67,6 +71,7 @@ __all__ = [  # the errors and __version__, then every name of _LAZY
     "TreeSoftmax",
     "FlatSoftmax",
     "AdaptiveSoftmax",
+    "ClassSoftmax",
     "make_output_layer",
     "WordTree",
     "random_tree",
@@ -76,6 +81,9 @@ __all__ = [  # the errors and __version__, then every name of _LAZY
     "build_tree_from_features",
     "word_features",
     "join_trees",
+    "WordClasses",
+    "frequency_classes",
+    "kmeans_classes",
     "Vocab",
     "Corpus",
     "load_corpus",
@@ -105,6 +113,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
     from .checkpoint import load_model
+    from .class_output import ClassSoftmax
+    from .classes import WordClasses, frequency_classes, kmeans_classes
     from .data import Corpus, Vocab, load_corpus, resolve_corpus
     from .evaluate import evaluate, token_log_probs
     from .model import LBL, LBLConfig

@@ -4,7 +4,7 @@ A run directory holds::
 
     run.json             format, version, model config, training config, corpus spec (the recipe)
     vocab.json           words and training counts
-    tree.json            the word tree (tree output only)
+    tree.json            the word tree (tree output), or the word classes (classes output)
     checkpoints/epoch-NNNNNN/   the newest complete checkpoint (what --resume continues from):
         optimizer.safetensors, last.safetensors, best.safetensors, metrics.jsonl, state.json
     best.safetensors     weights with the best validation perplexity so far  } copies of the newest
@@ -51,7 +51,8 @@ from . import atomic
 from .data import DataError, Vocab
 from .errors import CheckpointError
 from .model import LBL, LBLConfig
-from .output import takes_tree
+from .output import takes_structure, takes_tree
+from .classes import WordClasses
 from .tree import TreeError, WordTree
 
 RUN_FORMAT = "hlbl-run"
@@ -339,8 +340,8 @@ def save_run_files(
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         write_json(run_dir / "vocab.json", vocab.to_json())
-        if model.tree is not None:
-            model.tree.save(run_dir / "tree.json")
+        if model.structure is not None:  # a word tree, or word classes (classes output)
+            model.structure.save(run_dir / "tree.json")
         write_json(
             run_dir / "run.json",
             {
@@ -369,8 +370,8 @@ def _weights_meta(model: LBL, vocab: Vocab | None = None) -> dict[str, str]:
     meta = {"vocab_size": str(model.config.vocab_size)}
     if vocab is not None:
         meta["vocab_sha256"] = vocab_fingerprint(vocab)
-    if model.tree is not None:
-        meta["tree_sha256"] = model.tree.fingerprint()
+    if model.structure is not None:
+        meta["tree_sha256"] = model.structure.fingerprint()
     return meta
 
 
@@ -478,7 +479,7 @@ def load_model(
     return model.to(device), vocab, info
 
 
-def load_recipe(run_dir: str | os.PathLike) -> tuple[LBLConfig, Vocab, WordTree | None, dict]:
+def load_recipe(run_dir: str | os.PathLike) -> tuple[LBLConfig, Vocab, WordTree | WordClasses | None, dict]:
     """What a run is, without weights: its model config, vocabulary, tree and run description."""
     run_dir = Path(run_dir)
     info = read_run(run_dir)
@@ -490,9 +491,12 @@ def load_recipe(run_dir: str | os.PathLike) -> tuple[LBLConfig, Vocab, WordTree 
     if len(vocab) != config.vocab_size:
         raise CheckpointError(f"{run_dir / 'vocab.json'}: {len(vocab)} words, the model {config.vocab_size}")
     tree = None
-    if takes_tree(config.output):
+    if takes_structure(config.output):
         try:
-            tree = WordTree.load(run_dir / "tree.json")
+            if takes_tree(config.output):
+                tree = WordTree.load(run_dir / "tree.json")
+            else:
+                tree = WordClasses.load(run_dir / "tree.json")
         except TreeError as e:
             raise CheckpointError(str(e)) from None
     return config, vocab, tree, info

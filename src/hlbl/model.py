@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .output import LayerOutput, make_output_layer
+from .classes import WordClasses
 from .tree import WordTree
 
 
@@ -72,12 +73,13 @@ class LBL(nn.Module):
     def __init__(
         self,
         config: LBLConfig,
-        tree: WordTree | None = None,
+        tree: WordTree | WordClasses | None = None,
         generator: torch.Generator | None = None,
         *,
         init: bool = True,
     ):
-        """``init=False`` leaves the weights unset, for a caller that loads them next (a checkpoint:
+        """``tree``: the output layer's structure (a WordTree for ``tree`` output, WordClasses for
+        ``classes``, None otherwise). ``init=False`` leaves the weights unset, for a caller that loads them next (a checkpoint:
         drawing V x d Gaussians first costs seconds at V = 1M)."""
         super().__init__()
         self.config = config
@@ -110,6 +112,13 @@ class LBL(nn.Module):
     def tree(self) -> WordTree | None:
         """The output layer's word tree (None for flat and adaptive output): one copy, the layer's."""
         return getattr(self.out, "tree", None)
+
+    @property
+    def structure(self) -> WordTree | WordClasses | None:
+        """What the output layer is built on and a run saves as tree.json: its word tree, its word
+        classes (``classes`` output), or None."""
+        tree = self.tree
+        return tree if tree is not None else getattr(self.out, "classes", None)
 
     def init_unigram(self, counts: Sequence[float]) -> None:
         self.out.init_unigram(counts)

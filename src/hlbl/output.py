@@ -22,7 +22,8 @@ What :class:`OutputLayer` derives from them (a layer overrides them where it kno
   (:mod:`hlbl.search`, :mod:`hlbl.sampling`), and only it takes ``per_node`` (temperature applied at each node);
 * ``reseed(seed)``: a no-op except for layers whose training loss samples (below).
 
-The kinds: ``tree`` (hierarchical softmax, the HLBL), ``flat`` (the LBL's full softmax),
+The kinds: ``tree`` (hierarchical softmax, the HLBL), ``classes`` (a two-level tree with a
+softmax at each level, :mod:`hlbl.class_output`), ``flat`` (the LBL's full softmax),
 ``adaptive`` (PyTorch's adaptive softmax), and ``nce`` / ``sampled`` (:mod:`hlbl.sampled_output`):
 the flat layer's parameters trained by noise-contrastive estimation or a sampled softmax on k
 noise words. **Only their training loss samples**: their ``log_prob``, ``target_log_prob``,
@@ -56,12 +57,18 @@ from torch import nn
 
 from .tree import WordTree
 
-OUTPUT_KINDS = ("tree", "flat", "adaptive", "nce", "sampled")
+OUTPUT_KINDS = ("tree", "flat", "adaptive", "nce", "sampled", "classes")
 
 
 def takes_tree(kind: str) -> bool:
     """Whether output layers of this kind are built on a :class:`~hlbl.tree.WordTree` (saved as tree.json)."""
     return kind == "tree"
+
+
+def takes_structure(kind: str) -> bool:
+    """Whether output layers of this kind are built on a structure saved as the run's tree.json: a
+    :class:`~hlbl.tree.WordTree` (``tree``) or :class:`~hlbl.classes.WordClasses` (``classes``)."""
+    return kind in ("tree", "classes")
 
 
 class LayerOutput(NamedTuple):
@@ -364,7 +371,7 @@ def make_output_layer(
     kind: str,
     in_features: int,
     vocab_size: int,
-    tree: WordTree | None = None,
+    tree=None,
     init_std: float = 0.0,
     generator: torch.Generator | None = None,
     samples: int = 25,
@@ -375,9 +382,19 @@ def make_output_layer(
     and sampled layers' weights from N(0, init_std^2) with ``generator`` (0: zeros); the adaptive
     softmax keeps PyTorch's own initialisation (from torch's global generator). ``samples`` (k),
     ``noise_power`` and ``noise_share`` apply to the ``nce`` and ``sampled`` kinds only
-    (:mod:`hlbl.sampled_output`)."""
+    (:mod:`hlbl.sampled_output`). ``tree``: a :class:`~hlbl.tree.WordTree` for ``tree``, a
+    :class:`~hlbl.classes.WordClasses` for ``classes``, None for the others."""
+    if kind == "classes":
+        from .class_output import ClassSoftmax  # it imports this module
+        from .classes import WordClasses
+
+        if not isinstance(tree, WordClasses):
+            raise ValueError("the classes output layer needs WordClasses (hlbl tree build --classes writes them)")
+        if tree.num_words != vocab_size:
+            raise ValueError(f"word classes have {tree.num_words} words, vocabulary {vocab_size}")
+        return ClassSoftmax(in_features, tree, init_std, generator)
     if takes_tree(kind):
-        if tree is None:
+        if not isinstance(tree, WordTree):
             raise ValueError("the tree output layer needs a WordTree")
         if tree.num_words != vocab_size:
             raise ValueError(f"tree has {tree.num_words} words, vocabulary {vocab_size}")

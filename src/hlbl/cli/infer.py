@@ -12,7 +12,7 @@ import torch
 
 from ..checkpoint import load_model, read_run
 from ..data import DataError
-from ..output import takes_tree
+from ..output import takes_structure
 from .common import blank_lines_arg, pick_device, run_args, seed_arg, set_threads
 
 
@@ -177,7 +177,7 @@ def cmd_generate(args) -> int:
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
         raise DataError(f"--temperature must be a positive number, got {args.temperature}")
     model, vocab, _ = _load_for_inference(args)
-    if args.per_node_temperature and not takes_tree(model.config.output):
+    if args.per_node_temperature and not takes_structure(model.config.output):
         raise DataError(f"--per-node-temperature needs a tree model; this one has {model.config.output} output")
     prompt = args.prompt.split() if args.prompt else []
     ids, oov = vocab.encode_counting_oov(prompt)
@@ -266,7 +266,8 @@ def add_commands(sub) -> None:
     g.add_argument(
         "--per-node-temperature",
         action="store_true",
-        help="apply the temperature at each tree decision instead (fast; a different distribution)",
+        help="apply the temperature at each tree decision instead (tree and classes output; fast; a different "
+        "distribution)",
     )
     g.set_defaults(func=cmd_generate)
 

@@ -16,7 +16,7 @@ from ..checkpoint import load_model, read_run, read_state
 from ..data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus, run_corpus, stream_fingerprint
 from ..evaluate import evaluate, self_normalisation
 from ..model import LBL, LBLConfig
-from ..output import OUTPUT_KINDS, takes_tree
+from ..output import OUTPUT_KINDS, takes_structure, takes_tree
 from ..sampled_output import SAMPLED_KINDS
 from ..train import ENGINES, LR_SCHEDULES, OPTIMIZERS, TrainConfig, fit, warm_start
 from ..tree import build_tree
@@ -161,12 +161,33 @@ def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple
 
 
 TREE_KINDS = ("random", "huffman")
+CLASS_KINDS = ("frequency",)
+
+
+def _structure(args, counts) -> object:
+    """The output layer's structure from --tree: a word tree (tree output), word classes (classes
+    output: frequency binning into about sqrt(V) classes by default, or a classes file), or None."""
+    V = len(counts)
+    if takes_tree(args.output):
+        return build_tree(args.tree or "random", V, counts, args.seed)
+    if args.output != "classes":
+        return None
+    from ..classes import WordClasses, frequency_classes
+
+    if args.tree in (None, "frequency"):
+        return frequency_classes(counts, max(1, min(round(V**0.5), V - 1)) if V > 2 else 2)
+    classes = WordClasses.load(args.tree)
+    if classes.num_words != V:
+        raise DataError(f"--tree {args.tree}: word classes of {classes.num_words} words, the vocabulary {V}")
+    return classes
 
 
 def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, TrainConfig]:
     """A new model and recipe from the flags; the vocabulary comes from the training split."""
-    if args.tree is not None and not takes_tree(args.output):
-        raise DataError(f"--tree applies to the tree output layer only, not --output {args.output}")
+    if args.tree is not None and not takes_structure(args.output):
+        raise DataError(
+            f"--tree applies to the tree output layer (and to classes output) only, not --output {args.output}"
+        )
     if args.output not in SAMPLED_KINDS and any(
         x is not None for x in (args.samples, args.noise_power, args.noise_share)
     ):
@@ -179,7 +200,13 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
     args.noise_power = LBLConfig.noise_power if args.noise_power is None else args.noise_power
     if args.momentum is not None and args.optimizer != "momentum":
         raise DataError(f"--momentum applies to --optimizer momentum only, not {args.optimizer}")
-    if args.tree is not None and args.tree not in TREE_KINDS and not Path(args.tree).exists():
+    if args.output == "classes":
+        if args.tree is not None and args.tree not in CLASS_KINDS and not Path(args.tree).exists():
+            raise DataError(
+                f"--tree {args.tree}: not {', '.join(CLASS_KINDS)}, nor a word classes file "
+                "(hlbl tree build --classes writes one)"
+            )
+    elif args.tree is not None and args.tree not in TREE_KINDS and not Path(args.tree).exists():
         raise DataError(
             f"--tree {args.tree}: not {', '.join(TREE_KINDS)}, nor a tree file (.json or .npz; "
             "hlbl tree build writes one)"
@@ -224,7 +251,7 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
     from ..train import check_model_memory
 
     check_model_memory(mcfg, f"dim={args.dim} with {V:,} words")
-    tree = build_tree(args.tree or "random", V, corpus.vocab.counts, args.seed) if takes_tree(args.output) else None
+    tree = _structure(args, corpus.vocab.counts)
     model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
     model.init_unigram(corpus.vocab.counts)
     if args.init_from:
@@ -276,6 +303,8 @@ def _train(args, device: str) -> int:
             file=sys.stderr,
         )
     options = {"tree": args.tree or "random"} if takes_tree(model.config.output) else {}
+    if model.config.output == "classes":
+        options = {"tree": args.tree or "frequency"}
     options.update(max_vocab=args.max_vocab, min_count=args.min_count)
     if getattr(args, "init_from", None):
         options["init_from"] = str(Path(args.init_from).resolve())
@@ -370,7 +399,8 @@ def add_commands(sub) -> None:
         "--output",
         choices=OUTPUT_KINDS,
         default="tree",
-        help="output layer: tree = HLBL, flat = LBL, adaptive = PyTorch's adaptive softmax, "
+        help="output layer: tree = HLBL, classes = two-level tree with a softmax over classes then over "
+        "the class's words (--tree: its classes), flat = LBL, adaptive = PyTorch's adaptive softmax, "
         "nce = noise-contrastive estimation, sampled = sampled softmax (nce and sampled train on "
         "--samples noise words per step and are evaluated with the exact full softmax)",
     )
@@ -391,7 +421,11 @@ def add_commands(sub) -> None:
         "0 = the whole minibatch)",
     )
     t.add_argument(
-        "--tree", default=None, help="random (the default), huffman, or a tree file (JSON/npz); tree output only"
+        "--tree",
+        default=None,
+        help="tree output: random (the default), huffman, or a tree file (JSON/npz); classes output: "
+        "frequency (the default: frequency binning into about sqrt(V) classes) or a word classes file "
+        "(hlbl tree build --classes)",
     )
     t.add_argument(
         "--init-from",

@@ -21,7 +21,9 @@ def cmd_tree_stats(args) -> int:
         if not (path / "tree.json").is_file():
             raise TreeError(f"{path} is a directory without a tree.json; give a tree file or a run directory")
         path = path / "tree.json"
-    tree = WordTree.load(path)
+    from ..classes import WordClasses, is_classes_file
+
+    tree = WordClasses.load(path) if is_classes_file(path) else WordTree.load(path)
     counts = None
     if args.data:
         corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",))
@@ -48,6 +50,63 @@ def cmd_tree_make(args) -> int:
     return 0
 
 
+def _classes_build(args) -> int:
+    """Word classes for ``--output classes``: k-means on a trained run's word features (--from),
+    or frequency binning of a corpus's training counts (no --from)."""
+    import time
+
+    from ..classes import frequency_classes, kmeans_classes
+    from ..treebuild import features_from_run
+
+    for flag, value in (("--copies", args.copies), ("--policy", args.policy), ("--em-iters", args.em_iters)):
+        if value != tb_defaults[flag]:
+            raise DataError(f"{flag} applies to binary trees, not --classes (see --eps and --max-codes)")
+    if args.senses:
+        raise DataError("--senses applies to binary trees, not --classes (see --eps and --max-codes)")
+    if args.max_codes < 1:
+        raise DataError(f"--max-codes must be at least 1, got {args.max_codes}")
+    t0 = time.perf_counter()
+    if args.run is None:
+        if args.eps or args.max_codes != 1 or args.weighted:
+            raise DataError("--eps, --max-codes and --weighted need word features: give --from RUN")
+        if args.data is None:
+            raise DataError("give --from RUN (k-means on its word features) or --data (frequency binning)")
+        corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",))
+        classes = frequency_classes(corpus.vocab.counts, args.classes, args.shortlist)
+        method, n = "frequency", None
+    else:
+        vocab, info = read_vocab(args.run), read_run(args.run)
+        corpus = load_corpus(
+            args.data or run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop")
+        )
+        X, n = features_from_run(args.run, corpus)
+        classes = kmeans_classes(
+            X,
+            args.classes,
+            args.seed,
+            corpus.vocab.counts,
+            args.shortlist,
+            eps=args.eps,
+            max_codes=args.max_codes,
+            weighted=args.weighted,
+        )
+        method = "kmeans"
+    make_parent(args.out)
+    classes.save(args.out)
+    print(
+        json.dumps(
+            {
+                "out": args.out,
+                "method": method,
+                "seconds": round(time.perf_counter() - t0, 2),
+                **({"unseen_words": int((n == 0).sum())} if n is not None else {}),
+                **classes.stats(corpus.vocab.counts),
+            }
+        )
+    )
+    return 0
+
+
 def cmd_tree_build(args) -> int:
     """A learned tree (the paper's Section 5) from the word features of a trained run."""
     import time
@@ -64,6 +123,13 @@ def cmd_tree_build(args) -> int:
     )
 
     set_threads(args.threads)
+    if args.classes is not None:
+        return _classes_build(args)
+    for flag, value in (("--shortlist", args.shortlist), ("--eps", args.eps), ("--max-codes", args.max_codes)):
+        if value != tb_defaults[flag]:
+            raise DataError(f"{flag} applies to --classes only")
+    if args.run is None:
+        raise DataError("--from RUN is needed (a learned tree is built from a trained run's word features)")
     if args.max_leaves_per_word is not None and not args.max_leaves_per_word >= 1:
         raise DataError(
             f"--max-leaves-per-word must be at least 1 (every word has a leaf), got {args.max_leaves_per_word}"
@@ -128,10 +194,20 @@ def cmd_tree_build(args) -> int:
     return 0
 
 
+tb_defaults = {
+    "--copies": 1,
+    "--policy": "adaptive",
+    "--em-iters": DEFAULT_EM_ITERS,
+    "--shortlist": 0,
+    "--eps": 0.0,
+    "--max-codes": 1,
+}
+
+
 def add_commands(sub) -> None:
     tr = sub.add_parser("tree", help="word trees: statistics, builders")
     tsub = tr.add_subparsers(dest="tree_command", required=True)
-    ts = tsub.add_parser("stats", help="Table 1 statistics of a tree (one JSON line)")
+    ts = tsub.add_parser("stats", help="Table 1 statistics of a tree, or sizes of word classes (one JSON line)")
     ts.add_argument("tree", help="tree file (JSON or npz), or a run directory (its tree and training counts)")
     ts.add_argument("--data", default=None, help="corpus whose training counts weight the averages")
     ts.add_argument("--max-vocab", type=int, default=None, help="as for hlbl train")
@@ -148,16 +224,28 @@ def add_commands(sub) -> None:
     tm.add_argument("--seed", type=seed_arg, default=0, help="the random tree's permutation")
     tm.add_argument("--out", required=True, help="tree file (.json or .npz)")
     tm.set_defaults(func=cmd_tree_make)
-    tb = tsub.add_parser("build", help="learned tree from a trained run's word features (paper, Section 5)")
-    tb.add_argument(
-        "--from", dest="run", required=True, help="run directory of a trained model (normally HLBL on a RANDOM tree)"
+    tb = tsub.add_parser(
+        "build",
+        help="learned tree from a trained run's word features (paper, Section 5), or word classes (--classes)",
     )
-    tb.add_argument("--policy", default="adaptive", help="balanced, adaptive, or adaptive:EPS (e.g. adaptive:0.4)")
     tb.add_argument(
-        "--copies", type=int, default=1, help="K trees from different seeds joined under new top nodes (xK)"
+        "--from",
+        dest="run",
+        default=None,
+        help="run directory of a trained model (normally HLBL on a RANDOM tree); needed except for "
+        "--classes by frequency binning",
+    )
+    tb.add_argument(
+        "--policy", default=tb_defaults["--policy"], help="balanced, adaptive, or adaptive:EPS (e.g. adaptive:0.4)"
+    )
+    tb.add_argument(
+        "--copies",
+        type=int,
+        default=tb_defaults["--copies"],
+        help="K trees from different seeds joined under new top nodes (xK)",
     )
     tb.add_argument("--seed", type=seed_arg, default=0, help="EM initialisation (trees differ run to run)")
-    tb.add_argument("--em-iters", type=int, default=DEFAULT_EM_ITERS, help="EM iterations per split")
+    tb.add_argument("--em-iters", type=int, default=tb_defaults["--em-iters"], help="EM iterations per split")
     tb.add_argument("--weighted", action="store_true", help="weight words by training frequency in the EM")
     tb.add_argument(
         "--max-leaves-per-word",
@@ -174,7 +262,38 @@ def add_commands(sub) -> None:
     tb.add_argument(
         "--sense-min-count", type=int, default=100, help="with --senses: occurrences a word needs to be split"
     )
+    tb.add_argument(
+        "--classes",
+        type=int,
+        default=None,
+        help="build word classes for --output classes instead of a binary tree: C classes (about sqrt(V) is "
+        "the classic choice), by k-means on the word features of --from, or without --from by frequency "
+        "binning of --data's training counts",
+    )
+    tb.add_argument(
+        "--shortlist",
+        type=int,
+        default=tb_defaults["--shortlist"],
+        help="--classes: the S most frequent words go directly under the root (default 0)",
+    )
+    tb.add_argument(
+        "--eps",
+        type=float,
+        default=tb_defaults["--eps"],
+        help="--classes: a word also joins each next-nearest class whose mixture responsibility is at least "
+        "this (several memberships; with --max-codes > 1)",
+    )
+    tb.add_argument(
+        "--max-codes",
+        type=int,
+        default=tb_defaults["--max-codes"],
+        help="--classes: most classes a word may join (default 1)",
+    )
+    tb.add_argument("--max-vocab", type=int, default=None, help="--classes without --from: as for hlbl train")
+    tb.add_argument(
+        "--min-count", type=min_count_arg, default="auto", help="--classes without --from: as for hlbl train"
+    )
     tb.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
     tb.add_argument("--threads", type=int, default=None, help="CPU threads")
-    tb.add_argument("--out", required=True, help="tree file (.json or .npz)")
+    tb.add_argument("--out", required=True, help="tree file (.json or .npz), or word classes file (.json)")
     tb.set_defaults(func=cmd_tree_build)
