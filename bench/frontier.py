@@ -130,6 +130,11 @@ def speed(args) -> None:
         name, _, path = spec.partition("=")
         tree = WordTree.load(path) if Path(path).is_file() else build_tree(path, V, corpus.vocab.counts, 0)
         models[f"tree:{name}"] = (LBLConfig(V, output="tree"), tree, "auto")
+    for spec in args.classes:  # NAME=PATH of word classes (hlbl tree build --classes)
+        from hlbl.classes import WordClasses
+
+        name, _, path = spec.partition("=")
+        models[f"classes:{name}"] = (LBLConfig(V, output="classes"), WordClasses.load(path), "auto")
     built = {}
     for name, (mc, tree, engine) in models.items():
         m = LBL(mc, tree, torch.Generator().manual_seed(0))
@@ -239,9 +244,19 @@ def table(args) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = _reproduce_rows(out / "results.json")
     rows += _sampling_rows(Path(args.sampling))
-    for extra in (out / "classes.json", Path(args.rows)):
-        for r in _load_rows(extra):
-            rows.append({**r, "source": r.get("source", str(extra))})
+    for r in _load_rows(out / "classes.json"):  # bench/classes_table.py's rows
+        rows.append(
+            {
+                **r,
+                "name": f"LBL, two-level classes: {r['name']}",
+                "speed_key": f"classes:{r['name']}",
+                "minutes_per_epoch_run": r.get("minutes_per_epoch"),
+                "words_per_s_run": r.get("words_per_sec"),
+                "source": str(out / "classes.json"),
+            }
+        )
+    for r in _load_rows(Path(args.rows)):
+        rows.append({**r, "source": r.get("source", args.rows)})
     sp = json.loads(Path(args.speed).read_text()) if args.speed != "none" and Path(args.speed).is_file() else {}
     med = sp.get("words_per_s_median", {})
     ratio = sp.get("ratio_to_flat_median", {})
@@ -378,6 +393,7 @@ def main() -> None:
     m.set_defaults(func=mix)
     s = sub.add_parser("speed")
     s.add_argument("--trees", nargs="*", default=["random=random", "huffman=huffman"], help="NAME=PATH of tree files")
+    s.add_argument("--classes", nargs="*", default=[], help="NAME=PATH of word classes files (--output classes)")
     s.add_argument("--samples", type=int, nargs="+", default=[5, 25, 100])
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--rounds", type=int, default=5)

@@ -44,6 +44,9 @@ $T --tree runs/trees/a04-senses.json --out runs/exp/a04-senses
 # The Huffman tree (frequency only) for the table.
 $T --tree huffman --out runs/exp/huffman
 
+# The two-level class models (their own rows: results/ptb/classes.json) are made as
+# results/ptb/classes.md lists; the speed step below reads their class files from runs/.
+
 # KN5 and the mixtures.
 hlbl ngram train --data ptb --order 5 --out runs/kn5.arpa
 
@@ -80,5 +83,7 @@ python bench/frontier.py speed --threads 1 --rounds 5 --trees random=random huff
     balanced=runs/trees/balanced.json adaptive=runs/trees/adaptive.json adaptive0.25=runs/trees/a025.json \
     adaptive0.4x2=runs/trees/x2.json adaptive0.4=runs/trees/a04.json a04=runs/trees/a04.json a04-senses=runs/trees/a04-senses.json \
     adaptive0.4x4=runs/trees/x4.json x4-r1=runs/trees/x4-r1.json x4-r2=runs/trees/x4-r2.json \
-    x4-r3=runs/trees/x4-r3.json x4-r3-senses=runs/trees/x4-r3-senses.json
+    x4-r3=runs/trees/x4-r3.json x4-r3-senses=runs/trees/x4-r3-senses.json \
+    --classes freq100=runs/freq100.json km100=runs/km100.json km100-it2=runs/km100-it2.json \
+    km100-it2-e01=runs/km100-it2-e01.json km100-it3-e01=runs/km100-it3-e01.json
 python bench/frontier.py table
