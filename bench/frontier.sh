@@ -36,6 +36,12 @@ $T --tree runs/trees/x4-r3.json --init-from runs/exp/x4-boot2 --out runs/exp/x4-
 hlbl tree build --from runs/exp/x4-boot2 --policy adaptive:0.4 --copies 4 --seed 10 --senses \
     --out runs/trees/x4-r3-senses.json
 $T --tree runs/trees/x4-r3-senses.json --init-from runs/exp/x4-boot2 --out runs/exp/x4-boot3-senses
+hlbl tree build --from runs/exp/x4-boot3-senses --policy adaptive:0.4 --copies 4 --seed 11 --senses \
+    --out runs/trees/x4-r4-senses.json
+$T --tree runs/trees/x4-r4-senses.json --init-from runs/exp/x4-boot3-senses --out runs/exp/x4-boot4-senses
+# Two-level classes (k-means on round 2's features), warm from round 2's R and C.
+hlbl tree build --from runs/exp/x4-boot2 --classes 100 --eps 0.1 --max-codes 2 --seed 0 --out runs/trees/km100-boot2.json
+$T --output classes --tree runs/trees/km100-boot2.json --init-from runs/exp/x4-boot2 --out runs/exp/classes-boot2
 
 # Several context vectors per word, against the same rule without them.
 $T --tree runs/trees/a04.json --out runs/exp/a04
@@ -83,7 +89,7 @@ python bench/frontier.py speed --threads 1 --rounds 5 --trees random=random huff
     balanced=runs/trees/balanced.json adaptive=runs/trees/adaptive.json adaptive0.25=runs/trees/a025.json \
     adaptive0.4x2=runs/trees/x2.json adaptive0.4=runs/trees/a04.json a04=runs/trees/a04.json a04-senses=runs/trees/a04-senses.json \
     adaptive0.4x4=runs/trees/x4.json x4-r1=runs/trees/x4-r1.json x4-r2=runs/trees/x4-r2.json \
-    x4-r3=runs/trees/x4-r3.json x4-r3-senses=runs/trees/x4-r3-senses.json \
-    --classes freq100=runs/freq100.json km100=runs/km100.json km100-it2=runs/km100-it2.json \
+    x4-r3=runs/trees/x4-r3.json x4-r3-senses=runs/trees/x4-r3-senses.json x4-r4-senses=runs/trees/x4-r4-senses.json \
+    --classes km100-boot2=runs/trees/km100-boot2.json freq100=runs/freq100.json km100=runs/km100.json km100-it2=runs/km100-it2.json \
     km100-it2-e01=runs/km100-it2-e01.json km100-it3-e01=runs/km100-it3-e01.json
 python bench/frontier.py table

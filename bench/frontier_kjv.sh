@@ -21,6 +21,7 @@ done_run runs/kjv/x4-boot1 || $T --tree runs/kjv/x4-r1.json --init-from runs/kjv
 [ -e runs/kjv/x4-r2.json ] || hlbl tree build --from runs/kjv/x4-boot1 --policy adaptive:0.4 --copies 4 --seed 9 --out runs/kjv/x4-r2.json
 done_run runs/kjv/x4-boot2 || $T --tree runs/kjv/x4-r2.json --init-from runs/kjv/x4-boot1 --out runs/kjv/x4-boot2
 done_run runs/kjv/nce-25 || $T --output nce --samples 25 --out runs/kjv/nce-25
+done_run runs/kjv/sampled-25 || $T --output sampled --samples 25 --out runs/kjv/sampled-25
 [ -e runs/kjv/kn5.arpa ] || hlbl ngram train --data kjv --max-vocab 2000 --order 5 --out runs/kjv/kn5.arpa
 
 row --run runs/kjv/flat --model flat --name "LBL (flat softmax)" --command "$T --output flat --out runs/kjv/flat"
@@ -31,6 +32,8 @@ row --run runs/kjv/x4-boot1 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 1 (wa
 row --run runs/kjv/x4-boot2 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 2 (warm)" \
     --command "$T --tree runs/kjv/x4-r2.json --init-from runs/kjv/x4-boot1 --out runs/kjv/x4-boot2"
 row --run runs/kjv/nce-25 --model nce --name "NCE k=25" --command "$T --output nce --samples 25 --out runs/kjv/nce-25"
+row --run runs/kjv/sampled-25 --model sampled --name "sampled softmax k=25" \
+    --command "$T --output sampled --samples 25 --out runs/kjv/sampled-25"
 hlbl ngram eval runs/kjv/kn5.arpa --data kjv --split test > results/kjv/kn5.json
 hlbl ngram eval runs/kjv/kn5.arpa --data kjv --split valid > results/kjv/kn5-valid.json
 python - <<'PY'
