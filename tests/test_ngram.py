@@ -574,6 +574,14 @@ def _write_corpus(root: Path, rng) -> Path:
     return root
 
 
+def _train_flat(data: Path, run: Path, *extra: str) -> None:
+    """A one-epoch flat LBL on a toy corpus (flat: no JIT compilation)."""
+    import hlbl.cli as cli
+
+    argv = ["train", "--data", str(data), "--out", str(run), "--epochs", "1", "--dim", "8", "--context", "2"]
+    assert cli.main(argv + ["--output", "flat", "--quiet", "--device", "cpu", *extra]) == 0
+
+
 def test_cli_train_and_eval(tmp_path, monkeypatch, capsys):
     import hlbl.cli as cli
 
@@ -611,29 +619,7 @@ def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
     data = _write_corpus(tmp_path / "toy", np.random.default_rng(5))
     run, arpa = tmp_path / "run", tmp_path / "kn3.arpa"
-    assert (
-        cli.main(
-            [
-                "train",
-                "--data",
-                str(data),
-                "--out",
-                str(run),
-                "--epochs",
-                "1",
-                "--dim",
-                "8",
-                "--context",
-                "2",
-                "--output",
-                "flat",
-                "--quiet",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )  # flat: no JIT
+    _train_flat(data, run)
     assert cli.main(["ngram", "train", "--data", str(data), "--order", "3", "--out", str(arpa)]) == 0
     capsys.readouterr()
     model, vocab, _ = load_model(run, device="cpu")
@@ -657,8 +643,7 @@ def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
     from hlbl.ngram.mixture import interpolate_many, tune_weights
 
     run2 = tmp_path / "run2"
-    argv = ["train", "--data", str(data), "--out", str(run2), "--epochs", "1", "--dim", "8", "--context", "2"]
-    assert cli.main(argv + ["--output", "flat", "--quiet", "--device", "cpu", "--seed", "1"]) == 0
+    _train_flat(data, run2, "--seed", "1")
     capsys.readouterr()
     model2, _, _ = load_model(run2, device="cpu")
     a2 = {s: neural_log_probs(model2, corpus[s], vocab.eos) for s in ("valid", "test")}
@@ -705,29 +690,7 @@ def test_cli_interpolation_refuses_a_foreign_ngram_vocabulary(tmp_path, monkeypa
     other = _write_corpus(tmp_path / "other", np.random.default_rng(8))
     (other / "train.txt").write_text("zz yy xx\n" * 20)
     run, arpa = tmp_path / "run", tmp_path / "other.arpa"
-    assert (
-        cli.main(
-            [
-                "train",
-                "--data",
-                str(data),
-                "--out",
-                str(run),
-                "--epochs",
-                "1",
-                "--dim",
-                "8",
-                "--context",
-                "2",
-                "--output",
-                "flat",
-                "--quiet",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    _train_flat(data, run)
     assert cli.main(["ngram", "train", "--data", str(other), "--order", "2", "--out", str(arpa)]) == 0
     capsys.readouterr()
     assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--weight", "0.5"]) == 2
