@@ -381,6 +381,7 @@ class _PreviousWord:
         self.table = torch.from_numpy(table)
         self.config = LBLConfig(len(table), dim=table.shape[1], context=1)
         self.training = False
+        self.R, self.C = torch.nn.Embedding(1, 1), None  # no LBL weights: word_features takes the torch pass
 
     def eval(self):
         return self
