@@ -17,8 +17,10 @@ to (or replaces the row of the same name in) the ``--rows`` JSON list.
 NCE and the sampled softmax at k = 5, 25, 100 (torch engine), and HLBL on each tree file given
 (the fast engine). Each round trains every model on the same slice of the training stream (the
 recipe's momentum SGD, batch 1000, the seeded epoch order); the ratio of each model's words/s to
-the flat layer's in the same round is kept, and the medians over rounds are reported. Minutes
-per epoch in the table are the corpus's training tokens over these side-by-side words/s.
+the flat layer's in the same round is kept, and the medians over rounds are reported. Each model
+steps with the implementation its training run used (``hlbl.train.epoch_runner``: the fast engine
+for trees, autograd otherwise). Minutes per epoch in the table are the corpus's training tokens
+over these side-by-side words/s.
 
 ``table``: ``frontier.md``, ``frontier.json`` and ``frontier.png`` from the rows of
 ``results/ptb/results.json`` (``hlbl reproduce``: the paper's trees, the flat LBL, KN5), the
@@ -116,7 +118,7 @@ def mix(args) -> None:
 def speed(args) -> None:
     from hlbl.data import load_corpus
     from hlbl.model import LBL, LBLConfig
-    from hlbl.train import TrainConfig, make_optimizer, train_epoch
+    from hlbl.train import TrainConfig, epoch_runner, make_optimizer
     from hlbl.tree import WordTree, build_tree
 
     torch.set_num_threads(args.threads)
@@ -140,19 +142,20 @@ def speed(args) -> None:
         m = LBL(mc, tree, torch.Generator().manual_seed(0))
         m.init_unigram(corpus.vocab.counts)
         cfg = TrainConfig(engine=engine, progress=False, seed=0)
-        built[name] = (m, make_optimizer(m, cfg, cfg.lr), cfg)
+        # (model, optimiser, recipe, the step implementation training would use: fast engine for trees)
+        built[name] = (m, make_optimizer(m, cfg, cfg.lr), cfg, epoch_runner(m, cfg))
     wps = {n: [] for n in built}
     ratios = {n: [] for n in built if n != "flat"}
     for r in range(args.rounds + 1):  # round 0 warms up (numba compilation, allocations)
         got = {}
         half = args.flat_tokens // 2  # the flat model trains half before the others and half after
-        m, opt, cfg = built["flat"]
-        _, w1 = train_epoch(m, opt, stream[:half], pad, cfg, epoch=1, show=False)
-        for n, (m, opt, cfg) in built.items():
+        m, opt, cfg, run = built["flat"]
+        _, w1 = run(m, opt, stream[:half], pad, cfg, 1, False)
+        for n, (m, opt, cfg, run) in built.items():
             if n != "flat":
-                _, got[n] = train_epoch(m, opt, stream[: args.tokens], pad, cfg, epoch=1, show=False)
-        m, opt, cfg = built["flat"]
-        _, w2 = train_epoch(m, opt, stream[half : 2 * half], pad, cfg, epoch=1, show=False)
+                _, got[n] = run(m, opt, stream[: args.tokens], pad, cfg, 1, False)
+        m, opt, cfg, run = built["flat"]
+        _, w2 = run(m, opt, stream[half : 2 * half], pad, cfg, 1, False)
         got["flat"] = 2 / (1 / w1 + 1 / w2)
         if r == 0:
             continue
@@ -183,7 +186,7 @@ REPRODUCE_KEYS = {
     "BALANCED": "tree:balanced",
     "ADAPTIVE": "tree:adaptive",
     "ADAPTIVE(0.25)": "tree:adaptive0.25",
-    "ADAPTIVE(0.4)": "tree:adaptive0.4",
+    "ADAPTIVE(0.4)": "tree:a04",
     "ADAPTIVE(0.4) x2": "tree:adaptive0.4x2",
     "ADAPTIVE(0.4) x4": "tree:adaptive0.4x4",
 }

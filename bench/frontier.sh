@@ -87,7 +87,7 @@ python bench/frontier.py mix --run runs/exp/x4-boot2 --run-name runs/exp/x4-boot
     --note "an ensemble: three tree models and KN5 mixed per token, the four weights tuned on valid"
 python bench/frontier.py speed --threads 1 --rounds 5 --trees random=random huffman=huffman \
     balanced=runs/trees/balanced.json adaptive=runs/trees/adaptive.json adaptive0.25=runs/trees/a025.json \
-    adaptive0.4x2=runs/trees/x2.json adaptive0.4=runs/trees/a04.json a04=runs/trees/a04.json a04-senses=runs/trees/a04-senses.json \
+    adaptive0.4x2=runs/trees/x2.json a04=runs/trees/a04.json a04-senses=runs/trees/a04-senses.json \
     adaptive0.4x4=runs/trees/x4.json x4-r1=runs/trees/x4-r1.json x4-r2=runs/trees/x4-r2.json \
     x4-r3=runs/trees/x4-r3.json x4-r3-senses=runs/trees/x4-r3-senses.json x4-r4-senses=runs/trees/x4-r4-senses.json \
     --classes km100-boot2=runs/trees/km100-boot2.json freq100=runs/freq100.json km100=runs/km100.json km100-it2=runs/km100-it2.json \
