@@ -122,7 +122,7 @@ def speed(args) -> None:
     from hlbl.tree import WordTree, build_tree
 
     torch.set_num_threads(args.threads)
-    corpus = load_corpus("ptb")
+    corpus = load_corpus(args.data, args.max_vocab)
     stream, pad, V = corpus["train"], corpus.vocab.eos, len(corpus.vocab)
     models = {"flat": (LBLConfig(V, output="flat"), None, "torch")}
     for kind in ("nce", "sampled"):
@@ -165,7 +165,11 @@ def speed(args) -> None:
                 ratios[n].append(w / got["flat"])
         print(f"round {r}: " + "  ".join(f"{n} {w:,.0f}" for n, w in got.items()), flush=True)
     report = {
-        "what": "training words/s side by side in one process, momentum SGD, batch 1000, d 100, context 5, PTB",
+        "what": "training words/s side by side in one process, momentum SGD, batch 1000, d 100, context 5",
+        "data": args.data,
+        "max_vocab": args.max_vocab,
+        "vocab_size": V,
+        "train_tokens": len(stream),
         "threads": args.threads,
         "rounds": args.rounds,
         "tokens_per_round": args.tokens,
@@ -267,7 +271,7 @@ def table(args) -> None:
         key = r.get("speed_key")
         if key in med:
             r["words_per_s"] = med[key]
-            r["minutes_per_epoch"] = PTB_TRAIN_TOKENS / med[key] / 60
+            r["minutes_per_epoch"] = sp.get("train_tokens", PTB_TRAIN_TOKENS) / med[key] / 60
             r["speed_vs_flat"] = 1.0 if key == "flat" else ratio.get(key)
         else:
             r["words_per_s"] = r.get("words_per_s_run")
@@ -397,6 +401,8 @@ def main() -> None:
     s = sub.add_parser("speed")
     s.add_argument("--trees", nargs="*", default=["random=random", "huffman=huffman"], help="NAME=PATH of tree files")
     s.add_argument("--classes", nargs="*", default=[], help="NAME=PATH of word classes files (--output classes)")
+    s.add_argument("--data", default="ptb", help="corpus (as for hlbl train)")
+    s.add_argument("--max-vocab", type=int, default=None, help="as for hlbl train")
     s.add_argument("--samples", type=int, nargs="+", default=[5, 25, 100])
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--rounds", type=int, default=5)

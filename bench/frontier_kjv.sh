@@ -24,15 +24,15 @@ done_run runs/kjv/nce-25 || $T --output nce --samples 25 --out runs/kjv/nce-25
 done_run runs/kjv/sampled-25 || $T --output sampled --samples 25 --out runs/kjv/sampled-25
 [ -e runs/kjv/kn5.arpa ] || hlbl ngram train --data kjv --max-vocab 2000 --order 5 --out runs/kjv/kn5.arpa
 
-row --run runs/kjv/flat --model flat --name "LBL (flat softmax)" --command "$T --output flat --out runs/kjv/flat"
-row --run runs/kjv/random --name "HLBL RANDOM" --command "$T --tree random --out runs/kjv/random"
-row --run runs/kjv/x4 --name "HLBL ADAPTIVE(0.4) x4" --command "$T --tree runs/kjv/x4.json --out runs/kjv/x4"
-row --run runs/kjv/x4-boot1 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 1 (warm)" \
+row --run runs/kjv/flat --model flat --name "LBL (flat softmax)" --speed-key flat --command "$T --output flat --out runs/kjv/flat"
+row --run runs/kjv/random --name "HLBL RANDOM" --speed-key tree:random --command "$T --tree random --out runs/kjv/random"
+row --run runs/kjv/x4 --name "HLBL ADAPTIVE(0.4) x4" --speed-key tree:x4 --command "$T --tree runs/kjv/x4.json --out runs/kjv/x4"
+row --run runs/kjv/x4-boot1 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 1 (warm)" --speed-key tree:x4-r1 \
     --command "$T --tree runs/kjv/x4-r1.json --init-from runs/kjv/x4 --out runs/kjv/x4-boot1"
-row --run runs/kjv/x4-boot2 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 2 (warm)" \
+row --run runs/kjv/x4-boot2 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 2 (warm)" --speed-key tree:x4-r2 \
     --command "$T --tree runs/kjv/x4-r2.json --init-from runs/kjv/x4-boot1 --out runs/kjv/x4-boot2"
-row --run runs/kjv/nce-25 --model nce --name "NCE k=25" --command "$T --output nce --samples 25 --out runs/kjv/nce-25"
-row --run runs/kjv/sampled-25 --model sampled --name "sampled softmax k=25" \
+row --run runs/kjv/nce-25 --model nce --name "NCE k=25" --speed-key nce-25 --command "$T --output nce --samples 25 --out runs/kjv/nce-25"
+row --run runs/kjv/sampled-25 --model sampled --name "sampled softmax k=25" --speed-key sampled-25 \
     --command "$T --output sampled --samples 25 --out runs/kjv/sampled-25"
 hlbl ngram eval runs/kjv/kn5.arpa --data kjv --split test > results/kjv/kn5.json
 hlbl ngram eval runs/kjv/kn5.arpa --data kjv --split valid > results/kjv/kn5-valid.json
@@ -49,4 +49,8 @@ _save_row(Path("results/kjv/frontier_runs.json"), {
 PY
 python bench/frontier.py mix --rows $ROWS --run runs/kjv/x4-boot2 --run-name runs/kjv/x4-boot2 \
     --arpa runs/kjv/kn5.arpa --arpa-name runs/kjv/kn5.arpa --name "HLBL x4 bootstrap round 2 + KN5"
-python bench/frontier.py table --out results/kjv --rows $ROWS --speed none --sampling none --corpus "KJV (2,000 words)"
+python bench/frontier.py speed --data kjv --max-vocab 2000 --threads 1 --rounds 5 --samples 25 \
+    --trees random=random x4=runs/kjv/x4.json x4-r1=runs/kjv/x4-r1.json x4-r2=runs/kjv/x4-r2.json \
+    --out results/kjv/frontier_speed.json
+python bench/frontier.py table --out results/kjv --rows $ROWS --speed results/kjv/frontier_speed.json --sampling none \
+    --corpus "KJV (2,000 words)"
