@@ -76,11 +76,21 @@ row --run runs/exp/x4-boot3 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 3 (wa
 row --run runs/exp/x4-boot3-senses --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 3 with two vectors per frequent word" \
     --speed-key tree:x4-r3-senses \
     --command "$T --tree runs/trees/x4-r3-senses.json --init-from runs/exp/x4-boot2 --out runs/exp/x4-boot3-senses"
+row --run runs/exp/x4-boot4-senses --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 4 with two vectors per frequent word" \
+    --speed-key tree:x4-r4-senses --note "warm start from round 3 with two vectors; 60 x4 epochs in all" \
+    --command "$T --tree runs/trees/x4-r4-senses.json --init-from runs/exp/x4-boot3-senses --out runs/exp/x4-boot4-senses"
+row --run runs/exp/classes-boot2 --model tree \
+    --name "LBL, two-level classes (k-means on bootstrap round 2's features), warm from round 2" \
+    --speed-key classes:km100-boot2 \
+    --note "C = 100, 11% of the words in two classes; R and C from the x4 tree model of bootstrap round 2 (38 x4 epochs before it)" \
+    --command "$T --output classes --tree runs/trees/km100-boot2.json --init-from runs/exp/x4-boot2 --out runs/exp/classes-boot2"
 row --run runs/exp/huffman --name "HLBL Huffman" --speed-key tree:huffman --command "$T --tree huffman --out runs/exp/huffman"
 for run in x4-boot1 x4-boot2; do
     python bench/frontier.py mix --run runs/exp/$run --run-name runs/exp/$run --arpa runs/kn5.arpa \
         --arpa-name runs/kn5.arpa --name "HLBL x4 bootstrap round ${run#x4-boot} + KN5"
 done
+python bench/frontier.py mix --run runs/exp/classes-boot2 --run-name runs/exp/classes-boot2 --arpa runs/kn5.arpa \
+    --arpa-name runs/kn5.arpa --name "LBL two-level classes (warm from round 2) + KN5"
 python bench/frontier.py mix --run runs/exp/x4-boot2 --run-name runs/exp/x4-boot2 --with runs/exp/x4-tworate \
     --with runs/exp/a04-senses --arpa runs/kn5.arpa --arpa-name runs/kn5.arpa \
     --name "three HLBL models (x4 bootstrap round 2, x4, ADAPTIVE(0.4) two vectors) + KN5" \
@@ -90,6 +100,6 @@ python bench/frontier.py speed --threads 1 --rounds 5 --trees random=random huff
     adaptive0.4x2=runs/trees/x2.json a04=runs/trees/a04.json a04-senses=runs/trees/a04-senses.json \
     adaptive0.4x4=runs/trees/x4.json x4-r1=runs/trees/x4-r1.json x4-r2=runs/trees/x4-r2.json \
     x4-r3=runs/trees/x4-r3.json x4-r3-senses=runs/trees/x4-r3-senses.json x4-r4-senses=runs/trees/x4-r4-senses.json \
-    --classes km100-boot2=runs/trees/km100-boot2.json freq100=runs/freq100.json km100=runs/km100.json km100-it2=runs/km100-it2.json \
-    km100-it2-e01=runs/km100-it2-e01.json km100-it3-e01=runs/km100-it3-e01.json
+    --classes km100-boot2=runs/trees/km100-boot2.json freq100=runs/freq100.json km100=runs/km100.json \
+    km100-it2=runs/km100-it2.json km100-it2-e01=runs/km100-it2-e01.json km100-it3-e01=runs/km100-it3-e01.json
 python bench/frontier.py table
