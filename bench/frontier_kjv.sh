@@ -22,6 +22,9 @@ done_run runs/kjv/x4-boot1 || $T --tree runs/kjv/x4-r1.json --init-from runs/kjv
 done_run runs/kjv/x4-boot2 || $T --tree runs/kjv/x4-r2.json --init-from runs/kjv/x4-boot1 --out runs/kjv/x4-boot2
 done_run runs/kjv/nce-25 || $T --output nce --samples 25 --out runs/kjv/nce-25
 done_run runs/kjv/sampled-25 || $T --output sampled --samples 25 --out runs/kjv/sampled-25
+for spec in nce-5 nce-100 sampled-5 sampled-100; do
+    done_run runs/kjv/$spec || $T --output ${spec%%-*} --samples ${spec#*-} --out runs/kjv/$spec
+done
 [ -e runs/kjv/kn5.arpa ] || hlbl ngram train --data kjv --max-vocab 2000 --order 5 --out runs/kjv/kn5.arpa
 
 row --run runs/kjv/flat --model flat --name "LBL (flat softmax)" --speed-key flat --command "$T --output flat --out runs/kjv/flat"
@@ -34,6 +37,12 @@ row --run runs/kjv/x4-boot2 --name "HLBL ADAPTIVE(0.4) x4, bootstrap round 2 (wa
 row --run runs/kjv/nce-25 --model nce --name "NCE k=25" --speed-key nce-25 --command "$T --output nce --samples 25 --out runs/kjv/nce-25"
 row --run runs/kjv/sampled-25 --model sampled --name "sampled softmax k=25" --speed-key sampled-25 \
     --command "$T --output sampled --samples 25 --out runs/kjv/sampled-25"
+for spec in nce-5 nce-100 sampled-5 sampled-100; do
+    kind=${spec%%-*}; k=${spec#*-}
+    label=$([ "$kind" = nce ] && echo "NCE k=$k" || echo "sampled softmax k=$k")
+    row --run runs/kjv/$spec --model $kind --name "$label" --speed-key $spec \
+        --command "$T --output $kind --samples $k --out runs/kjv/$spec"
+done
 hlbl ngram eval runs/kjv/kn5.arpa --data kjv --split test > results/kjv/kn5.json
 hlbl ngram eval runs/kjv/kn5.arpa --data kjv --split valid > results/kjv/kn5-valid.json
 python - <<'PY'
@@ -49,7 +58,7 @@ _save_row(Path("results/kjv/frontier_runs.json"), {
 PY
 python bench/frontier.py mix --rows $ROWS --run runs/kjv/x4-boot2 --run-name runs/kjv/x4-boot2 \
     --arpa runs/kjv/kn5.arpa --arpa-name runs/kjv/kn5.arpa --name "HLBL x4 bootstrap round 2 + KN5"
-python bench/frontier.py speed --data kjv --max-vocab 2000 --threads 1 --rounds 5 --samples 25 \
+python bench/frontier.py speed --data kjv --max-vocab 2000 --threads 1 --rounds 5 --samples 5 25 100 \
     --trees random=random x4=runs/kjv/x4.json x4-r1=runs/kjv/x4-r1.json x4-r2=runs/kjv/x4-r2.json \
     --out results/kjv/frontier_speed.json
 python bench/frontier.py table --out results/kjv --rows $ROWS --speed results/kjv/frontier_speed.json --sampling none \
