@@ -696,6 +696,9 @@ def test_cli_interpolation_refuses_a_foreign_ngram_vocabulary(tmp_path, monkeypa
     assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--weight", "0.5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "would not be a distribution" in err
+    # the same check on the path that mixes several models (--with)
+    assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--with", str(run)]) == 2
+    assert "would not be a distribution" in capsys.readouterr().err
     # A fixed weight needs no valid split.
     (data / "valid.txt").unlink()
     own = tmp_path / "own.arpa"

@@ -131,21 +131,8 @@ def interpolated_report(
 
     w = parse_weight(str(weight))
     auto = w is None
-    ngram = read_arpa(arpa)
+    ngram = _mixable_ngram(arpa, corpus.vocab)
     vocab = corpus.vocab
-    # A word of ours the n-gram model lacks would get its <unk> probability: several such words
-    # would share <unk>'s mass, the n-gram side would sum to more than 1 over our vocabulary, and
-    # the mixture's perplexity would mean nothing (it can even beat both models).
-    as_unk = ngram.vocab_map(vocab.words) == ngram.unk
-    as_unk[vocab.unk] = False
-    missing = int(as_unk.sum())
-    if missing:
-        example = vocab.words[int(np.flatnonzero(as_unk)[0])]
-        raise DataError(
-            f"{missing:,} of the model's {len(vocab):,} words (e.g. {example!r}) are not in {arpa}, so the "
-            "mixture would not be a distribution; build the n-gram model on the same training data "
-            "and vocabulary (hlbl ngram train --data ... with the run's --min-count / --max-vocab)"
-        )
     scored = {}
     for s in {split, "valid"} if auto else {split}:
         scored[s] = (
@@ -187,6 +174,26 @@ def interpolated_report(
     return report
 
 
+def _mixable_ngram(arpa, vocab: Vocab):
+    """The n-gram model in ``arpa``, refused when some of ``vocab``'s words are not in it.
+
+    A word of ours the n-gram model lacks would get its <unk> probability: several such words
+    would share <unk>'s mass, the n-gram side would sum to more than 1 over our vocabulary, and
+    the mixture's perplexity would mean nothing (it can even beat both models)."""
+    ngram = read_arpa(arpa)
+    as_unk = ngram.vocab_map(vocab.words) == ngram.unk
+    as_unk[vocab.unk] = False
+    missing = int(as_unk.sum())
+    if missing:
+        example = vocab.words[int(np.flatnonzero(as_unk)[0])]
+        raise DataError(
+            f"{missing:,} of the model's {len(vocab):,} words (e.g. {example!r}) are not in {arpa}, so the "
+            "mixture would not be a distribution; build the n-gram model on the same training data "
+            "and vocabulary (hlbl ngram train --data ... with the run's --min-count / --max-vocab)"
+        )
+    return ngram
+
+
 def _ensemble_report(models: list, corpus, split: str, arpa, weight, device) -> dict:
     """:func:`interpolated_report` for several neural models and one n-gram model."""
     from ..evaluate import perplexity_report
@@ -194,7 +201,7 @@ def _ensemble_report(models: list, corpus, split: str, arpa, weight, device) -> 
 
     if parse_weight(str(weight)) is not None:
         raise DataError("--with mixes several models with weights tuned on valid: leave --weight at auto")
-    ngram = read_arpa(arpa)
+    ngram = _mixable_ngram(arpa, corpus.vocab)
     vocab = corpus.vocab
     scored = {}
     for s in {split, "valid"}:
