@@ -243,14 +243,17 @@ def _restore_best(model: LBL, best: Path | None, vocab) -> None:
 RUNTIME_SETTINGS = ("max_epochs", "device", "progress", "engine", "hogwild")
 
 
-def warm_start(model: LBL, source: str | Path, corpus: Corpus, log=lambda msg: None) -> None:
+def warm_start(model: LBL, source: str | Path, corpus: Corpus, log=lambda msg: None, keep_output: bool = False) -> None:
     """Start ``model`` from the word vectors R and context weights C of the run in ``source``.
 
     The iterated bootstrap of the paper's Section 5: a tree rebuilt from a trained model's features
     is trained on, keeping what the model learned about contexts; only the output layer starts
     afresh, with the zero node vectors and unigram biases of an untrained layer (so the first
     prediction is the unigram distribution, whatever the tree). The source must share the
-    vocabulary (word for word), the feature size, the context size and the form of C."""
+    vocabulary (word for word), the feature size, the context size and the form of C.
+
+    ``keep_output``: word classes refined by exchange moves (``hlbl tree refine``) keep the source's
+    output layer too, each membership's vector and bias moving with it (:func:`hlbl.refine.match_leaves`)."""
     from .checkpoint import load_model
 
     src, vocab, _ = load_model(source)
@@ -262,12 +265,29 @@ def warm_start(model: LBL, source: str | Path, corpus: Corpus, log=lambda msg: N
         mine, theirs = getattr(model.config, key), getattr(src.config, key)
         if mine != theirs:
             raise ConfigError(f"--init-from {source}: its {key}={theirs}, this run's {mine}")
+    leaf_map = None
+    if keep_output:
+        from .errors import TreeError
+        from .refine import match_leaves
+
+        if model.config.output != "classes" or src.config.output != "classes":
+            raise ConfigError("--keep-output needs --output classes here and in the --init-from run")
+        try:
+            leaf_map = match_leaves(src.out.classes, model.out.classes)
+        except TreeError as e:
+            raise ConfigError(f"--keep-output: {e}") from None
     with torch.no_grad():
         model.R.weight.copy_(src.R.weight)
         model.C.copy_(src.C)
         for name, p in model.out.named_parameters():
             if "bias" not in name:
                 p.zero_()
+    if leaf_map is not None:
+        from .refine import carry_output
+
+        carry_output(src.out, model.out, leaf_map)
+        log(f"started from every weight of {source}; the output layer carried over to the refined classes")
+        return
     model.init_unigram(corpus.vocab.counts)
     log(f"started from the word vectors and context weights of {source}; the output layer from the unigram")
 

@@ -156,7 +156,7 @@ def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple
         model.init_unigram(vocab.counts)
         source = (info.get("options") or {}).get("init_from")
         if source:  # a run stopped before its first checkpoint starts as it first did
-            warm_start(model, source, corpus)
+            warm_start(model, source, corpus, keep_output=bool((info.get("options") or {}).get("keep_output")))
     return model, corpus, cfg
 
 
@@ -257,7 +257,9 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
     if args.init_from:
         if not (Path(args.init_from) / "run.json").exists():
             raise DataError(f"--init-from {args.init_from}: not a run directory (no run.json)")
-        warm_start(model, args.init_from, corpus, lambda msg: print(msg, file=sys.stderr))
+        warm_start(model, args.init_from, corpus, lambda msg: print(msg, file=sys.stderr), args.keep_output)
+    elif args.keep_output:
+        raise DataError("--keep-output goes with --init-from RUN")
     return model, corpus, cfg
 
 
@@ -308,6 +310,8 @@ def _train(args, device: str) -> int:
     options.update(max_vocab=args.max_vocab, min_count=args.min_count)
     if getattr(args, "init_from", None):
         options["init_from"] = str(Path(args.init_from).resolve())
+        if args.keep_output:
+            options["keep_output"] = True
     state = fit(
         model, corpus, cfg, out, resume=resuming, corpus_spec=corpus_record(args.data), log=log, options=options
     )
@@ -432,8 +436,14 @@ def add_commands(sub) -> None:
         default=None,
         metavar="RUN",
         help="start from the word vectors and context weights of a trained run (same vocabulary, --dim, "
-        "--context); a tree's nodes start from the discriminants of that model's word features "
-        "(the iterated bootstrap: hlbl tree build --from RUN, then train on the new tree with --init-from RUN)",
+        "--context); the output layer starts from the unigram (the iterated bootstrap: hlbl tree build --from RUN, "
+        "then train on the new tree with --init-from RUN)",
+    )
+    t.add_argument(
+        "--keep-output",
+        action="store_true",
+        help="with --init-from and --output classes: keep the run's output layer too, each class membership's "
+        "vector moving with it (for classes refined by hlbl tree refine)",
     )
     t.add_argument("--dim", type=int, default=m["dim"], help="feature vector size")
     t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")

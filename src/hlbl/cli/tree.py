@@ -1,4 +1,4 @@
-"""``hlbl tree stats|make|build``."""
+"""``hlbl tree stats|make|build|refine``."""
 
 from __future__ import annotations
 
@@ -194,6 +194,50 @@ def cmd_tree_build(args) -> int:
     return 0
 
 
+def cmd_tree_refine(args) -> int:
+    """Exchange moves on a class model's own objective (:mod:`hlbl.refine`): writes the refined
+    classes; train on them with ``--init-from RUN --keep-output``."""
+    import time
+
+    from ..checkpoint import load_model
+    from ..refine import RefineConfig, exchange_sweep
+
+    set_threads(args.threads)
+    try:
+        cfg = RefineConfig(per_word=args.per_word, candidates=args.candidates, max_moves=args.max_moves, seed=args.seed)
+    except ValueError as e:
+        raise DataError(str(e)) from None
+    t0 = time.perf_counter()
+    model, vocab, info = load_model(args.run)
+    if model.config.output != "classes":
+        raise DataError(
+            f"--from {args.run}: exchange moves need a run with --output classes, not {model.config.output}"
+        )
+    corpus = load_corpus(
+        args.data or run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop")
+    )
+    train = corpus["train"]
+    sweep = exchange_sweep(model, train, corpus.vocab.eos, cfg, log=True)
+    make_parent(args.out)
+    sweep.classes.save(args.out)
+    gains = [m.gain for m in sweep.moves]
+    print(
+        json.dumps(
+            {
+                "out": args.out,
+                "moves": len(sweep.moves),
+                "positive": sweep.positive,
+                "estimated_gain_nats": round(float(sum(gains)), 3),
+                "estimated_gain_per_token": float(sum(gains)) / max(len(train), 1),
+                "sampled_positions": sweep.sampled,
+                "seconds": round(time.perf_counter() - t0, 2),
+                **sweep.classes.stats(corpus.vocab.counts),
+            }
+        )
+    )
+    return 0
+
+
 tb_defaults = {
     "--copies": 1,
     "--policy": "adaptive",
@@ -297,3 +341,19 @@ def add_commands(sub) -> None:
     tb.add_argument("--threads", type=int, default=None, help="CPU threads")
     tb.add_argument("--out", required=True, help="tree file (.json or .npz), or word classes file (.json)")
     tb.set_defaults(func=cmd_tree_build)
+    tf = tsub.add_parser(
+        "refine",
+        help="exchange moves: move words between the classes of a trained --output classes run where that "
+        "lowers its training NLL (then train with --init-from RUN --keep-output)",
+    )
+    tf.add_argument("--from", dest="run", required=True, help="run directory of a model with --output classes")
+    tf.add_argument("--per-word", type=int, default=32, help="occurrences sampled per word (default 32)")
+    tf.add_argument("--candidates", type=int, default=4, help="classes each membership is scored against (default 4)")
+    tf.add_argument(
+        "--max-moves", type=float, default=0.05, help="most moves, as a share of the class memberships (default 0.05)"
+    )
+    tf.add_argument("--seed", type=seed_arg, default=0, help="the sampling of occurrences")
+    tf.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
+    tf.add_argument("--threads", type=int, default=None, help="CPU threads")
+    tf.add_argument("--out", required=True, help="word classes file (.json)")
+    tf.set_defaults(func=cmd_tree_refine)
