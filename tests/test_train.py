@@ -220,6 +220,21 @@ def test_warm_start_keeps_words_and_context_and_starts_nodes_from_the_unigram(tm
         tr.warm_start(other, tmp_path / "src", corpus)
 
 
+def test_warm_start_keep_output_on_the_same_tree_is_the_source_model(tmp_path, corpus):
+    src, _ = train(tmp_path, "src", corpus, epochs=1)
+    V = len(corpus.vocab)
+    ctx = torch.tensor([[0, 1, 2], [3, 4, 5]])
+    same = LBL(LBLConfig(V, dim=8, context=3), src.tree, torch.Generator().manual_seed(7))
+    tr.warm_start(same, tmp_path / "src", corpus, keep_output=True)
+    assert torch.equal(same.log_prob(ctx), src.log_prob(ctx))  # every weight carried over
+    other = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 5))
+    with pytest.raises(tr.ConfigError, match="own tree"):
+        tr.warm_start(other, tmp_path / "src", corpus, keep_output=True)
+    flat = LBL(LBLConfig(V, dim=8, context=3, output="flat"))
+    with pytest.raises(tr.ConfigError, match="tree output, this run flat"):
+        tr.warm_start(flat, tmp_path / "src", corpus, keep_output=True)
+
+
 def test_resume_after_the_rate_drop_keeps_the_low_rate(tmp_path, corpus, scripted):
     scripted["script"] = [10.0, 9.0, 11.0, 8.0, 12.0]
     straight, _ = train(tmp_path, "straight", corpus, epochs=5)

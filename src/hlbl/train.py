@@ -252,8 +252,10 @@ def warm_start(model: LBL, source: str | Path, corpus: Corpus, log=lambda msg: N
     prediction is the unigram distribution, whatever the tree). The source must share the
     vocabulary (word for word), the feature size, the context size and the form of C.
 
-    ``keep_output``: word classes refined by exchange moves (``hlbl tree refine``) keep the source's
-    output layer too, each membership's vector and bias moving with it (:func:`hlbl.refine.match_leaves`)."""
+    ``keep_output``: keep the source's output layer too: on the same tree (or layer) as is, to go
+    on with another recipe (e.g. a lower learning rate); on word classes refined by exchange moves
+    (``hlbl tree refine``) each membership's vector and bias move with it
+    (:func:`hlbl.refine.match_leaves`)."""
     from .checkpoint import load_model
 
     src, vocab, _ = load_model(source)
@@ -266,22 +268,36 @@ def warm_start(model: LBL, source: str | Path, corpus: Corpus, log=lambda msg: N
         if mine != theirs:
             raise ConfigError(f"--init-from {source}: its {key}={theirs}, this run's {mine}")
     leaf_map = None
+    same = False
     if keep_output:
         from .errors import TreeError
         from .refine import match_leaves
 
-        if model.config.output != "classes" or src.config.output != "classes":
-            raise ConfigError("--keep-output needs --output classes here and in the --init-from run")
-        try:
-            leaf_map = match_leaves(src.out.classes, model.out.classes)
-        except TreeError as e:
-            raise ConfigError(f"--keep-output: {e}") from None
+        mine, theirs = model.structure, src.structure
+        if model.config.output != src.config.output:
+            raise ConfigError(
+                f"--keep-output: the --init-from run has {src.config.output} output, this run {model.config.output}"
+            )
+        same = (mine is None and theirs is None) or (
+            mine is not None and theirs is not None and mine.fingerprint() == theirs.fingerprint()
+        )
+        if not same and model.config.output != "classes":
+            raise ConfigError("--keep-output needs the --init-from run's own tree (or its word classes up to moves)")
+        if not same:
+            try:
+                leaf_map = match_leaves(theirs, mine)
+            except TreeError as e:
+                raise ConfigError(f"--keep-output: {e}") from None
     with torch.no_grad():
         model.R.weight.copy_(src.R.weight)
         model.C.copy_(src.C)
         for name, p in model.out.named_parameters():
             if "bias" not in name:
                 p.zero_()
+    if same:
+        model.out.load_state_dict(src.out.state_dict())
+        log(f"started from every weight of {source}")
+        return
     if leaf_map is not None:
         from .refine import carry_output
 

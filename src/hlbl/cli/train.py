@@ -442,8 +442,9 @@ def add_commands(sub) -> None:
     t.add_argument(
         "--keep-output",
         action="store_true",
-        help="with --init-from and --output classes: keep the run's output layer too, each class membership's "
-        "vector moving with it (for classes refined by hlbl tree refine)",
+        help="with --init-from: keep the run's output layer too: on its own tree, to go on with another recipe "
+        "(e.g. a lower --lr), or on its word classes refined by hlbl tree refine, each membership's vector "
+        "moving with it",
     )
     t.add_argument("--dim", type=int, default=m["dim"], help="feature vector size")
     t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
