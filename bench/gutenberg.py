@@ -488,10 +488,22 @@ def stage_hlbl(args) -> dict:
         hlbl("train", "--data", args.data, *flags, "--tree", str(tree), *epochs, "--out", str(tree_run)),
         tree_run / "best.safetensors",
     )
+    runs = [random_run, tree_run]
+    if args.low_lr:  # one more epoch of the x2 model at the schedule's final rate, every weight kept
+        low_run = work / "x2-low"
+        step(
+            "train_x2_low",
+            hlbl(
+                "train", "--data", args.data, *flags, "--tree", str(tree), "--init-from", str(tree_run),
+                "--keep-output", "--lr", f"{args.low_lr:g}", *epochs, "--out", str(low_run),
+            ),  # fmt: skip
+            low_run / "best.safetensors",
+        )
+        runs.append(low_run)
     if not kn.exists():
         step("kn5", hlbl("ngram", "train", "--data", args.data, *flags, "--order", "5", "--out", str(kn)))
     evals = {}
-    for run in (random_run, tree_run):
+    for run in runs:
         r = step(f"eval_{run.name}", hlbl("eval", str(run), "--split", "test"))
         evals[run.name] = json.loads(r["stdout_tail"][-1])
         r = step(f"mix_{run.name}", hlbl("eval", str(run), "--interpolate", str(kn), "--weight", "auto"))
@@ -513,7 +525,7 @@ def stage_hlbl(args) -> dict:
         "epochs_cap": args.epochs,
         "steps": steps,
         "evals": evals,
-        "metrics": {run.name: _metrics(run) for run in (random_run, tree_run)},
+        "metrics": {run.name: _metrics(run) for run in runs},
         "tree_stats": json.loads(
             subprocess.run(hlbl("tree", "stats", str(tree_run)), capture_output=True, check=True)
             .stdout.decode()
@@ -683,6 +695,12 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default="runs/gutenberg", help="run directories and models (commands record it as given)")
     ap.add_argument("--out", default="results/gutenberg")
     ap.add_argument("--epochs", type=int, default=1, help="hlbl: epoch cap of each training")
+    ap.add_argument(
+        "--low-lr",
+        type=float,
+        default=0.0,
+        help="hlbl: then train the x2 model --epochs more at this rate, every weight kept (0: not)",
+    )
     ap.add_argument("--speed-batches", type=int, default=1000)
     ap.add_argument("--speed-rounds", type=int, default=3)
     ap.add_argument("--memory-batches", type=int, default=5000)

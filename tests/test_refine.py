@@ -14,7 +14,15 @@ from hlbl.cli import main
 from hlbl.data import contexts
 from hlbl.errors import TreeError
 from hlbl.model import LBL, LBLConfig
-from hlbl.refine import Move, RefineConfig, apply_moves, carry_output, exchange_sweep, sample_positions
+from hlbl.refine import (
+    Move,
+    RefineConfig,
+    apply_moves,
+    carry_output,
+    exchange_sweep,
+    refine_classes,
+    sample_positions,
+)
 
 V, D = 12, 5
 
@@ -132,6 +140,32 @@ def test_carry_output_without_moves_is_the_same_layer():
     carry_output(model.out, layer, leaf_map)
     h = torch.randn(6, D, dtype=torch.float64)
     torch.testing.assert_close(layer.log_prob(h), model.out.log_prob(h))
+
+
+def test_several_sweeps_compose_their_moves():
+    classes = WordClasses(V, [], [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]])
+    model = model_over(classes, seed=2)
+    s = stream(seed=9)
+    cfg = RefineConfig(per_word=50, max_moves=0.1)
+    one, h1 = refine_classes(model, s, 0, cfg, sweeps=1)
+    two, h2 = refine_classes(model, s, 0, cfg, sweeps=3)
+    assert h2[0] == h1[0] and len(h2) >= 2 and h2[0]["moves"] >= 1
+    assert len(two.moves) == sum(h["moves"] for h in h2)
+    # the composed map takes every final leaf back to the original leaf of the same word
+    np.testing.assert_array_equal(classes.leaf_word[two.leaf_map], two.classes.leaf_word)
+    assert len(set(two.leaf_map.tolist())) == classes.num_leaves
+    # the second sweep is the first sweep of the model after the first sweep's moves
+    after = LBL(model.config, one.classes, init=False).double()
+    with torch.no_grad():
+        after.R.weight.copy_(model.R.weight)
+        after.C.copy_(model.C)
+    carry_output(model.out, after.out, one.leaf_map)
+    again = exchange_sweep(after, s, 0, RefineConfig(per_word=50, max_moves=0.1, seed=1))
+    assert [m.word for m in again.moves] == [
+        m.word for m in two.moves[len(one.moves) : len(one.moves) + len(again.moves)]
+    ]
+    with pytest.raises(ValueError):
+        refine_classes(model, s, 0, cfg, sweeps=0)
 
 
 def test_refine_needs_classes():

@@ -259,6 +259,41 @@ def exchange_sweep(model, stream: np.ndarray, pad: int, cfg: RefineConfig = Refi
     return Sweep(classes, leaf_map, moves, best_gain, best_dest, P)
 
 
+def refine_classes(model, stream: np.ndarray, pad: int, cfg: RefineConfig = RefineConfig(), sweeps: int = 1, log=None):
+    """``sweeps`` sweeps of exchange moves, each on the model after the previous sweep's moves
+    (parameters carried, none retrained); returns the last :class:`Sweep` with ``moves`` and
+    ``leaf_map`` covering all sweeps (relative to ``model``'s classes) and the per-sweep move counts
+    and estimated gains."""
+    from .model import LBL
+
+    if sweeps < 1:
+        raise ValueError(f"sweeps must be at least 1, got {sweeps}")
+    history = []
+    moves: list[Move] = []  # in the order made; each move's leaf id is in its own sweep's classes
+    leaf_map = np.arange(model.out.classes.num_leaves)  # final leaf -> leaf of model's classes
+    current = model
+    for k in range(sweeps):
+        sweep = exchange_sweep(current, stream, pad, RefineConfig(**{**cfg.__dict__, "seed": cfg.seed + k}), log)
+        moves += sweep.moves
+        leaf_map = leaf_map[sweep.leaf_map]  # composed
+        history.append({"moves": len(sweep.moves), "estimated_gain_nats": float(sum(m.gain for m in sweep.moves))})
+        if log:
+            log(
+                f"sweep {k + 1}: {len(sweep.moves)} moves, estimated gain {history[-1]['estimated_gain_nats']:.1f} nats"
+            )
+        if not sweep.moves:
+            break
+        nxt = LBL(current.config, sweep.classes, init=False).to(current.R.weight.dtype)
+        with torch.no_grad():
+            nxt.R.weight.copy_(current.R.weight)
+            nxt.C.copy_(current.C)
+        carry_output(current.out, nxt.out, sweep.leaf_map)
+        current = nxt
+    sweep.moves = moves
+    sweep.leaf_map = leaf_map
+    return sweep, history
+
+
 def apply_moves(cl: WordClasses, moves: list[Move]) -> tuple[WordClasses, np.ndarray]:
     """The classes after ``moves``: a moved membership leaves its class and is appended to its
     destination; returns them with the old leaf id of every new leaf."""

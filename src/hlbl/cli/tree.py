@@ -200,7 +200,7 @@ def cmd_tree_refine(args) -> int:
     import time
 
     from ..checkpoint import load_model
-    from ..refine import RefineConfig, exchange_sweep
+    from ..refine import RefineConfig, refine_classes
 
     set_threads(args.threads)
     try:
@@ -217,7 +217,12 @@ def cmd_tree_refine(args) -> int:
         args.data or run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop")
     )
     train = corpus["train"]
-    sweep = exchange_sweep(model, train, corpus.vocab.eos, cfg, log=True)
+    try:
+        sweep, history = refine_classes(
+            model, train, corpus.vocab.eos, cfg, args.sweeps, log=lambda msg: print(msg, file=sys.stderr)
+        )
+    except ValueError as e:
+        raise DataError(str(e)) from None
     make_parent(args.out)
     sweep.classes.save(args.out)
     gains = [m.gain for m in sweep.moves]
@@ -226,7 +231,8 @@ def cmd_tree_refine(args) -> int:
             {
                 "out": args.out,
                 "moves": len(sweep.moves),
-                "positive": sweep.positive,
+                "positive_last_sweep": sweep.positive,
+                "sweeps": history,
                 "estimated_gain_nats": round(float(sum(gains)), 3),
                 "estimated_gain_per_token": float(sum(gains)) / max(len(train), 1),
                 "sampled_positions": sweep.sampled,
@@ -352,7 +358,10 @@ def add_commands(sub) -> None:
     tf.add_argument(
         "--max-moves", type=float, default=0.05, help="most moves, as a share of the class memberships (default 0.05)"
     )
-    tf.add_argument("--seed", type=seed_arg, default=0, help="the sampling of occurrences")
+    tf.add_argument(
+        "--sweeps", type=int, default=1, help="sweeps of moves, each on the classes after the last (default 1)"
+    )
+    tf.add_argument("--seed", type=seed_arg, default=0, help="the sampling of occurrences (sweep k uses seed + k)")
     tf.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
     tf.add_argument("--threads", type=int, default=None, help="CPU threads")
     tf.add_argument("--out", required=True, help="word classes file (.json)")
