@@ -142,6 +142,18 @@ def test_carry_output_without_moves_is_the_same_layer():
     torch.testing.assert_close(layer.log_prob(h), model.out.log_prob(h))
 
 
+def test_standard_errors_of_sampled_estimates():
+    classes = WordClasses(V, [], [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]])
+    model = model_over(classes, seed=2)
+    s = stream(seed=9, n=600)  # about 50 occurrences a word
+    exact = exchange_sweep(model, s, 0, RefineConfig(per_word=1000))
+    assert np.all(exact.se == 0)  # every occurrence scored
+    sampled = exchange_sweep(model, s, 0, RefineConfig(per_word=10, sigmas=1e6))
+    scored = sampled.dest >= 0
+    assert np.all(sampled.se[scored] > 0)
+    assert sampled.moves == []  # nothing gains a million standard errors
+
+
 def test_several_sweeps_compose_their_moves():
     classes = WordClasses(V, [], [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]])
     model = model_over(classes, seed=2)

@@ -353,7 +353,15 @@ def add_commands(sub) -> None:
         "lowers its training NLL (then train with --init-from RUN --keep-output)",
     )
     tf.add_argument("--from", dest="run", required=True, help="run directory of a model with --output classes")
-    tf.add_argument("--per-word", type=int, default=32, help="occurrences sampled per word (default 32)")
+    tf.add_argument(
+        "--per-word", type=int, default=256, help="occurrences sampled per word; rarer words use all (default 256)"
+    )
+    tf.add_argument(
+        "--sigmas",
+        type=float,
+        default=2.0,
+        help="rank moves by their estimated gain less this many standard errors of the sampling (default 2)",
+    )
     tf.add_argument("--candidates", type=int, default=4, help="classes each membership is scored against (default 4)")
     tf.add_argument(
         "--max-moves", type=float, default=0.05, help="most moves, as a share of the class memberships (default 0.05)"
