@@ -12,10 +12,12 @@ Stages, each in its own processes, each writing ``OUT/STAGE.json`` (``summary`` 
 * ``memory``: peak memory of a training process on the train split (50M tokens) and on the train
   split given twice (100M), the same vocabulary and model: ``VmHWM`` (the kernel's peak RSS), and
   the peaks of its two parts sampled every 0.2 s, anonymous memory (the process's own: model,
-  optimiser state, buffers) and file pages (the memory-mapped encoded split, shared page cache
-  the kernel can drop at any time).
+  optimiser state, buffers) and file pages (mapped files: the libraries, and any pages of the
+  memory-mapped encoded split that were read through the mapping; training reads the split
+  through its file into a bounded buffer, ``hlbl.data.EpochReader``).
 * ``mapped``: RSS after 16,000 random reads of the memory-mapped 100M-token split (run after
-  ``memory``), with and without ``MADV_RANDOM``: why the file pages of training are not bounded.
+  ``memory``), with and without ``MADV_RANDOM``: why training does not read the split through
+  the mapping.
 * ``kn``: our modified Kneser-Ney 5-gram of the train split, each model in a child process
   (its peak RSS is the child's): the open vocabulary (every train word, KenLM's ``query``
   protocol: one ``</s>`` a line, OOV tokens scored as ``<unk>`` and counted), the default
@@ -289,8 +291,8 @@ def stage_memory(args) -> dict:
         "ratio_vm_hwm": rows["100m"]["vm_hwm_mb"] / rows["50m"]["vm_hwm_mb"],
         "ratio_anon": rows["100m"]["peak_anon_mb"] / rows["50m"]["peak_anon_mb"],
         "note": (
-            f"first {args.memory_batches} minibatches of an epoch (random positions from the first step: every page "
-            "of the encoded split is touched within them); vm_hwm = the kernel's peak RSS of the process"
+            f"first {args.memory_batches} minibatches of an epoch (positions from the first two groups of 4M tokens, "
+            "read through the file into the engine's buffer); vm_hwm = the kernel's peak RSS of the process"
         ),
     }
 
