@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from conftest import ptb_root, write_corpus
+from hlbl import data
 from hlbl.data import (
     EOS,
     UNK,
@@ -13,8 +14,10 @@ from hlbl.data import (
     contexts,
     epoch_order,
     load_corpus,
+    read_tokens,
     resolve_corpus,
     stream_fingerprint,
+    stream_pieces,
 )
 
 
@@ -289,6 +292,23 @@ def test_epoch_reader_gives_the_contexts_of_the_stream(tmp_path, mapped):
     small = EpochOrder(9, 1, n)
     tokens, local = EpochReader(stream, small, n_ctx, pad, max_window=B).window(0, B)
     assert np.shares_memory(tokens, stream) and np.array_equal(local, small.window(0, B))
+
+
+def test_read_tokens_finds_a_mapped_view_in_its_file(tmp_path):
+    """A slice of a memory-mapped split, or one mapped from an offset, is read through the file
+    at the right place (numpy keeps the parent's offset on a slice: the data pointer decides)."""
+    ids = np.arange(5000, dtype="<i4")
+    ids.tofile(tmp_path / "a.i32")
+    whole = np.memmap(tmp_path / "a.i32", dtype="<i4", mode="r")
+    shifted = np.memmap(tmp_path / "a.i32", dtype="<i4", mode="r", offset=4 * 1031, shape=(3000,))
+    for view, first in ((whole, 0), (whole[17:4000], 17), (shifted, 1031), (shifted[100:], 1131)):
+        assert data._mapped_file(view) is not None
+        out = np.empty(50, np.int32)
+        read_tokens(view, 9, out)
+        assert np.array_equal(out, ids[first + 9 : first + 59])
+        assert np.array_equal(np.concatenate([part.copy() for part in stream_pieces(view, 333)]), np.asarray(view))
+    assert data._mapped_file(whole[::2]) is None  # not contiguous: read as an array
+    assert data._mapped_file(ids) is None
 
 
 def _rss_file_kb() -> int:

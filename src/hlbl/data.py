@@ -808,7 +808,8 @@ READ_TOKENS = 1 << 20  # tokens per read of a whole-stream pass (stream_range, s
 
 def stream_pieces(stream: np.ndarray, size: int = READ_TOKENS) -> Iterator[np.ndarray]:
     """The stream's tokens as int32 arrays of up to ``size``, in order; a memory-mapped stream is
-    read through its file into one reused buffer (:func:`read_tokens`)."""
+    read through its file into one reused buffer (:func:`read_tokens`): a piece holds its tokens
+    until the next one is read."""
     if _mapped_file(stream) is None:
         for lo in range(0, len(stream), size):
             yield np.asarray(stream[lo : lo + size])
