@@ -9,13 +9,19 @@ Stages, each in its own processes, each writing ``OUT/STAGE.json`` (``summary`` 
 * ``speed``: training words/s of the fast engine on PTB and on Gutenberg with its full default
   vocabulary, the same recipe (RANDOM tree, d = 100, 5 context words, one thread), alternating
   corpora in one process; wall and CPU clocks (the machine is shared: CPU time is steadier).
+* ``phases``: where a step's time goes on each corpus (the ``speed`` recipe, one process,
+  corpora and block sizes alternating): the steps' milliseconds per minibatch split by phase
+  (``hlbl.kernels.PHASES``), the distinct rows a step touches, the fixed cost of a
+  ``train_epoch`` call beside its steps, and each block size's time paired with block 32's.
 * ``memory``: peak memory of a training process on the train split (50M tokens) and on the train
   split given twice (100M), the same vocabulary and model: ``VmHWM`` (the kernel's peak RSS), and
   the peaks of its two parts sampled every 0.2 s, anonymous memory (the process's own: model,
-  optimiser state, buffers) and file pages (the memory-mapped encoded split, shared page cache
-  the kernel can drop at any time).
+  optimiser state, buffers) and file pages (mapped files: the libraries, and any pages of the
+  memory-mapped encoded split that were read through the mapping; training reads the split
+  through its file into a bounded buffer, ``hlbl.data.EpochReader``).
 * ``mapped``: RSS after 16,000 random reads of the memory-mapped 100M-token split (run after
-  ``memory``), with and without ``MADV_RANDOM``: why the file pages of training are not bounded.
+  ``memory``), with and without ``MADV_RANDOM``: why training does not read the split through
+  the mapping.
 * ``kn``: our modified Kneser-Ney 5-gram of the train split, each model in a child process
   (its peak RSS is the child's): the open vocabulary (every train word, KenLM's ``query``
   protocol: one ``</s>`` a line, OOV tokens scored as ``<unk>`` and counted), the default
@@ -170,6 +176,78 @@ def stage_speed(args) -> dict:
     }
 
 
+def stage_phases(args) -> dict:
+    import numpy as np
+    import torch
+
+    from hlbl import fast
+    from hlbl.data import load_corpus
+    from hlbl.model import LBL, LBLConfig
+    from hlbl.train import TrainConfig, make_optimizer
+    from hlbl.tree import random_tree
+
+    fast.set_numba_threads(1)
+    torch.set_num_threads(1)
+    corpora = {"ptb": load_corpus("ptb"), "gutenberg": load_corpus(args.data)}
+    cfg = TrainConfig(progress=False)
+    models = {}
+    for name, c in corpora.items():
+        V = len(c.vocab)
+        m = LBL(LBLConfig(V, dim=100, context=5, output="tree"), random_tree(V, 0), torch.Generator().manual_seed(0))
+        m.init_unigram(c.vocab.counts)
+        models[name] = (m, make_optimizer(m, cfg, cfg.lr))
+    blocks = [int(b) for b in args.blocks.split(",")]
+    runs = [(b, name) for b in blocks for name in corpora]
+    got: dict = {k: [] for k in runs}
+    epoch = 0
+    for rnd in range(args.phase_rounds + 1):  # round 0 compiles and warms: not counted
+        for b, name in runs if rnd % 2 else runs[::-1]:  # each round in the other direction
+            m, opt = models[name]
+            c = corpora[name]
+            epoch += 1
+            st: dict = {}
+            t = time.perf_counter()
+            fast.train_epoch(
+                m, opt, c["train"], c.vocab.eos, cfg, epoch, False, 1, args.phase_batches, stats=st, block=b
+            )
+            wall = time.perf_counter() - t
+            if rnd:
+                got[b, name].append({**st, "wall_s": wall})
+    nb = args.phase_batches
+    med = statistics.median
+    rows = {}
+    for b, name in runs:
+        r = got[b, name]
+        rows[f"{name}_block{b}"] = {
+            "steps_ms_per_batch": med(x["steps_s"] for x in r) * 1000 / nb,
+            "phases_ms_per_batch": {p: med(x["phases_s"][p] for x in r) * 1000 / nb for p in r[0]["phases_s"]},
+            "rows_per_step": med(x["rows_per_step"] for x in r),
+            "call_overhead_s": med(x["wall_s"] - x["steps_s"] for x in r),
+        }
+    b0 = blocks[0]
+    paired = {
+        f"{name}_block{b}_over_block{b0}": float(
+            np.median([x["steps_s"] / y["steps_s"] for x, y in zip(got[b, name], got[b0, name])])
+        )
+        for b in blocks[1:]
+        for name in corpora
+    }
+    return {
+        "rows": rows,
+        "steps_ratio": {
+            f"block{b}": rows[f"ptb_block{b}"]["steps_ms_per_batch"] / rows[f"gutenberg_block{b}"]["steps_ms_per_batch"]
+            for b in blocks
+        },
+        "paired_time_ratio": paired,
+        "batches_per_run": nb,
+        "rounds": args.phase_rounds,
+        "note": (
+            "medians over rounds; steps_ratio = Gutenberg's words/s over PTB's counting the steps only; "
+            "call_overhead_s = a train_epoch call's time beside its steps (ids check, buffers, the final catch-up of every row)"
+        ),
+    }
+
+
 # --------------------------------------------------------------------------------------- memory
 
 
@@ -289,8 +367,8 @@ def stage_memory(args) -> dict:
         "ratio_vm_hwm": rows["100m"]["vm_hwm_mb"] / rows["50m"]["vm_hwm_mb"],
         "ratio_anon": rows["100m"]["peak_anon_mb"] / rows["50m"]["peak_anon_mb"],
         "note": (
-            f"first {args.memory_batches} minibatches of an epoch (random positions from the first step: every page "
-            "of the encoded split is touched within them); vm_hwm = the kernel's peak RSS of the process"
+            f"first {args.memory_batches} minibatches of an epoch (positions from the first two groups of 4M tokens, "
+            "read through the file into the engine's buffer); vm_hwm = the kernel's peak RSS of the process"
         ),
     }
 
@@ -686,7 +764,8 @@ def table(s: dict, kn: dict, hl: dict, vocab: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "stage", choices=["vocab", "speed", "memory", "mapped", "kn", "hlbl", "summary", "_memory_child", "_kn_child"]
+        "stage",
+        choices=["vocab", "speed", "phases", "memory", "mapped", "kn", "hlbl", "summary", "_memory_child", "_kn_child"],
     )
     ap.add_argument(
         "vocab", nargs="?", default="default", help="hlbl stage: default or 50k; _kn_child: open, default, 50k"
@@ -704,6 +783,9 @@ def main(argv=None) -> int:
     ap.add_argument("--speed-batches", type=int, default=1000)
     ap.add_argument("--speed-rounds", type=int, default=3)
     ap.add_argument("--memory-batches", type=int, default=5000)
+    ap.add_argument("--phase-batches", type=int, default=200)
+    ap.add_argument("--phase-rounds", type=int, default=10)
+    ap.add_argument("--blocks", default="32,16,64", help="phases: block sizes (the first is the reference)")
     ap.add_argument("--corpus")
     ap.add_argument("--vocab-from")
     ap.add_argument("--batches", type=int, default=5000)
@@ -719,6 +801,7 @@ def main(argv=None) -> int:
     fn = {
         "vocab": stage_vocab,
         "speed": stage_speed,
+        "phases": stage_phases,
         "memory": stage_memory,
         "mapped": stage_mapped,
         "kn": stage_kn,

@@ -2,17 +2,22 @@ import numpy as np
 import pytest
 
 from conftest import ptb_root, write_corpus
+from hlbl import data
 from hlbl.data import (
     EOS,
     UNK,
     DataError,
     EpochOrder,
+    EpochReader,
     Vocab,
     batches,
     contexts,
     epoch_order,
     load_corpus,
+    read_tokens,
     resolve_corpus,
+    stream_fingerprint,
+    stream_pieces,
 )
 
 
@@ -240,6 +245,102 @@ def test_windowed_epoch_order_is_a_seeded_permutation(n):
     if n > 100:
         assert not np.array_equal(EpochOrder(3, 3, n, in_memory=0).window(0, n), whole)
         assert abs(np.corrcoef(np.arange(n), whole)[0, 1]) < 0.1  # no trace of the stream order
+
+
+def test_long_epoch_order_visits_one_group_of_blocks_at_a_time():
+    """Past ORDER_IN_MEMORY the epoch takes the shuffled blocks a group at a time: the steps of
+    group g visit exactly the positions of its blocks (so a reader holds only those), every
+    position once, and the groups' blocks are spread over the stream (not in stream order)."""
+    n, block, group = 10_007, 16, 8
+    order = EpochOrder(5, 1, n, in_memory=0, block=block, group=group)
+    assert order.groups == -(-(-(-n // block)) // group)
+    whole = order.window(0, n)
+    assert np.array_equal(np.sort(whole), np.arange(n))
+    for g in range(order.groups):
+        g0, g1 = int(order.group_starts[g]), int(order.group_starts[g + 1])
+        assert set(np.unique(whole[g0:g1] // block)) == set(order.group_blocks(g).tolist())
+        assert list(order.groups_of(g0, g1)) == [g]
+    assert list(order.groups_of(int(order.group_starts[1]) - 1, int(order.group_starts[1]) + 1)) == [0, 1]
+    assert not np.array_equal(order.blocks, np.sort(order.blocks))
+    assert not np.array_equal(
+        order.window(0, n), EpochOrder(5, 2, n, in_memory=0, block=block, group=group).window(0, n)
+    )
+
+
+def _mapped(tmp_path, n, V=50, seed=0):
+    path = tmp_path / "split.i32"
+    np.random.default_rng(seed).integers(0, V, n, dtype=np.int32).astype("<i4").tofile(path)
+    return np.memmap(path, dtype="<i4", mode="r", shape=(n,))
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_epoch_reader_gives_the_contexts_of_the_stream(tmp_path, mapped):
+    """Through the reader's buffer, every window's contexts and targets are the stream's (pad
+    before its start), for every window of an epoch over many groups, the short last block
+    included; each group is read once; an order held in memory reads the stream itself."""
+    n, n_ctx, pad, B = 5_003, 3, 7, 64
+    stream = _mapped(tmp_path, n) if mapped else np.random.default_rng(0).integers(0, 50, n).astype(np.int64)
+    order = EpochOrder(9, 1, n, in_memory=0, block=32, group=4)
+    reader = EpochReader(stream, order, n_ctx, pad, max_window=4 * B)
+    assert reader.tokens.nbytes < 4 * n  # smaller than the stream: the point
+    for lo in range(0, n, 4 * B):
+        tokens, local = reader.window(lo, lo + 4 * B)
+        pos = order.window(lo, lo + 4 * B)
+        assert np.array_equal(contexts(tokens, local, n_ctx, pad), contexts(stream, pos, n_ctx, pad))
+        assert np.array_equal(tokens[local], np.asarray(stream)[pos])
+    assert reader.reads == order.groups
+    small = EpochOrder(9, 1, n)
+    tokens, local = EpochReader(stream, small, n_ctx, pad, max_window=B).window(0, B)
+    assert np.shares_memory(tokens, stream) and np.array_equal(local, small.window(0, B))
+
+
+def test_read_tokens_finds_a_mapped_view_in_its_file(tmp_path):
+    """A slice of a memory-mapped split, or one mapped from an offset, is read through the file
+    at the right place (numpy keeps the parent's offset on a slice: the data pointer decides)."""
+    ids = np.arange(5000, dtype="<i4")
+    ids.tofile(tmp_path / "a.i32")
+    whole = np.memmap(tmp_path / "a.i32", dtype="<i4", mode="r")
+    shifted = np.memmap(tmp_path / "a.i32", dtype="<i4", mode="r", offset=4 * 1031, shape=(3000,))
+    for view, first in ((whole, 0), (whole[17:4000], 17), (shifted, 1031), (shifted[100:], 1131)):
+        assert data._mapped_file(view) is not None
+        out = np.empty(50, np.int32)
+        read_tokens(view, 9, out)
+        assert np.array_equal(out, ids[first + 9 : first + 59])
+        assert np.array_equal(np.concatenate([part.copy() for part in stream_pieces(view, 333)]), np.asarray(view))
+    assert data._mapped_file(whole[::2]) is None  # not contiguous: read as an array
+    assert data._mapped_file(ids) is None
+
+
+def _rss_file_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssFile:"):
+                return int(line.split()[1])
+    pytest.skip("no RssFile in /proc/self/status")
+
+
+def test_epoch_reader_keeps_the_mapped_split_out_of_memory(tmp_path):
+    """Reading a memory-mapped split (32 MB, larger than the reader's ring of groups) through the
+    reader, checking its ids and fingerprinting it map none of its pages into the process: its
+    file-backed resident set does not grow by the split's size (reading through the mapping would
+    add the blocks it touched: more than 16 MB here)."""
+    n = 8 << 20
+    stream = _mapped(tmp_path, n)
+    copy = np.fromfile(stream.filename, dtype="<i4")  # what the reader must give, read apart from the mapping
+    order = EpochOrder(1, 1, n, in_memory=0)  # the defaults: 2 groups of 1024 blocks of 4096 tokens
+    reader = EpochReader(stream, order, 5, 0, max_window=16_000)
+    before = _rss_file_kb()
+    for g in range(order.groups):  # two windows of every group
+        for first in (int(order.group_starts[g]), int(order.group_starts[g + 1]) - 16_000):
+            tokens, local = reader.window(first, first + 16_000)
+            assert np.array_equal(tokens[local], copy[order.window(first, first + 16_000)])
+    assert reader.reads == order.groups == 2
+    import hashlib
+
+    digest = stream_fingerprint(stream)
+    grown = _rss_file_kb() - before
+    assert grown < 4 << 10, f"the mapped split's pages came in: RssFile +{grown} kB"
+    assert digest == hashlib.sha256(copy.data).hexdigest()
 
 
 def test_short_epoch_order_is_held_whole():

@@ -101,11 +101,16 @@ def test_many_steps_lazy_momentum_is_exact(tree_name):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_windowed_epoch_order_trains_like_the_torch_engine(monkeypatch, threads):
-    """A stream longer than ORDER_IN_MEMORY is visited through windows of the seeded bijection;
-    both engines read the same windows (Hogwild threads each their own), so one thread stays
-    exact, and the order is not the in-memory permutation (the switch really happened)."""
+@pytest.mark.parametrize("block", [4096, 16])
+def test_windowed_epoch_order_trains_like_the_torch_engine(monkeypatch, threads, block):
+    """A stream longer than ORDER_IN_MEMORY is visited through windows of the seeded bijection,
+    group by group of blocks (block 16: 11 groups of 4 blocks; more than a window of either engine
+    holds), read through each engine's bounded reader; both engines read the same windows (Hogwild
+    threads each their own), so one thread stays exact, and the order is not the in-memory
+    permutation (the switch really happened)."""
     monkeypatch.setattr(data, "ORDER_IN_MEMORY", 100)
+    monkeypatch.setattr(data, "BLOCK_TOKENS", block)
+    monkeypatch.setattr(data, "GROUP_BLOCKS", 4)
     assert not data.EpochOrder(7, 1, 700).in_memory
     (m_t, _), (m_f, _), (lt, lf), start = run_both(
         TREES["single"](), "momentum", n_tokens=700, batch=64, threads=threads
@@ -118,6 +123,26 @@ def test_windowed_epoch_order_trains_like_the_torch_engine(monkeypatch, threads)
     monkeypatch.setattr(data, "ORDER_IN_MEMORY", 1 << 24)
     (m_t2, _), _, (lt2, _), _ = run_both(TREES["single"](), "momentum", n_tokens=700, batch=64)
     assert lt2 != lt
+
+
+def test_a_mapped_long_stream_trains_as_the_same_stream_in_memory(monkeypatch, tmp_path):
+    """A memory-mapped stream past ORDER_IN_MEMORY is read through its file (data.EpochReader):
+    the same parameters, to the bit, as the same tokens held in memory."""
+    monkeypatch.setattr(data, "ORDER_IN_MEMORY", 100)
+    monkeypatch.setattr(data, "BLOCK_TOKENS", 16)
+    monkeypatch.setattr(data, "GROUP_BLOCKS", 4)
+    tree = TREES["single"]()
+    stream = stream_for(tree.num_words, 700, 11).astype("<i4")
+    stream.tofile(tmp_path / "s.i32")
+    mapped = np.memmap(tmp_path / "s.i32", dtype="<i4", mode="r", shape=(700,))
+    cfg = TrainConfig(lr=0.05, batch_size=64, optimizer="momentum", momentum=0.9, seed=7, progress=False)
+    out = []
+    for s in (stream, mapped):
+        m = make_model(tree)
+        loss, _ = fast.train_epoch(m, make_optimizer(m, cfg, 0.05), s, 0, cfg, 1, False, threads=1)
+        out.append((loss, [p.detach().clone() for p in m.parameters()]))
+    assert out[0][0] == out[1][0]
+    assert all(torch.equal(a, b) for a, b in zip(out[0][1], out[1][1]))
 
 
 @pytest.mark.parametrize("tree_name", list(TREES))

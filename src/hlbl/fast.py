@@ -117,7 +117,8 @@ import numba
 import numpy as np
 import torch
 
-from .data import EpochOrder
+from . import data
+from .data import EpochOrder, EpochReader
 from .kernels import PHASES, OptState, Params, Workspace, _catch_up, _score, _train_steps
 from .memory import prefer_huge_pages
 from .output import TreeSoftmax
@@ -162,10 +163,17 @@ def _word_paths(layer: TreeSoftmax) -> np.ndarray:
 
 
 def _check_stream(stream: np.ndarray, pad: int, V: int) -> np.ndarray:
-    """The stream as contiguous int32, after checking every id (the kernels do no bounds checks)."""
-    stream = np.ascontiguousarray(stream, dtype=np.int32)
-    if len(stream) and (int(stream.min()) < 0 or int(stream.max()) >= V):
-        raise ValueError(f"token ids must be in 0..{V - 1}; the stream has {int(stream.min())}..{int(stream.max())}")
+    """The stream as contiguous int32, after checking every id (the kernels do no bounds checks).
+    A memory-mapped int32 stream is returned as it is (its ids read through the file, in pieces:
+    the check maps none of it; see data.EpochReader)."""
+    if not isinstance(stream, np.memmap) or data._mapped_file(stream) is None:
+        stream = np.ascontiguousarray(stream, dtype=np.int32)
+    lo, hi = 0, 0
+    for i, part in enumerate(data.stream_pieces(stream)):
+        a, b = int(part.min()), int(part.max())
+        lo, hi = (a, b) if i == 0 else (min(lo, a), max(hi, b))
+    if len(stream) and (lo < 0 or hi >= V):
+        raise ValueError(f"token ids must be in 0..{V - 1}; the stream has {lo}..{hi}")
     if not 0 <= pad < V:
         raise ValueError(f"pad id {pad} is not in 0..{V - 1}")
     return stream
@@ -392,11 +400,13 @@ def train_epoch(
     clocks = np.zeros((T, len(PHASES)), np.int64)
     # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
     # cache before the progress bar and the clock start, so neither counts compilation.
-    _train_steps(
-        np.empty(0, np.int64), order.window(0, 0), 0, B, stream, pad, params, paths, state, works[0], S, clocks[0]
-    )
-    bar = progress(min(len(order), steps * B), f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
     chunk = 16  # steps per kernel call: progress updates without per-step Python overhead
+    # Each thread reads its windows (chunk steps, T apart) through its own reader: the stream
+    # itself, or for a long one its current groups of blocks in a bounded buffer (data.EpochReader).
+    readers = [EpochReader(stream, order, n, pad, max_window=T * chunk * B) for _ in range(T)]
+    tokens, none = readers[0].window(0, 0)
+    _train_steps(np.empty(0, np.int64), none, 0, B, tokens, pad, params, paths, state, works[0], S, clocks[0])
+    bar = progress(min(len(order), steps * B), f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
 
     def run(r: int) -> float:
         mine = np.arange(r + 1, steps + 1, T, dtype=np.int64)
@@ -404,8 +414,8 @@ def train_epoch(
         for c0 in range(0, len(mine), chunk):
             part = mine[c0 : c0 + chunk]
             lo = (int(part[0]) - 1) * B  # the order's positions these steps read: lo .. hi-1
-            win = order.window(lo, int(part[-1]) * B)
-            total += _train_steps(part, win, lo, B, stream, pad, params, paths, state, works[r], S, clocks[r])
+            tokens, win = readers[r].window(lo, int(part[-1]) * B)
+            total += _train_steps(part, win, lo, B, tokens, pad, params, paths, state, works[r], S, clocks[r])
             bar.update(int(sum(min(B, len(order) - (t - 1) * B) for t in part)))
         return total
 
@@ -479,7 +489,7 @@ def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = N
     if why:
         raise ValueError(f"the fast engine cannot score this model: {why}")
     set_numba_threads(threads)
-    stream = _check_stream(stream, pad, model.config.vocab_size)
+    stream = np.asarray(_check_stream(stream, pad, model.config.vocab_size))
     out = np.empty(len(stream), dtype=np.float64)
     _huge_pages_once(model, _np(model.R.weight), _np(model.out.weight))
     n = model.config.context

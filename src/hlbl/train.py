@@ -53,7 +53,7 @@ import torch
 from . import atomic
 from . import checkpoint as ckpt
 from . import distributed as ddp
-from .data import Corpus, DataError, EpochOrder, contexts, corpus_meta, stream_fingerprint
+from .data import Corpus, DataError, EpochOrder, EpochReader, contexts, corpus_meta, stream_fingerprint
 from .errors import ConfigError
 from .evaluate import evaluate
 from .model import LBL
@@ -166,6 +166,8 @@ def train_epoch(
     global (all ranks' tokens).
     """
     order = EpochOrder(cfg.seed, epoch, len(stream))  # N positions, the same on every rank
+    # the stream, or for a long one its current groups of blocks in a bounded buffer
+    reader = EpochReader(stream, order, model.config.context, pad, max_window=cfg.batch_size)
     device = torch.device(cfg.device)
     rank, world = ddp.rank(), ddp.world_size()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -180,13 +182,13 @@ def train_epoch(
     # whole minibatch (noise_share 0; with groups a rank's shard is grouped on its own).
     model.out.reseed(noise_seed(cfg.seed, epoch))
     for first in range(0, len(order), cfg.batch_size):
-        batch = order.window(first, first + cfg.batch_size)  # (B,) positions of the global minibatch
+        tokens, batch = reader.window(first, first + cfg.batch_size)  # (B,) positions of the global minibatch
         lo, hi = ddp.shard_bounds(len(batch), rank, world)
         pos = batch[lo:hi]  # (b,) this rank's shard; b = B in one process, and can be 0
         optimizer.zero_grad(set_to_none=True)
         if len(pos):  # an empty shard (a short last minibatch) contributes no gradient, but still syncs
-            ctx = torch.from_numpy(contexts(stream, pos, model.config.context, pad)).to(device)  # (b, n)
-            tgt = torch.from_numpy(np.asarray(stream[pos], dtype=np.int64)).to(device)  # (b,)
+            ctx = torch.from_numpy(contexts(tokens, pos, model.config.context, pad)).to(device)  # (b, n)
+            tgt = torch.from_numpy(np.asarray(tokens[pos], dtype=np.int64)).to(device)  # (b,)
             loss = model(ctx, tgt).loss * len(pos)  # summed over the shard: the learning rate is per example
             loss.backward()
             total += float(loss.detach())
