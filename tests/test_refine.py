@@ -122,6 +122,9 @@ def test_moves_bookkeeping_and_limits():
     model = model_over(classes, seed=5)
     sweep = exchange_sweep(model, stream(seed=6), 0, RefineConfig(per_word=50, max_moves=0.2))
     assert len(sweep.moves) <= int(0.2 * 12)
+    assert np.bincount([mv.dest for mv in sweep.moves], minlength=3).max() <= 1  # one move into a class
+    two = exchange_sweep(model, stream(seed=6), 0, RefineConfig(per_word=50, max_moves=1.0, into_class=12))
+    assert len(two.moves) >= len(sweep.moves)
     new = sweep.classes
     assert all(len(c) > 0 for c in new.classes)  # class 0's only member stays
     assert sorted(np.concatenate(new.classes).tolist()) == list(range(V))

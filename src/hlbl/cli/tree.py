@@ -367,6 +367,12 @@ def add_commands(sub) -> None:
         "--max-moves", type=float, default=0.05, help="most moves, as a share of the class memberships (default 0.05)"
     )
     tf.add_argument(
+        "--into-class",
+        type=int,
+        default=1,
+        help="most moves into one class in a sweep (moves into one class interact; default 1)",
+    )
+    tf.add_argument(
         "--sweeps", type=int, default=1, help="sweeps of moves, each on the classes after the last (default 1)"
     )
     tf.add_argument("--seed", type=seed_arg, default=0, help="the sampling of occurrences (sweep k uses seed + k)")
