@@ -42,6 +42,18 @@ $T --tree runs/trees/x4-r4-senses.json --init-from runs/exp/x4-boot3-senses --ou
 # Two-level classes (k-means on round 2's features), warm from round 2's R and C.
 hlbl tree build --from runs/exp/x4-boot2 --classes 100 --eps 0.1 --max-codes 2 --seed 0 --out runs/trees/km100-boot2.json
 $T --output classes --tree runs/trees/km100-boot2.json --init-from runs/exp/x4-boot2 --out runs/exp/classes-boot2
+# Round 3 for classes: k-means on the warm class model's features, warm from it.
+hlbl tree build --from runs/exp/classes-boot2 --classes 100 --eps 0.1 --max-codes 2 --seed 0 --out runs/trees/km100-boot3.json
+$T --output classes --tree runs/trees/km100-boot3.json --init-from runs/exp/classes-boot2 --out runs/exp/classes-boot3
+# Exchange moves on the class models' own training NLL, then on from every weight at the final rate:
+# the warm class model, and frequency classes from scratch.
+hlbl tree refine --from runs/exp/classes-boot2 --sweeps 4 --out runs/trees/km100-boot2-ref.json
+$T --output classes --tree runs/trees/km100-boot2-ref.json --init-from runs/exp/classes-boot2 --keep-output --lr 3e-5 \
+    --out runs/exp/classes-ref
+$T --output classes --out runs/exp/freq100
+hlbl tree refine --from runs/exp/freq100 --sweeps 4 --out runs/trees/freq100-ref.json
+$T --output classes --tree runs/trees/freq100-ref.json --init-from runs/exp/freq100 --keep-output --lr 3e-5 \
+    --out runs/exp/freq100-ref
 
 # Several context vectors per word, against the same rule without them.
 $T --tree runs/trees/a04.json --out runs/exp/a04
@@ -84,6 +96,19 @@ row --run runs/exp/classes-boot2 --model tree \
     --speed-key classes:km100-boot2 \
     --note "C = 100, 11% of the words in two classes; R and C from the x4 tree model of bootstrap round 2 (38 x4 epochs before it)" \
     --command "$T --output classes --tree runs/trees/km100-boot2.json --init-from runs/exp/x4-boot2 --out runs/exp/classes-boot2"
+row --run runs/exp/classes-boot3 --model tree \
+    --name "LBL, two-level classes, round 3 (k-means on the warm class model's features), warm from it" \
+    --speed-key classes:km100-boot3 --note "R and C from the warm class model of round 2" \
+    --command "$T --output classes --tree runs/trees/km100-boot3.json --init-from runs/exp/classes-boot2 --out runs/exp/classes-boot3"
+row --run runs/exp/classes-ref --model tree \
+    --name "LBL, two-level classes warm from round 2, after exchange moves (4 sweeps), then lr 3e-5" \
+    --speed-key classes:km100-boot2-ref \
+    --note "every weight from the warm class model; classes by hlbl tree refine --from runs/exp/classes-boot2 --sweeps 4" \
+    --command "$T --output classes --tree runs/trees/km100-boot2-ref.json --init-from runs/exp/classes-boot2 --keep-output --lr 3e-5 --out runs/exp/classes-ref"
+row --run runs/exp/freq100-ref --model tree \
+    --name "LBL, frequency classes after exchange moves (4 sweeps), then lr 3e-5" --speed-key classes:freq100-ref \
+    --note "every weight from the frequency-class model (143.9); classes by hlbl tree refine --from runs/exp/freq100 --sweeps 4" \
+    --command "$T --output classes --tree runs/trees/freq100-ref.json --init-from runs/exp/freq100 --keep-output --lr 3e-5 --out runs/exp/freq100-ref"
 row --run runs/exp/huffman --name "HLBL Huffman" --speed-key tree:huffman --command "$T --tree huffman --out runs/exp/huffman"
 for run in x4-boot1 x4-boot2; do
     python bench/frontier.py mix --run runs/exp/$run --run-name runs/exp/$run --arpa runs/kn5.arpa \
@@ -100,6 +125,7 @@ python bench/frontier.py speed --threads 1 --rounds 5 --trees random=random huff
     adaptive0.4x2=runs/trees/x2.json a04=runs/trees/a04.json a04-senses=runs/trees/a04-senses.json \
     adaptive0.4x4=runs/trees/x4.json x4-r1=runs/trees/x4-r1.json x4-r2=runs/trees/x4-r2.json \
     x4-r3=runs/trees/x4-r3.json x4-r3-senses=runs/trees/x4-r3-senses.json x4-r4-senses=runs/trees/x4-r4-senses.json \
-    --classes km100-boot2=runs/trees/km100-boot2.json freq100=runs/freq100.json km100=runs/km100.json \
+    --classes km100-boot2=runs/trees/km100-boot2.json km100-boot3=runs/trees/km100-boot3.json \
+    km100-boot2-ref=runs/trees/km100-boot2-ref.json freq100-ref=runs/trees/freq100-ref.json freq100=runs/freq100.json km100=runs/km100.json \
     km100-it2=runs/km100-it2.json km100-it2-e01=runs/km100-it2-e01.json km100-it3-e01=runs/km100-it3-e01.json
 python bench/frontier.py table

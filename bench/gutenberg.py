@@ -67,6 +67,12 @@ KENLM = {
     "test_oov": 15_652,
 }
 VOCABS = {"default": [], "50k": ["--max-vocab", "50000"]}
+# The hlbl stage's trained models: run name, table label, the step that trains it.
+HLBL_RUNS = (
+    ("random", "HLBL, RANDOM tree", "train_random"),
+    ("x2", "HLBL, ADAPTIVE(0.4) x2 tree", "train_x2"),
+    ("x2-low", "HLBL, ADAPTIVE(0.4) x2 tree, then an epoch at lr 3e-5 from every weight", "train_x2_low"),
+)
 
 
 def write_json(path: Path, obj) -> None:
@@ -572,8 +578,20 @@ def stage_hlbl(args) -> dict:
         step(
             "train_x2_low",
             hlbl(
-                "train", "--data", args.data, *flags, "--tree", str(tree), "--init-from", str(tree_run),
-                "--keep-output", "--lr", f"{args.low_lr:g}", *epochs, "--out", str(low_run),
+                "train",
+                "--data",
+                args.data,
+                *flags,
+                "--tree",
+                str(tree),
+                "--init-from",
+                str(tree_run),
+                "--keep-output",
+                "--lr",
+                f"{args.low_lr:g}",
+                *epochs,
+                "--out",
+                str(low_run),
             ),  # fmt: skip
             low_run / "best.safetensors",
         )
@@ -624,9 +642,10 @@ def stage_summary(args) -> dict:
     d = hl.get("default")
     best_tree = kn_test = mix = None
     if d is not None:
-        best_tree = min(d["evals"][r]["perplexity"] for r in ("random", "x2"))
+        trained = [r for r, _, _ in HLBL_RUNS if r in d["evals"]]
+        best_tree = min(d["evals"][r]["perplexity"] for r in trained)
         kn_test = kn["rows"]["default"]["test_ppl"]
-        mix = min(d["evals"][f"mix_{r}"]["perplexity"] for r in ("random", "x2"))
+        mix = min(d["evals"][f"mix_{r}"]["perplexity"] for r in trained)
     summary = {
         "ptb_wps": speed["corpora"]["ptb"]["wps_median"],
         "gutenberg_wps": speed["corpora"]["gutenberg"]["wps_median"],
@@ -698,19 +717,27 @@ def table(s: dict, kn: dict, hl: dict, vocab: dict) -> str:
             continue
         label = f"{size} ({'default: seen twice' if name == 'default' else '--max-vocab 50000'})"
         m = v["metrics"]
-        for run, model in (("random", "HLBL, RANDOM tree"), ("x2", "HLBL, ADAPTIVE(0.4) x2 tree")):
+        for run, model, key in HLBL_RUNS:
+            if run not in v["evals"]:
+                continue
             e = v["evals"][run]
             valid = min(x["valid_ppl"] for x in m[run])
-            cmd = v["steps"]["train_random" if run == "random" else "train_x2"]["command"]
+            cmd = v["steps"][key]["command"]
+            epochs = f"{len(m[run])} (cap {v['epochs_cap']}, not converged)"
+            if run == "x2-low":
+                epochs = f"{len(m['x2'])} + {len(m[run])} (caps {v['epochs_cap']}, not converged)"
             lines.append(
-                f"| {label} | {model} | {e['perplexity']:.2f} | {valid:.2f} | {len(m[run])} (cap {v['epochs_cap']}, not converged) "
+                f"| {label} | {model} | {e['perplexity']:.2f} | {valid:.2f} | {epochs} "
                 f"| {statistics.mean(x['words_per_sec'] for x in m[run]):,.0f} | `{cmd}` |"
             )
         ref = f" (lmplz: {KENLM['closed50k_test_ppl']} / {KENLM['closed50k_valid_ppl']})" if name == "50k" else ""
         lines.append(
             f"| {label} | KN5 | {knr[name]['test_ppl']:.2f} | {knr[name]['valid_ppl']:.2f} | - | - | `{v['steps'].get('kn5', {}).get('command', 'hlbl ngram train --data gutenberg --order 5 --out kn5.safetensors')}`{ref} |"
         )
-        for run, model in (("random", "RANDOM"), ("x2", "ADAPTIVE(0.4) x2")):
+        for run, model, _ in HLBL_RUNS:
+            if f"mix_{run}" not in v["evals"]:
+                continue
+            model = model.removeprefix("HLBL, ")
             mix = v["evals"][f"mix_{run}"]
             lines.append(
                 f"| {label} | HLBL {model} + KN5, mixed per token (w = {mix.get('weight', float('nan')):.3f}) | {mix['perplexity']:.2f} | - | - | - | `{v['steps'][f'mix_{run}']['command']}` |"
