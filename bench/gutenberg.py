@@ -573,28 +573,20 @@ def stage_hlbl(args) -> dict:
         tree_run / "best.safetensors",
     )
     runs = [random_run, tree_run]
-    if args.low_lr:  # one more epoch of the x2 model at the schedule's final rate, every weight kept
+    if args.low_lr:  # then the x2 model at the schedule's final rate, every weight kept
         low_run = work / "x2-low"
-        step(
-            "train_x2_low",
-            hlbl(
-                "train",
-                "--data",
-                args.data,
-                *flags,
-                "--tree",
-                str(tree),
-                "--init-from",
-                str(tree_run),
-                "--keep-output",
-                "--lr",
-                f"{args.low_lr:g}",
-                *epochs,
-                "--out",
-                str(low_run),
-            ),  # fmt: skip
-            low_run / "best.safetensors",
-        )
+        low_epochs = args.low_epochs or args.epochs
+        argv = hlbl(
+            "train", "--data", args.data, *flags, "--tree", str(tree), "--init-from", str(tree_run), "--keep-output",
+            "--lr", f"{args.low_lr:g}", "--epochs", str(low_epochs), "--threads", "1", "--out", str(low_run),
+        )  # fmt: skip
+        done = (low_run / "state.json").exists() and len(_metrics(low_run)) >= low_epochs
+        if (low_run / "run.json").exists() and not done:
+            # a shorter run of the same command goes on (resume is exact: the same as one longer run)
+            r = step("train_x2_low", argv + ["--resume"])
+            r["command"] = "hlbl " + shlex.join(argv[3:])
+        else:
+            step("train_x2_low", argv, low_run / "best.safetensors")
         runs.append(low_run)
     if not kn.exists():
         step("kn5", hlbl("ngram", "train", "--data", args.data, *flags, "--order", "5", "--out", str(kn)))
@@ -805,8 +797,9 @@ def main(argv=None) -> int:
         "--low-lr",
         type=float,
         default=0.0,
-        help="hlbl: then train the x2 model --epochs more at this rate, every weight kept (0: not)",
+        help="hlbl: then train the x2 model at this rate from every weight of it (0: not)",
     )
+    ap.add_argument("--low-epochs", type=int, default=0, help="hlbl: epochs at --low-lr (default: --epochs)")
     ap.add_argument("--speed-batches", type=int, default=1000)
     ap.add_argument("--speed-rounds", type=int, default=3)
     ap.add_argument("--memory-batches", type=int, default=5000)

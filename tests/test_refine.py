@@ -193,7 +193,7 @@ def test_refine_needs_classes():
         RefineConfig(max_moves=0)
 
 
-def test_cli_refine_then_train_keeps_the_output_layer(tmp_path, capsys):
+def test_cli_refine_then_train_keeps_the_output_layer(tmp_path, capsys, monkeypatch):
     data = tiny_corpus(tmp_path)
     run = tmp_path / "run"
     base = ["--data", str(data), "--dim", "8", "--context", "2", "--batch-size", "50", "--threads", "1"]
@@ -208,6 +208,11 @@ def test_cli_refine_then_train_keeps_the_output_layer(tmp_path, capsys):
     assert main([*args, "--epochs", "1", "--out", str(run2)]) == 0
     err = capsys.readouterr().err
     assert "output layer carried over" in err
+    # a resume may repeat the command, --init-from given relative to the working directory
+    monkeypatch.chdir(tmp_path)
+    again = ["train", *base, "--output", "classes", "--tree", "refined.json", "--init-from", "run", "--keep-output"]
+    assert main([*again, "--epochs", "2", "--out", "run2", "--resume"]) == 0
+    assert len((run2 / "metrics.jsonl").read_text().splitlines()) == 2
     # --keep-output refuses classes that are not the source's up to moves
     C = WordClasses.load(run / "tree.json").num_classes
     other = tmp_path / "other.json"

@@ -622,7 +622,8 @@ def check_recipe(run_dir: Path, model: LBL, vocab, cfg: TrainConfig) -> None:
     ]
     if ckpt.vocab_fingerprint(own_vocab) != ckpt.vocab_fingerprint(vocab):
         diffs.append("another vocabulary than vocab.json")
-    if (tree is None) != (model.tree is None) or (tree is not None and tree.fingerprint() != model.tree.fingerprint()):
+    mine = model.structure  # a word tree, word classes, or None
+    if (tree is None) != (mine is None) or (tree is not None and tree.fingerprint() != mine.fingerprint()):
         diffs.append("another word tree than tree.json")
     if diffs:
         raise ckpt.CheckpointError(

@@ -91,6 +91,9 @@ def _contradictions(args, info: dict) -> list[str]:
             and isinstance(recorded[0], (int, float))
             and float(recorded[0]) == float(value)
         )
+        if not same and dest in ("tree", "init_from") and Path(str(value)).exists():
+            # a path given another way (relative, absolute) names the same file or run
+            same = Path(str(value)).resolve() == Path(str(recorded[0])).resolve()
         if not same:
             out.append(f"{flag} {value} (the run's is {recorded[0]})")
     return out
