@@ -131,8 +131,9 @@ def stage_vocab(args) -> dict:
 # ---------------------------------------------------------------------------------------- speed
 
 
-def stage_speed(args) -> dict:
-    import numpy as np
+def _speed_setup(args):
+    """Both stages' like-for-like setup: PTB and the corpus, one thread, the same recipe, a RANDOM
+    tree each; returns (corpora, cfg, {name: (model, optimizer)})."""
     import torch
 
     from hlbl import fast
@@ -151,6 +152,16 @@ def stage_speed(args) -> dict:
         m = LBL(LBLConfig(V, dim=100, context=5, output="tree"), random_tree(V, 0), torch.Generator().manual_seed(0))
         m.init_unigram(c.vocab.counts)
         models[name] = (m, make_optimizer(m, cfg, cfg.lr))
+    return corpora, cfg, models
+
+
+def stage_speed(args) -> dict:
+    import numpy as np
+
+    from hlbl import fast
+    from hlbl.tree import random_tree
+
+    corpora, cfg, models = _speed_setup(args)
     runs: dict[str, list] = {n: [] for n in corpora}
     batches = args.speed_batches
     for rnd in range(args.speed_rounds + 1):  # round 0 compiles and warms the caches: not counted
@@ -184,24 +195,10 @@ def stage_speed(args) -> dict:
 
 def stage_phases(args) -> dict:
     import numpy as np
-    import torch
 
     from hlbl import fast
-    from hlbl.data import load_corpus
-    from hlbl.model import LBL, LBLConfig
-    from hlbl.train import TrainConfig, make_optimizer
-    from hlbl.tree import random_tree
 
-    fast.set_numba_threads(1)
-    torch.set_num_threads(1)
-    corpora = {"ptb": load_corpus("ptb"), "gutenberg": load_corpus(args.data)}
-    cfg = TrainConfig(progress=False)
-    models = {}
-    for name, c in corpora.items():
-        V = len(c.vocab)
-        m = LBL(LBLConfig(V, dim=100, context=5, output="tree"), random_tree(V, 0), torch.Generator().manual_seed(0))
-        m.init_unigram(c.vocab.counts)
-        models[name] = (m, make_optimizer(m, cfg, cfg.lr))
+    corpora, cfg, models = _speed_setup(args)
     blocks = [int(b) for b in args.blocks.split(",")]
     runs = [(b, name) for b in blocks for name in corpora]
     got: dict = {k: [] for k in runs}
