@@ -71,7 +71,7 @@ VOCABS = {"default": [], "50k": ["--max-vocab", "50000"]}
 HLBL_RUNS = (
     ("random", "HLBL, RANDOM tree", "train_random"),
     ("x2", "HLBL, ADAPTIVE(0.4) x2 tree", "train_x2"),
-    ("x2-low", "HLBL, ADAPTIVE(0.4) x2 tree, then an epoch at lr 3e-5 from every weight", "train_x2_low"),
+    ("x2-low", "HLBL, ADAPTIVE(0.4) x2 tree, then on at the final rate from every weight", "train_x2_low"),
 )
 
 
@@ -720,7 +720,7 @@ def table(s: dict, kn: dict, hl: dict, vocab: dict) -> str:
             cmd = v["steps"][key]["command"]
             epochs = f"{len(m[run])} (cap {v['epochs_cap']}, not converged)"
             if run == "x2-low":
-                epochs = f"{len(m['x2'])} + {len(m[run])} (caps {v['epochs_cap']}, not converged)"
+                epochs = f"{len(m['x2'])} + {len(m[run])} at the final rate (not converged)"
             lines.append(
                 f"| {label} | {model} | {e['perplexity']:.2f} | {valid:.2f} | {epochs} "
                 f"| {statistics.mean(x['words_per_sec'] for x in m[run]):,.0f} | `{cmd}` |"
