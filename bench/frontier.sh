@@ -54,6 +54,8 @@ $T --output classes --out runs/exp/freq100
 hlbl tree refine --from runs/exp/freq100 --sweeps 4 --out runs/trees/freq100-ref.json
 $T --output classes --tree runs/trees/freq100-ref.json --init-from runs/exp/freq100 --keep-output --lr 3e-5 \
     --out runs/exp/freq100-ref
+# The exchange moves' estimates against the training NLL measured after them (results/ptb/exchange.json).
+python bench/exchange.py --run runs/exp/freq100
 
 # Several context vectors per word, against the same rule without them.
 $T --tree runs/trees/a04.json --out runs/exp/a04
