@@ -47,6 +47,8 @@ hlbl tree build --from runs/exp/classes-boot2 --classes 100 --eps 0.1 --max-code
 $T --output classes --tree runs/trees/km100-boot3.json --init-from runs/exp/classes-boot2 --out runs/exp/classes-boot3
 # Exchange moves on the class models' own training NLL, then on from every weight at the final rate:
 # the warm class model, and frequency classes from scratch.
+$T --output classes --tree runs/trees/km100-boot2.json --init-from runs/exp/classes-boot2 --keep-output --lr 3e-5 \
+    --out runs/exp/classes-cont  # the control: on from every weight, no moves
 hlbl tree refine --from runs/exp/classes-boot2 --sweeps 4 --out runs/trees/km100-boot2-ref.json
 $T --output classes --tree runs/trees/km100-boot2-ref.json --init-from runs/exp/classes-boot2 --keep-output --lr 3e-5 \
     --out runs/exp/classes-ref
@@ -102,6 +104,10 @@ row --run runs/exp/classes-boot3 --model tree \
     --name "LBL, two-level classes, round 3 (k-means on the warm class model's features), warm from it" \
     --speed-key classes:km100-boot3 --note "R and C from the warm class model of round 2" \
     --command "$T --output classes --tree runs/trees/km100-boot3.json --init-from runs/exp/classes-boot2 --out runs/exp/classes-boot3"
+row --run runs/exp/classes-cont --model tree \
+    --name "LBL, two-level classes warm from round 2, then on at lr 3e-5 from every weight (no moves)" \
+    --speed-key classes:km100-boot2 --note "the control for the exchange-move rows" \
+    --command "$T --output classes --tree runs/trees/km100-boot2.json --init-from runs/exp/classes-boot2 --keep-output --lr 3e-5 --out runs/exp/classes-cont"
 row --run runs/exp/classes-ref --model tree \
     --name "LBL, two-level classes warm from round 2, after exchange moves (4 sweeps), then lr 3e-5" \
     --speed-key classes:km100-boot2-ref \
