@@ -182,6 +182,7 @@ def exchange_sweep(model, stream: np.ndarray, pad: int, cfg: RefineConfig = Refi
     # class (for rho and for the own term's "rest"), and the leave term of each member.
     leave = torch.zeros(M, dtype=torch.float64)
     mem_lp: dict[int, torch.Tensor] = {}  # member row -> (n_w,) log-prob of that membership at w's rows
+    pools: dict[int, tuple] = {}  # class -> its members' sampled rows, their log Z_c and rho (pass 2's join)
     for c in range(C):
         a, e = int(starts[c]), int(starts[c + 1])
         words = member_word[a:e]
@@ -195,6 +196,7 @@ def exchange_sweep(model, stream: np.ndarray, pad: int, cfg: RefineConfig = Refi
         is_tgt = col_word[None, :] == torch.from_numpy(tgt)[rows][:, None]  # (n, |c|) the target's own column
         lp_c = (torch.log((p * is_tgt).sum(1)) + root_lp[rows, S + c]).double()  # (n,) membership log-prob
         rho = torch.exp(lp_c - total[rows]).clamp(max=1.0)
+        pools[c] = (rows, logZ[:, 0], rho)
         pd = p.double().clamp(max=1 - 1e-12)
         gain = torch.log1p(rho[:, None] * pd / (1 - pd)).masked_fill(is_tgt, 0.0)  # (n, |c|)
         leave[a:e] = (wt[rows][:, None] * gain).sum(0)
@@ -222,18 +224,13 @@ def exchange_sweep(model, stream: np.ndarray, pad: int, cfg: RefineConfig = Refi
         if len(movers) == 0:
             continue
         a, e = int(starts[c]), int(starts[c + 1])
-        words = member_word[a:e]
-        # join: the class's members' occurrences, their normaliser grows by x = exp(s_m)
-        rows = torch.from_numpy(rows_of(words))
-        s = H[rows] @ W[a:e].T + b[a:e]
-        logZ = torch.logsumexp(s, dim=1)  # (n,)
-        col_word = torch.from_numpy(words)
-        is_tgt = col_word[None, :] == torch.from_numpy(tgt)[rows][:, None]
-        lp_c = (torch.log((torch.exp(s - logZ[:, None]) * is_tgt).sum(1)) + root_lp[rows, S + c]).double()
-        rho = torch.exp(lp_c - total[rows]).clamp(max=1.0)
         mv = torch.from_numpy(movers)
-        x = torch.exp((H[rows] @ W[mv].T + b[mv]) - logZ[:, None]).double()  # (n, movers)
-        join = (wt[rows][:, None] * torch.log1p(-rho[:, None] * x / (1 + x))).sum(0)  # (movers,)
+        # join: the class's members' occurrences (none sampled: no term), their normaliser grows by x = exp(s_m)
+        join = torch.zeros(len(movers), dtype=torch.float64)
+        if c in pools:
+            rows, logZ, rho = pools[c]
+            x = torch.exp((H[rows] @ W[mv].T + b[mv]) - logZ[:, None]).double()  # (n, movers)
+            join = (wt[rows][:, None] * torch.log1p(-rho[:, None] * x / (1 + x))).sum(0)  # (movers,)
         # own: each mover's occurrences with the membership under c, all movers at once
         word_of = member_word[movers]
         seg = torch.repeat_interleave(torch.arange(len(movers)), torch.from_numpy(n_w[word_of]))  # mover of each row
