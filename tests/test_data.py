@@ -13,6 +13,7 @@ from hlbl.data import (
     batches,
     contexts,
     epoch_order,
+    epoch_span,
     load_corpus,
     read_tokens,
     resolve_corpus,
@@ -346,3 +347,24 @@ def test_epoch_reader_keeps_the_mapped_split_out_of_memory(tmp_path):
 def test_short_epoch_order_is_held_whole():
     order = EpochOrder(3, 2, 10_001)
     assert order.in_memory and np.array_equal(order.window(0, 10_001), epoch_order(3, 2, 10_001))
+
+
+@pytest.mark.parametrize(
+    "n, tokens, batch", [(1000, 300, 64), (1000, 1000, 64), (1000, 0, 7), (999, 320, 32), (10, 1, 4)]
+)
+def test_epoch_spans_cut_each_pass_into_whole_minibatches(n, tokens, batch):
+    """The epochs of a pass cover its positions once, in order, each cut on a minibatch
+    boundary of the uncut pass; a split no longer than epoch_tokens (or 0) is one epoch a pass."""
+    first = epoch_span(n, 1, tokens, batch)
+    parts = first.parts
+    assert parts == (1 if not tokens or tokens >= n else -(-n // (-(-tokens // batch) * batch)))
+    for p in (1, 2, 3):
+        spans = [epoch_span(n, (p - 1) * parts + k, tokens, batch) for k in range(1, parts + 1)]
+        assert [s.pass_ for s in spans] == [p] * parts and [s.part for s in spans] == list(range(1, parts + 1))
+        assert spans[0].lo == 0 and spans[-1].hi == n
+        assert all(a.hi == b.lo for a, b in zip(spans, spans[1:]))
+        assert all(s.lo % batch == 0 and s.hi > s.lo for s in spans)
+        length = -(-tokens // batch) * batch  # epoch_tokens rounded up to whole minibatches
+        assert all(s.hi - s.lo == length for s in spans[:-1])
+    with pytest.raises(ValueError):
+        epoch_span(n, 0, tokens, batch)

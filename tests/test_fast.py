@@ -125,6 +125,38 @@ def test_windowed_epoch_order_trains_like_the_torch_engine(monkeypatch, threads,
     assert lt2 != lt
 
 
+@pytest.mark.parametrize("windowed", [False, True])
+def test_epochs_that_cut_a_pass_take_the_steps_of_the_whole_pass(monkeypatch, windowed):
+    """epoch_tokens cuts a pass into epochs on minibatch boundaries: three epochs (256 + 256 + 188
+    positions) take the whole pass's minibatches. The torch engine's parameters equal the uncut
+    pass's to the bit; the fast engine, which catches every row up at each epoch's end, stays as
+    close to them as it is to torch on one pass; the losses' weighted mean is the pass's loss."""
+    if windowed:  # the long-stream order, read a window at a time
+        monkeypatch.setattr(data, "ORDER_IN_MEMORY", 100)
+        monkeypatch.setattr(data, "BLOCK_TOKENS", 16)
+        monkeypatch.setattr(data, "GROUP_BLOCKS", 4)
+    tree = TREES["multi_partial"]()
+    start = make_model(tree)
+    stream = stream_for(tree.num_words, 700, 11)
+    recipe = dict(lr=0.05, batch_size=64, momentum=0.9, weight_decay_words=0.1, weight_decay_other=0.03, seed=7)
+    whole, cut = TrainConfig(**recipe, epoch_tokens=0, progress=False), TrainConfig(**recipe, epoch_tokens=250)
+    assert [data.epoch_span(700, e, 250, 64).hi for e in (1, 2, 3)] == [256, 512, 700]
+    models, losses = {}, {}
+    for engine, runner in (("torch", train_epoch), ("fast", fast.train_epoch)):
+        for name, cfg, epochs in (("whole", whole, [1]), ("cut", cut, [1, 2, 3])):
+            m = copy.deepcopy(start)
+            opt = make_optimizer(m, cfg, cfg.lr)
+            losses[engine, name] = [runner(m, opt, stream, 0, cfg, e, False)[0] for e in epochs]
+            models[engine, name] = m
+    for a, b in zip(models["torch", "whole"].parameters(), models["torch", "cut"].parameters()):
+        assert torch.equal(a, b)
+    assert_params_close(models["torch", "whole"], models["fast", "cut"], start, atol=1e-5)
+    for engine in ("torch", "fast"):
+        mean = np.dot(losses[engine, "cut"], [256, 256, 188]) / 700
+        assert mean == pytest.approx(losses[engine, "whole"][0], rel=1e-5)
+    assert losses["torch", "cut"][0] != pytest.approx(losses["torch", "whole"][0], rel=1e-3)  # parts, not passes
+
+
 def test_a_mapped_long_stream_trains_as_the_same_stream_in_memory(monkeypatch, tmp_path):
     """A memory-mapped stream past ORDER_IN_MEMORY is read through its file (data.EpochReader):
     the same parameters, to the bit, as the same tokens held in memory."""

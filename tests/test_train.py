@@ -76,6 +76,37 @@ def test_resume_continues_where_it_stopped(tmp_path, corpus):
     assert all(torch.equal(x, y) for x, y in zip(full.state_dict().values(), resumed.state_dict().values()))
 
 
+def test_a_long_split_is_cut_into_epochs_that_resume_mid_pass(tmp_path, corpus):
+    """epoch_tokens below the split's length: each epoch is a part of a pass, recorded in
+    metrics.jsonl, and a run resumed after a part continues as the uninterrupted run does."""
+    n = len(corpus["train"])
+    tokens = n // 3 + 1  # three parts a pass (rounded up to minibatches of 64)
+    parts = -(-n // (-(-tokens // 64) * 64))
+    full, _ = train(tmp_path, "full", corpus, epochs=parts + 2, epoch_tokens=tokens)
+    lines = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["pass"], x["part"], x["parts"]) for x in lines] == [
+        (1 + k // parts, 1 + k % parts, parts) for k in range(parts + 2)
+    ]
+    V = len(corpus.vocab)
+    half = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0), torch.Generator().manual_seed(0))
+    half.init_unigram(corpus.vocab.counts)
+    cfg = TrainConfig(batch_size=64, max_epochs=2, progress=False, epoch_tokens=tokens)
+    fit(half, corpus, cfg, tmp_path / "half", log=lambda *a: None)
+    cfg.max_epochs = parts + 2
+    resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
+    fit(resumed, corpus, cfg, tmp_path / "half", resume=True, log=lambda *a: None)
+    assert all(torch.equal(x, y) for x, y in zip(full.state_dict().values(), resumed.state_dict().values()))
+    uncut, _ = train(tmp_path, "uncut", corpus, epochs=parts + 2, epoch_tokens=0)
+    assert not torch.equal(uncut.R.weight, full.R.weight)  # (uncut: parts + 2 whole passes)
+
+
+def test_runs_recorded_before_epoch_tokens_keep_whole_split_epochs():
+    assert TrainConfig.from_json({"lr": 1e-3}).epoch_tokens == 0
+    assert TrainConfig().epoch_tokens == 10_000_000
+    with pytest.raises(ValueError, match="epoch_tokens"):
+        TrainConfig(epoch_tokens=-1)
+
+
 def test_early_stopping_restores_best_and_drops_the_rate(tmp_path, corpus):
     _, state = train(tmp_path, "long", corpus, epochs=40)
     lines = [json.loads(x) for x in (tmp_path / "long" / "metrics.jsonl").read_text().splitlines()]

@@ -639,6 +639,36 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     return order
 
 
+@dataclass(frozen=True)
+class EpochSpan:
+    """What one training epoch visits: positions ``lo .. hi-1`` of pass ``pass_``'s order
+    (``EpochOrder(seed, pass_, n)``), the ``part``-th of the ``parts`` epochs that make that pass."""
+
+    pass_: int
+    part: int
+    parts: int
+    lo: int
+    hi: int
+
+
+def epoch_span(n: int, epoch: int, epoch_tokens: int, batch_size: int) -> EpochSpan:
+    """The positions epoch ``epoch`` (1, 2, ...) trains on, for a split of ``n`` positions.
+
+    ``epoch_tokens`` 0, or at least ``n``: every epoch is one whole pass (pass = epoch). Otherwise
+    each pass is cut into ``ceil(n / L)`` epochs of L positions (the last one shorter), L being
+    ``epoch_tokens`` rounded up to whole minibatches: the epochs of a pass take, in order, exactly
+    the minibatches an uncut pass takes. A long split thus gets its validation, checkpoint and
+    learning-rate decision every L positions instead of once a pass."""
+    if epoch < 1:
+        raise ValueError(f"epochs count from 1, got {epoch}")
+    if n <= 0 or not epoch_tokens or epoch_tokens >= n:
+        return EpochSpan(epoch, 1, 1, 0, max(n, 0))
+    length = -(-int(epoch_tokens) // batch_size) * batch_size
+    parts = -(-n // length)
+    pass_, part = (epoch - 1) // parts + 1, (epoch - 1) % parts + 1
+    return EpochSpan(pass_, part, parts, (part - 1) * length, min(n, part * length))
+
+
 # Streams of up to this many tokens get their epoch order as one permutation in memory (4 bytes a
 # token: 64 MB here) and are read where they are; longer ones get it a window at a time, visiting
 # one group of blocks at a time (EpochOrder), read into a bounded buffer (EpochReader), so training

@@ -118,7 +118,7 @@ import numpy as np
 import torch
 
 from . import data
-from .data import EpochOrder, EpochReader
+from .data import EpochOrder, EpochReader, epoch_span
 from .kernels import PHASES, OptState, Params, Workspace, _catch_up, _score, _train_steps
 from .memory import prefer_huge_pages
 from .output import TreeSoftmax
@@ -351,7 +351,8 @@ def train_epoch(
     stats: dict | None = None,
     block: int = BLOCK,
 ) -> tuple[float, float]:
-    """Drop-in for :func:`hlbl.train.train_epoch`: one pass in the same seeded order.
+    """Drop-in for :func:`hlbl.train.train_epoch`: one epoch (a pass, or its share of one:
+    :func:`hlbl.data.epoch_span`) in the same seeded order.
 
     Returns (mean NLL, words/s). ``threads`` defaults to ``cfg.hogwild`` (1 unless asked). With ``threads=1`` the steps
     are exactly the PyTorch path's, bit-reproducible under a seed. With ``threads=T > 1``,
@@ -369,12 +370,14 @@ def train_epoch(
         raise ValueError(f"the fast engine cannot train this model: {why}")
     T = max(1, int(threads or getattr(cfg, "hogwild", 1)))
     stream = _check_stream(stream, pad, model.config.vocab_size)
-    order = EpochOrder(cfg.seed, epoch, len(stream))  # whole, or a window at a time for long streams
     B = int(cfg.batch_size)
+    span = epoch_span(len(stream), epoch, getattr(cfg, "epoch_tokens", 0), B)
+    order = EpochOrder(cfg.seed, span.pass_, len(stream))  # whole, or a window at a time for long streams
+    size = span.hi - span.lo  # this epoch's positions: the order's span.lo .. span.hi-1
     if block < 1:
         raise ValueError(f"block must be at least 1, got {block}")
     S = min(int(block), B)
-    steps = (len(order) + B - 1) // B
+    steps = (size + B - 1) // B
     if max_batches is not None:
         steps = min(steps, max_batches)
     T = min(T, steps) or 1
@@ -406,17 +409,18 @@ def train_epoch(
     readers = [EpochReader(stream, order, n, pad, max_window=T * chunk * B) for _ in range(T)]
     tokens, none = readers[0].window(0, 0)
     _train_steps(np.empty(0, np.int64), none, 0, B, tokens, pad, params, paths, state, works[0], S, clocks[0])
-    bar = progress(min(len(order), steps * B), f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
+    bar = progress(min(size, steps * B), f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
 
     def run(r: int) -> float:
         mine = np.arange(r + 1, steps + 1, T, dtype=np.int64)
         total = 0.0
         for c0 in range(0, len(mine), chunk):
             part = mine[c0 : c0 + chunk]
-            lo = (int(part[0]) - 1) * B  # the order's positions these steps read: lo .. hi-1
-            tokens, win = readers[r].window(lo, int(part[-1]) * B)
+            lo = (int(part[0]) - 1) * B  # the epoch's positions these steps read: lo .. hi-1
+            hi = min(int(part[-1]) * B, size)
+            tokens, win = readers[r].window(span.lo + lo, span.lo + hi)
             total += _train_steps(part, win, lo, B, tokens, pad, params, paths, state, works[r], S, clocks[r])
-            bar.update(int(sum(min(B, len(order) - (t - 1) * B) for t in part)))
+            bar.update(int(sum(min(B, size - (t - 1) * B) for t in part)))
         return total
 
     empty = works[0].empty
@@ -474,7 +478,7 @@ def train_epoch(
             rows_per_step=int(cycles[-1]) / max(steps, 1),
         )
     bar.close()
-    seen = min(len(order), steps * B)
+    seen = min(size, steps * B)
     if not math.isfinite(total):
         total = math.inf
     return total / max(seen, 1), seen / elapsed

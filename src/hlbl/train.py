@@ -53,7 +53,16 @@ import torch
 from . import atomic
 from . import checkpoint as ckpt
 from . import distributed as ddp
-from .data import Corpus, DataError, EpochOrder, EpochReader, contexts, corpus_meta, stream_fingerprint
+from .data import (
+    Corpus,
+    DataError,
+    EpochOrder,
+    EpochReader,
+    contexts,
+    corpus_meta,
+    epoch_span,
+    stream_fingerprint,
+)
 from .errors import ConfigError
 from .evaluate import evaluate
 from .model import LBL
@@ -77,6 +86,10 @@ class TrainConfig:
     lr_min_gain: float = 0.003  # "halve": a relative improvement smaller than this decays the rate
     batch_size: int = 1000
     max_epochs: int = 40
+    # An epoch is at most this many training positions: a longer split is cut into several epochs
+    # a pass (data.epoch_span), each ending in validation, a checkpoint and the schedule's
+    # decision. 0: always the whole split (runs from before this setting record none: 0).
+    epoch_tokens: int = 10_000_000
     optimizer: str = "momentum"
     momentum: float = 0.9
     weight_decay_words: float = 1e-4
@@ -115,6 +128,8 @@ class TrainConfig:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if not (0 <= self.weight_decay_words < math.inf and 0 <= self.weight_decay_other < math.inf):
             raise ValueError("weight decays must be >= 0")
+        if isinstance(self.epoch_tokens, bool) or not isinstance(self.epoch_tokens, int) or self.epoch_tokens < 0:
+            raise ValueError(f"epoch_tokens={self.epoch_tokens} is not an integer >= 0 (0: the whole split)")
         if self.max_train_tokens is not None and self.max_train_tokens < 1:
             raise ValueError(f"max_train_tokens must be at least 1, got {self.max_train_tokens}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
@@ -133,7 +148,7 @@ class TrainConfig:
         unknown = sorted(set(obj) - known)
         if unknown:
             raise ValueError(f"unknown training setting(s) {', '.join(unknown)}")
-        kw = {**obj, **overrides}
+        kw = {"epoch_tokens": 0, **obj, **overrides}  # (runs from before the setting: whole-split epochs)
         if not kw.get("max_train_tokens"):
             kw["max_train_tokens"] = None  # runs written before 0 became an error stored 0 for "all"
         try:
@@ -157,7 +172,8 @@ def make_optimizer(model: LBL, cfg: TrainConfig, lr: float) -> torch.optim.Optim
 def train_epoch(
     model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg: TrainConfig, epoch: int, show: bool
 ) -> tuple[float, float]:
-    """One pass over ``stream`` in a seeded random order; returns (mean NLL, words/s).
+    """One epoch over ``stream`` in a seeded random order: a whole pass, or for a split longer than
+    ``cfg.epoch_tokens`` its share of one (:func:`hlbl.data.epoch_span`); returns (mean NLL, words/s).
 
     Under a process group of W > 1 ranks (every rank calls this with the same arguments and the
     same parameters), each global minibatch of ``cfg.batch_size`` positions is split into W
@@ -165,7 +181,8 @@ def train_epoch(
     over the ranks: every rank takes the single-process step. The returned loss and words/s are
     global (all ranks' tokens).
     """
-    order = EpochOrder(cfg.seed, epoch, len(stream))  # N positions, the same on every rank
+    span = epoch_span(len(stream), epoch, cfg.epoch_tokens, cfg.batch_size)
+    order = EpochOrder(cfg.seed, span.pass_, len(stream))  # N positions, the same on every rank
     # the stream, or for a long one its current groups of blocks in a bounded buffer
     reader = EpochReader(stream, order, model.config.context, pad, max_window=cfg.batch_size)
     device = torch.device(cfg.device)
@@ -173,7 +190,7 @@ def train_epoch(
     params = [p for p in model.parameters() if p.requires_grad]
     total, seen = 0.0, 0  # this rank's summed NLL and token count
     start = time.perf_counter()
-    bar = progress(len(order), f"epoch {epoch}", "w", show)  # a bar on a terminal, else a line every few seconds
+    bar = progress(span.hi - span.lo, f"epoch {epoch}", "w", show)  # a bar on a terminal, else a line every few seconds
     model.train()
     # Layers whose loss samples (nce, sampled) restart their noise generator from (seed, epoch):
     # the same --seed draws the same noise, and a run resumed after an epoch draws what the
@@ -181,8 +198,10 @@ def train_epoch(
     # per forward), which are the single-process step's shared samples when one draw serves the
     # whole minibatch (noise_share 0; with groups a rank's shard is grouped on its own).
     model.out.reseed(noise_seed(cfg.seed, epoch))
-    for first in range(0, len(order), cfg.batch_size):
-        tokens, batch = reader.window(first, first + cfg.batch_size)  # (B,) positions of the global minibatch
+    for first in range(span.lo, span.hi, cfg.batch_size):
+        tokens, batch = reader.window(
+            first, min(first + cfg.batch_size, span.hi)
+        )  # (B,) positions of the global minibatch
         lo, hi = ddp.shard_bounds(len(batch), rank, world)
         pos = batch[lo:hi]  # (b,) this rank's shard; b = B in one process, and can be 0
         optimizer.zero_grad(set_to_none=True)
@@ -473,8 +492,12 @@ def _fit(
                 f"(lr={state['lr']:g}){hint}"
             )
         improved = ppl < state["best_valid_ppl"]
+        span = epoch_span(len(train), epoch, cfg.epoch_tokens, cfg.batch_size)
         line = {
             "epoch": epoch,
+            "pass": span.pass_,  # epochs of a long split are parts of a pass (cfg.epoch_tokens)
+            "part": span.part,
+            "parts": span.parts,
             "train_loss": loss,
             "train_ppl": math.exp(loss),
             "valid_ppl": ppl,
@@ -485,7 +508,8 @@ def _fit(
             "improved": improved,
         }
         metrics.append(json.dumps(line))  # written with the epoch's checkpoint, never before
-        log(f"epoch {epoch}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state['lr']:g}")
+        where = f" (pass {span.pass_}, part {span.part}/{span.parts})" if span.parts > 1 else ""
+        log(f"epoch {epoch}{where}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state['lr']:g}")
         state["epoch"] = epoch
         enough = ppl < state["best_valid_ppl"] * (1.0 - cfg.lr_min_gain)
         if improved:

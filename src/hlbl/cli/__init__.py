@@ -24,6 +24,7 @@ PARAMETER_FLAGS = (
     "min_count",
     "threads",
     "epochs",
+    "epoch_tokens",
     "flat_epochs",
     "engine",
     "lr",

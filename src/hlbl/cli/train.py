@@ -13,7 +13,16 @@ import torch
 from .. import distributed
 from .. import checkpoint as ckpt
 from ..checkpoint import load_model, read_run, read_state
-from ..data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus, run_corpus, stream_fingerprint
+from ..data import (
+    Corpus,
+    DataError,
+    corpus_record,
+    epoch_span,
+    load_corpus,
+    resolve_corpus,
+    run_corpus,
+    stream_fingerprint,
+)
 from ..evaluate import evaluate, self_normalisation
 from ..model import LBL, LBLConfig
 from ..output import OUTPUT_KINDS, takes_structure, takes_tree
@@ -239,6 +248,7 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
             lr_min_gain=args.lr_min_gain,
             batch_size=args.batch_size,
             max_epochs=args.epochs or TrainConfig.max_epochs,
+            epoch_tokens=args.epoch_tokens,
             optimizer=args.optimizer,
             momentum=TrainConfig.momentum if args.momentum is None else args.momentum,
             weight_decay_words=args.weight_decay_words,
@@ -307,6 +317,14 @@ def _train(args, device: str) -> int:
             f"device {device}",
             file=sys.stderr,
         )
+        n_train = min(len(corpus["train"]), cfg.max_train_tokens or len(corpus["train"]))
+        span = epoch_span(n_train, 1, cfg.epoch_tokens, cfg.batch_size)
+        if span.parts > 1:
+            print(
+                f"a pass over the training split is {span.parts} epochs of {span.hi:,} positions "
+                f"(--epoch-tokens {cfg.epoch_tokens:,}): each ends in validation and a checkpoint",
+                file=sys.stderr,
+            )
     options = {"tree": args.tree or "random"} if takes_tree(model.config.output) else {}
     if model.config.output == "classes":
         options = {"tree": args.tree or "frequency"}
@@ -455,6 +473,14 @@ def add_commands(sub) -> None:
     t.add_argument("--init-std", type=float, default=m["init_std"], help="std of the Gaussian initial weights")
     t.add_argument(
         "--epochs", type=int, default=None, help=f"maximum epochs (default {d.max_epochs}; early stopping ends sooner)"
+    )
+    t.add_argument(
+        "--epoch-tokens",
+        type=int,
+        default=d.epoch_tokens,
+        help="an epoch is at most this many training positions: a longer split is cut into epochs that each "
+        "end in validation, a checkpoint and the learning-rate decision, and together make one pass in the "
+        "seeded order; --epochs counts them (0 = an epoch is always the whole split)",
     )
     t.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per SGD step")
     t.add_argument(
