@@ -19,6 +19,7 @@ from hlbl.data import (
     resolve_corpus,
     stream_fingerprint,
     stream_pieces,
+    stream_windows,
 )
 
 
@@ -339,9 +340,20 @@ def test_epoch_reader_keeps_the_mapped_split_out_of_memory(tmp_path):
     import hashlib
 
     digest = stream_fingerprint(stream)
+    pieces = [(len(t), f) for t, f in stream_windows(stream, 3 << 20, 5)]  # the word-features pass's
+    assert pieces == [(3 << 20, 0), ((3 << 20) + 5, 5), ((2 << 20) + 5, 5)]
     grown = _rss_file_kb() - before
     assert grown < 4 << 10, f"the mapped split's pages came in: RssFile +{grown} kB"
     assert digest == hashlib.sha256(copy.data).hexdigest()
+
+
+def test_stream_windows_give_each_piece_with_the_tokens_before_it():
+    stream = np.arange(10, 2510, dtype=np.int32)
+    got = list((t.copy(), f) for t, f in stream_windows(stream, 1000, 3))
+    assert [f for _, f in got] == [0, 3, 3]
+    for k, (tokens, first) in enumerate(got):
+        lo = 1000 * k
+        assert np.array_equal(tokens, stream[max(0, lo - 3) : lo + 1000])
 
 
 def test_short_epoch_order_is_held_whole():

@@ -318,6 +318,28 @@ def test_word_features_numba_pass_equals_the_torch_batches():
     assert np.abs(X_fast).max() > 1e-3  # not a vacuous comparison of zeros
 
 
+def test_word_features_read_a_mapped_split_in_pieces_with_the_same_sums(tmp_path, monkeypatch):
+    """A memory-mapped split is read through its file in pieces, each with the context tokens
+    before it: the same sums, to the bit, as one pass over the tokens in memory, and the pieces'
+    ids are checked (a bad id in a later piece is refused)."""
+    import hlbl.treebuild as tb
+
+    V, n = 50, 4
+    model = LBL(LBLConfig(V, dim=8, context=n), random_tree(V, 0), torch.Generator().manual_seed(1))
+    tokens = np.random.default_rng(2).integers(0, V, size=5003).astype("<i4")
+    tokens.tofile(tmp_path / "train.bin")
+    mapped = np.memmap(tmp_path / "train.bin", dtype="<i4", mode="r")
+    X_whole, c_whole = word_features(model, tokens, 3)
+    monkeypatch.setattr(tb, "FEATURE_PIECE", 1000)  # 6 pieces, the last of 3 positions
+    X_mapped, c_mapped = word_features(model, mapped, 3)
+    np.testing.assert_array_equal(c_mapped, c_whole)
+    np.testing.assert_array_equal(X_mapped, X_whole)
+    tokens[4500] = V
+    tokens.tofile(tmp_path / "bad.bin")
+    with pytest.raises(TreeError, match="token ids"):
+        word_features(model, np.memmap(tmp_path / "bad.bin", dtype="<i4", mode="r"), 3)
+
+
 def test_tree_build_cli(tmp_path):
     from hlbl.cli import main
 

@@ -24,6 +24,7 @@ one line at a time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -850,6 +851,23 @@ def stream_pieces(stream: np.ndarray, size: int = READ_TOKENS) -> Iterator[np.nd
             part = buf[: min(size, len(stream) - lo)]
             read_tokens(stream, lo, part, f)
             yield part
+
+
+def stream_windows(stream: np.ndarray, size: int, before: int) -> Iterator[tuple[np.ndarray, int]]:
+    """``(tokens, first)`` for the stream's positions in pieces of up to ``size``, in order: int32
+    ``tokens[first:]`` are a piece's own tokens and ``tokens[:first]`` the up to ``before`` tokens
+    that precede it (the context of its first positions). A memory-mapped stream is read through
+    its file into one reused buffer (:func:`read_tokens`), so a pass over it keeps no page of the
+    mapping resident; a piece holds its tokens until the next one is read."""
+    n = len(stream)
+    buf = np.empty(min(size, n) + before, np.int32)
+    where = _mapped_file(stream)
+    with open(where[0], "rb") if where is not None else contextlib.nullcontext() as f:
+        for lo in range(0, n, size):
+            start = max(0, lo - before)
+            part = buf[: min(lo + size, n) - start]
+            read_tokens(stream, start, part, f)
+            yield part, lo - start
 
 
 class EpochReader:
