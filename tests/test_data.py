@@ -369,14 +369,17 @@ def test_epoch_spans_cut_each_pass_into_whole_minibatches(n, tokens, batch):
     boundary of the uncut pass; a split no longer than epoch_tokens (or 0) is one epoch a pass."""
     first = epoch_span(n, 1, tokens, batch)
     parts = first.parts
-    assert parts == (1 if not tokens or tokens >= n else -(-n // (-(-tokens // batch) * batch)))
+    length = first.hi - first.lo
+    if not tokens or tokens >= n:
+        assert parts == 1 and length == n
+    else:  # about equal epochs of at most epoch_tokens, rounded up to a minibatch
+        assert length % batch == 0 and length < tokens + batch and parts <= -(-n // tokens)
     for p in (1, 2, 3):
         spans = [epoch_span(n, (p - 1) * parts + k, tokens, batch) for k in range(1, parts + 1)]
         assert [s.pass_ for s in spans] == [p] * parts and [s.part for s in spans] == list(range(1, parts + 1))
         assert spans[0].lo == 0 and spans[-1].hi == n
         assert all(a.hi == b.lo for a, b in zip(spans, spans[1:]))
         assert all(s.lo % batch == 0 and s.hi > s.lo for s in spans)
-        length = -(-tokens // batch) * batch  # epoch_tokens rounded up to whole minibatches
-        assert all(s.hi - s.lo == length for s in spans[:-1])
+        assert all(s.hi - s.lo == length for s in spans[:-1]) and spans[-1].hi - spans[-1].lo >= length - batch * parts
     with pytest.raises(ValueError):
         epoch_span(n, 0, tokens, batch)

@@ -656,15 +656,17 @@ def epoch_span(n: int, epoch: int, epoch_tokens: int, batch_size: int) -> EpochS
     """The positions epoch ``epoch`` (1, 2, ...) trains on, for a split of ``n`` positions.
 
     ``epoch_tokens`` 0, or at least ``n``: every epoch is one whole pass (pass = epoch). Otherwise
-    each pass is cut into ``ceil(n / L)`` epochs of L positions (the last one shorter), L being
-    ``epoch_tokens`` rounded up to whole minibatches: the epochs of a pass take, in order, exactly
-    the minibatches an uncut pass takes. A long split thus gets its validation, checkpoint and
-    learning-rate decision every L positions instead of once a pass."""
+    each pass is cut into about ``ceil(n / epoch_tokens)`` epochs of L positions (the last one
+    shorter), L being ``n / ceil(n / epoch_tokens)`` rounded up to whole minibatches: the epochs
+    of a pass are of about equal size and take, in order, exactly the minibatches an uncut pass
+    takes. A long split thus gets its validation, checkpoint and learning-rate decision every L
+    positions instead of once a pass."""
     if epoch < 1:
         raise ValueError(f"epochs count from 1, got {epoch}")
     if n <= 0 or not epoch_tokens or epoch_tokens >= n:
         return EpochSpan(epoch, 1, 1, 0, max(n, 0))
-    length = -(-int(epoch_tokens) // batch_size) * batch_size
+    even = -(-n // -(-n // int(epoch_tokens)))  # n / ceil(n / epoch_tokens), rounded up
+    length = -(-even // batch_size) * batch_size
     parts = -(-n // length)
     pass_, part = (epoch - 1) // parts + 1, (epoch - 1) % parts + 1
     return EpochSpan(pass_, part, parts, (part - 1) * length, min(n, part * length))
