@@ -31,6 +31,14 @@ Stages, each in its own processes, each writing ``OUT/STAGE.json`` (``summary`` 
   vocabulary, ``hlbl train`` on that tree, ``hlbl eval`` (test), ``hlbl ngram train`` (binary
   form), ``hlbl eval --interpolate`` (weight tuned on valid), ``hlbl predict``, ``hlbl generate``,
   ``hlbl score``. ``--epochs`` caps training (a full run to early stopping takes hours here).
+  ``--long-epochs N`` adds the x2 tree trained from the start with the halving schedule, for at
+  most N epochs of 10M positions (``--epoch-tokens``' default: six a pass here).
+* ``frontier``: quality against training time on this corpus (``frontier.md``, ``frontier.json``):
+  every trained model of the ``hlbl`` stages and KN5, and beside them the training words/s of the
+  flat LBL, NCE and the sampled softmax (k = 25) and of the HLBL trees, measured side by side in
+  one process per vocabulary (``bench/frontier.py speed``, ``frontier_speed_VOCAB.json``): at
+  190k words a pass of the flat LBL would take days here, so the flat and sampled layers have a
+  speed but no trained row.
 * ``summary``: ``summary.json`` (one object) and ``table.md`` from the stages' files.
 
 Run directories and models go under ``--work``; the corpus is never copied into the results.
@@ -72,6 +80,7 @@ HLBL_RUNS = (
     ("random", "HLBL, RANDOM tree", "train_random"),
     ("x2", "HLBL, ADAPTIVE(0.4) x2 tree", "train_x2"),
     ("x2-low", "HLBL, ADAPTIVE(0.4) x2 tree, then on at the final rate from every weight", "train_x2_low"),
+    ("x2-long", "HLBL, ADAPTIVE(0.4) x2 tree, epochs of 10M positions, halving schedule", "train_x2_long"),
 )
 
 
@@ -585,6 +594,20 @@ def stage_hlbl(args) -> dict:
         else:
             step("train_x2_low", argv, low_run / "best.safetensors")
         runs.append(low_run)
+    if args.long_epochs:  # the x2 tree from the start, the rate halved on small validation gains
+        long_run = work / "x2-long"
+        argv = hlbl(
+            "train", "--data", args.data, *flags, "--tree", str(tree), "--lr-schedule", "halve",
+            "--epochs", str(args.long_epochs), "--threads", "1", "--out", str(long_run),
+        )  # fmt: skip
+        state = long_run / "state.json"
+        done = state.exists() and (json.loads(state.read_text())["done"] or len(_metrics(long_run)) >= args.long_epochs)
+        if (long_run / "run.json").exists() and not done:
+            r = step("train_x2_long", argv + ["--resume"])
+            r["command"] = "hlbl " + shlex.join(argv[3:])
+        else:
+            step("train_x2_long", argv, long_run / "best.safetensors")
+        runs.append(long_run)
     if not kn.exists():
         step("kn5", hlbl("ngram", "train", "--data", args.data, *flags, "--order", "5", "--out", str(kn)))
     evals = {}
@@ -608,6 +631,7 @@ def stage_hlbl(args) -> dict:
         "vocab": name,
         "flags": flags,
         "epochs_cap": args.epochs,
+        "long_done": args.long_epochs > 0 and json.loads((work / "x2-long" / "state.json").read_text())["done"],
         "steps": steps,
         "evals": evals,
         "metrics": {run.name: _metrics(run) for run in runs},
@@ -618,6 +642,117 @@ def stage_hlbl(args) -> dict:
             .splitlines()[-1]
         ),
     }
+
+
+# ------------------------------------------------------------------------------------- frontier
+
+SPEED_KINDS = (
+    ("flat", "LBL (flat softmax)"),
+    ("nce-25", "LBL, NCE k = 25"),
+    ("sampled-25", "LBL, sampled softmax k = 25"),
+)
+
+
+def stage_frontier(args) -> dict:
+    out, work = Path(args.out), Path(args.work)
+    kn = json.loads((out / "kn.json").read_text())["rows"]
+    rows = []
+    for vocab, flags in VOCABS.items():
+        hl_file = out / f"hlbl-{vocab}.json"
+        if not hl_file.exists():
+            continue
+        hl = json.loads(hl_file.read_text())
+        speed_file = out / f"frontier_speed_{vocab}.json"
+        if not speed_file.exists() or args.remeasure:
+            cmd = [sys.executable, str(ROOT / "bench" / "frontier.py"), "speed", "--data", args.data, *flags]
+            cmd += ["--trees", "random=random", f"x2={work / vocab / 'adaptive0.4x2.json'}", "--samples", "25"]
+            cmd += ["--rounds", str(args.speed_rounds), "--tokens", "50000", "--flat-tokens", "4000"]
+            subprocess.run(cmd + ["--out", str(speed_file)], check=True)
+        sp = json.loads(speed_file.read_text())
+        wps, ratio = sp["words_per_s_median"], sp["ratio_to_flat_median"]
+        n_train, k = sp["train_tokens"], kn[vocab]["test_ppl"]
+
+        def add(model, test, valid, passes, hours, key, command):
+            w = wps.get(key) if key else None
+            rows.append(
+                {
+                    "vocabulary": vocab,
+                    "vocab_size": sp["vocab_size"],
+                    "model": model,
+                    "test_ppl": test,
+                    "valid_ppl": valid,
+                    "vs_kn5": None if test is None else test / k - 1,
+                    "passes": passes,
+                    "train_hours_own_run": hours,
+                    "words_per_s": w,
+                    "speed_vs_flat": 1.0 if key == "flat" else ratio.get(key) if key else None,
+                    "hours_per_pass": None if w is None else n_train / w / 3600,
+                    "command": command,
+                }
+            )
+
+        runs = {r: (label, key) for r, label, key in HLBL_RUNS}
+        for run, (label, step) in runs.items():
+            if run not in hl["evals"]:
+                continue
+            m = hl["metrics"][run]
+            seen = sum((x.get("parts") and 1 / x["parts"]) or 1 for x in m)  # passes over the split
+            hours = sum(x["epoch_minutes"] for x in m) / 60
+            if run == "x2-low":  # it goes on from the x2 run
+                seen += len(hl["metrics"]["x2"])
+                hours += sum(x["epoch_minutes"] for x in hl["metrics"]["x2"]) / 60
+            e = hl["evals"][run]
+            key = "tree:random" if run == "random" else "tree:x2"
+            add(label, e["perplexity"], min(x["valid_ppl"] for x in m), seen, hours, key, hl["steps"][step]["command"])
+            mix = hl["evals"].get(f"mix_{run}")
+            if mix:
+                add(
+                    f"{label} + KN5 (w = {mix['weight']:.3f})", mix["perplexity"], None, seen, hours, None,
+                    hl["steps"][f"mix_{run}"]["command"],
+                )  # fmt: skip
+        add(
+            "KN5",
+            k,
+            kn[vocab]["valid_ppl"],
+            None,
+            kn[vocab]["process_wall_s"] / 3600,
+            None,
+            "hlbl ngram train --order 5",
+        )
+        for key, label in SPEED_KINDS:
+            add(label + " (not trained here)", None, None, None, None, key, "bench/frontier.py speed")
+    result = {"rows": rows}
+    write_json(out / "frontier.json", result)
+    (out / "frontier.md").write_text(frontier_table(rows))
+    return result
+
+
+def frontier_table(rows: list[dict]) -> str:
+    f = lambda x, fmt: "-" if x is None else format(x, fmt)  # noqa: E731
+    lines = [
+        "# Gutenberg: quality against training time",
+        "",
+        "Written by `python bench/gutenberg.py frontier` from `hlbl-VOCAB.json`, `kn.json` and "
+        "`frontier_speed_VOCAB.json`. *Passes*: training positions over the 50.9M of the train split. "
+        "*Train hours (own run)*: the run's summed epoch times on one thread of the shared 2-core machine "
+        "(for the x2 tree without the RANDOM run and the tree build it needs: about 0.25 and 0.07 hours; "
+        "for KN5, the whole `hlbl ngram train` process). *Words/s*, *speed vs flat* and *hours a pass*: "
+        "training words/s measured side by side in one process per vocabulary (median of rounds, one thread, "
+        "momentum SGD, batch 1000, d = 100, context 5; the trees on the fast engine, the others on autograd). "
+        "The flat and sampled layers were only timed: at these vocabularies a pass of the flat LBL takes days here.",
+        "",
+        "| vocabulary | model | test ppl | vs KN5 | passes | train hours (own run) | words/s | speed vs flat | hours a pass | command |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        vs = "-" if r["vs_kn5"] is None else f"{100 * r['vs_kn5']:+.1f}%"
+        sp = "-" if r["speed_vs_flat"] is None else f"{r['speed_vs_flat']:.1f}x"
+        lines.append(
+            f"| {r['vocab_size']:,} | {r['model']} | {f(r['test_ppl'], '.2f')} | {vs} | {f(r['passes'], '.2f')} "
+            f"| {f(r['train_hours_own_run'], '.2f')} | {f(r['words_per_s'], ',.0f')} | {sp} "
+            f"| {f(r['hours_per_pass'], ',.2f')} | `{r['command']}` |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 # -------------------------------------------------------------------------------------- summary
@@ -721,6 +856,12 @@ def table(s: dict, kn: dict, hl: dict, vocab: dict) -> str:
             epochs = f"{len(m[run])} (cap {v['epochs_cap']}, not converged)"
             if run == "x2-low":
                 epochs = f"{len(m['x2'])} + {len(m[run])} at the final rate (not converged)"
+            if run == "x2-long":
+                last = m[run][-1]
+                epochs = (
+                    f"{len(m[run])} of {last['parts']} a pass ({len(m[run]) / last['parts']:.1f} passes"
+                    f"{', stopped early' if v.get('long_done') else ', cap reached'}; lr {m[run][0]['lr']:g} to {last['lr']:g})"
+                )
             lines.append(
                 f"| {label} | {model} | {e['perplexity']:.2f} | {valid:.2f} | {epochs} "
                 f"| {statistics.mean(x['words_per_sec'] for x in m[run]):,.0f} | `{cmd}` |"
@@ -788,7 +929,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "stage",
-        choices=["vocab", "speed", "phases", "memory", "mapped", "kn", "hlbl", "summary", "_memory_child", "_kn_child"],
+        choices=[
+            "vocab",
+            "speed",
+            "phases",
+            "memory",
+            "mapped",
+            "kn",
+            "hlbl",
+            "frontier",
+            "summary",
+            "_memory_child",
+            "_kn_child",
+        ],  # fmt: skip
     )
     ap.add_argument(
         "vocab", nargs="?", default="default", help="hlbl stage: default or 50k; _kn_child: open, default, 50k"
@@ -804,8 +957,16 @@ def main(argv=None) -> int:
         help="hlbl: then train the x2 model at this rate from every weight of it (0: not)",
     )
     ap.add_argument("--low-epochs", type=int, default=0, help="hlbl: epochs at --low-lr (default: --epochs)")
+    ap.add_argument(
+        "--long-epochs",
+        type=int,
+        default=0,
+        help="hlbl: also train the x2 tree from the start with the halving schedule, this many epochs of "
+        "10M positions at most (0: not)",
+    )
     ap.add_argument("--speed-batches", type=int, default=1000)
     ap.add_argument("--speed-rounds", type=int, default=3)
+    ap.add_argument("--remeasure", action="store_true", help="frontier: measure the speeds again")
     ap.add_argument("--memory-batches", type=int, default=5000)
     ap.add_argument("--phase-batches", type=int, default=200)
     ap.add_argument("--phase-rounds", type=int, default=10)
@@ -830,11 +991,12 @@ def main(argv=None) -> int:
         "mapped": stage_mapped,
         "kn": stage_kn,
         "hlbl": stage_hlbl,
+        "frontier": stage_frontier,
         "summary": stage_summary,
     }[args.stage]
     t = time.perf_counter()
     result = fn(args)
-    if args.stage != "summary":
+    if args.stage not in ("summary", "frontier"):
         result["stage_wall_s"] = time.perf_counter() - t
         write_json(
             Path(args.out) / (f"hlbl-{args.vocab}.json" if args.stage == "hlbl" else f"{args.stage}.json"), result
