@@ -71,7 +71,66 @@ class TopK(NamedTuple):
     nodes: torch.Tensor  # (B,) int64 internal nodes scored per context
 
 
+# ---- bundles ----------------------------------------------------------------------------------
+# N internal nodes, V words, L leaves, K = the most codes (leaves) of a word, D = the deepest leaf.
+
+
+class TreeArrays(NamedTuple):
+    """The tree in the numpy layout the kernels read (derived from the immutable tree only)."""
+
+    children: np.ndarray  # (N, 2) int64: child node id >= 0, or -1 - word id for a leaf
+    ncodes: np.ndarray  # (V,) int64 leaves per word
+    log_codes: np.ndarray  # (V,) float64 log ncodes
+    log_codes_below: np.ndarray  # (N,) float64 log of the most codes of a word with a leaf below node j
+    word_leaves: np.ndarray  # (V, K) int64, -1 padded
+    path_nodes: np.ndarray  # (L, D) int64
+    path_bits: np.ndarray  # (L, D) int8, 1 = left
+    leaf_depth: np.ndarray  # (L,) int64
+
+
+class NodeWeights(NamedTuple):
+    """The internal nodes' weights (:func:`node_weights`): s_j = h . W[j] + b[j]. float32 or
+    float64, C-contiguous; read only."""
+
+    W: np.ndarray  # (N, d) node vectors q_j
+    b: np.ndarray  # (N,) node biases
+
+
+class Scratch(NamedTuple):
+    """One thread's search scratch for a tree (:func:`scratch`); reused by every context it
+    searches without clearing: each context has its own tag (> 0), and ``stamp`` / ``resolved``
+    entries equal to that tag are the ones set for it (so entries from earlier contexts, all
+    with smaller tags, read as unset)."""
+
+    hk: np.ndarray  # (N + 2,) float64 heap of frontier items: keys ...
+    hp: np.ndarray  # (N + 2,) float64 ... log-probabilities ...
+    hb: np.ndarray  # (N + 2,) int64 ... and tb (node id, or _LEAF + word id)
+    score: np.ndarray  # (N,) float64 node scores, valid where stamp == tag
+    stamp: np.ndarray  # (N,) int64 tag of the context whose score[j] is cached
+    resolved: np.ndarray  # (V,) int64 tag of the context in which word w was resolved
+    buf: np.ndarray  # (K,) float64 the leaves' log-probabilities of the word being resolved
+
+
+@numba.njit(cache=True)
+def scratch(N: int, V: int, K: int) -> Scratch:
+    """Fresh :class:`Scratch` for a tree of N internal nodes, V words and at most K codes a
+    word; its stamps are all 0, so it serves contexts tagged 1, 2, ... (jitted: the kernels
+    call it too)."""
+    return Scratch(
+        np.empty(N + 2, dtype=np.float64),
+        np.empty(N + 2, dtype=np.float64),
+        np.empty(N + 2, dtype=np.int64),
+        np.empty(N, dtype=np.float64),
+        np.zeros(N, dtype=np.int64),
+        np.zeros(V, dtype=np.int64),
+        np.empty(K, dtype=np.float64),
+    )
+
+
 # ---- numba kernels ----------------------------------------------------------------------------
+# The kernels take the bundles; the hot inlined helpers (heap, node score) take arrays: numba
+# takes and drops a reference for every read of a tuple's field, so a kernel reads each bundle's
+# fields into locals once (per context, per resolved word) and passes those.
 
 
 @numba.njit(cache=True, inline="always")
@@ -100,7 +159,8 @@ def _before(ka, ta, kb, tb):
 
 @numba.njit(cache=True, inline="always")
 def _heap_push(hk, hp, hb, size, k, p, t):
-    """Binary max-heap (order ``_before`` on key, tb) in hk/hp/hb[:size]; returns the new size."""
+    """Binary max-heap (order ``_before`` on key, tb) in hk/hp/hb[:size] (Scratch's heap);
+    returns the new size."""
     pos = size
     while pos > 0:
         parent = (pos - 1) >> 1
@@ -150,7 +210,8 @@ def _dot(h, W, j):
 
 @numba.njit(cache=True, inline="always")
 def _node_score(j, h, W, b, score, stamp, tag, counter):
-    """s_j = h . q_j + b_j, computed once per context (``stamp[j] == tag`` marks it cached)."""
+    """s_j = h . q_j + b_j (NodeWeights' W, b), computed once per context: ``stamp[j] == tag``
+    marks score[j] cached (Scratch's score, stamp); counter[0] counts the nodes scored."""
     if stamp[j] != tag:
         score[j] = _dot(h, W, j) + b[j]
         stamp[j] = tag
@@ -159,8 +220,10 @@ def _node_score(j, h, W, b, score, stamp, tag, counter):
 
 
 @numba.njit(cache=True)
-def _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, stamp, tag, counter, buf):
-    """Exact log P(w) = log-sum-exp over w's leaves (in word_leaves order, so deterministic)."""
+def _resolve(w, h, wt, tree, s, tag, counter):
+    """Exact log P(w) = log-sum-exp over w's leaves (in tree.word_leaves order, so deterministic)."""
+    word_leaves, path_nodes, path_bits, leaf_depth = tree.word_leaves, tree.path_nodes, tree.path_bits, tree.leaf_depth
+    W, b, score, stamp, buf = wt.W, wt.b, s.score, s.stamp, s.buf  # buf (K,): the leaves' log-probabilities
     n = 0
     m = -np.inf
     for r in range(word_leaves.shape[1]):
@@ -186,32 +249,10 @@ def _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, 
 
 
 @numba.njit(cache=True)
-def _topk_one(
-    h,
-    W,
-    b,
-    children,
-    ncodes,
-    log_codes,
-    log_codes_below,
-    single,
-    word_leaves,
-    path_nodes,
-    path_bits,
-    leaf_depth,
-    k,
-    hk,
-    hp,
-    hb,
-    score,
-    stamp,
-    resolved,
-    tag,
-    buf,
-    out_v,
-    out_w,
-):
-    """Best-first exact top-k for one context; fills out_v/out_w (k,), returns nodes scored.
+def _topk_one(h, wt, tree, single, k, s, tag, out_v, out_w):
+    """Best-first exact top-k for context h (d,) float64 on ``tree`` (TreeArrays) weighted by
+    ``wt`` (NodeWeights); fills out_v/out_w (k,), returns the nodes scored. ``single``: every
+    word has one code (tree.ncodes.max() == 1). ``s`` (Scratch) holds no entry stamped ``tag``.
 
     The best frontier item is carried in (cur_k, cur_p, cur_t) outside the heap: expanding it
     makes its better child the new current item and pushes only the other child, so a greedy
@@ -219,6 +260,10 @@ def _topk_one(
     and two pushes. Invariant: when ``have_cur``, the current item is ordered before every heap
     item, so cur_k bounds log P(w) of every unresolved word.
     """
+    # The bundles' fields as locals, read once per context (see the note above _log_sigmoid_pair).
+    W, b = wt.W, wt.b
+    hk, hp, hb, score, stamp, resolved = s.hk, s.hp, s.hb, s.score, s.stamp, s.resolved
+    children, ncodes, log_codes, log_codes_below = tree.children, tree.ncodes, tree.log_codes, tree.log_codes_below
     counter = np.zeros(1, dtype=np.int64)
     size = 0
     cur_k, cur_p, cur_t, have_cur = log_codes_below[0], 0.0, np.int64(0), True  # the root
@@ -271,7 +316,7 @@ def _topk_one(
         if ncodes[w] == 1:
             v = cur_p
         else:
-            v = _resolve(w, h, W, b, word_leaves, path_nodes, path_bits, leaf_depth, score, stamp, tag, counter, buf)
+            v = _resolve(w, h, wt, tree, s, tag, counter)
         # Insert (v, w) into the sorted top list (value descending, word ascending).
         if n_res < k:
             pos = n_res
@@ -290,139 +335,23 @@ def _topk_one(
 
 
 @numba.njit(cache=True, nogil=True)
-def _topk_range(
-    H,
-    W,
-    b,
-    children,
-    ncodes,
-    log_codes,
-    log_codes_below,
-    word_leaves,
-    path_nodes,
-    path_bits,
-    leaf_depth,
-    k,
-    start,
-    stop,
-    out_v,
-    out_w,
-    out_nodes,
-):
-    """Contexts ``start:stop`` of H (B, d). Releases the GIL, so slices run in parallel threads."""
-    N = W.shape[0]
-    V = ncodes.shape[0]
-    # Scratch shared by the contexts of the slice; stamps (context index + 1) avoid clearing.
-    hk = np.empty(N + 2, dtype=np.float64)
-    hp = np.empty(N + 2, dtype=np.float64)
-    hb = np.empty(N + 2, dtype=np.int64)
-    score = np.empty(N, dtype=np.float64)
-    stamp = np.zeros(N, dtype=np.int64)
-    resolved = np.zeros(V, dtype=np.int64)
-    buf = np.empty(word_leaves.shape[1], dtype=np.float64)
-    _topk_range_scratch(
-        H,
-        W,
-        b,
-        children,
-        ncodes,
-        log_codes,
-        log_codes_below,
-        word_leaves,
-        path_nodes,
-        path_bits,
-        leaf_depth,
-        k,
-        start,
-        stop,
-        out_v,
-        out_w,
-        out_nodes,
-        ncodes.max() == 1,
-        hk,
-        hp,
-        hb,
-        score,
-        stamp,
-        resolved,
-        buf,
-        0,
-    )
+def _topk_range(H, wt, tree, k, start, stop, out_v, out_w, out_nodes):
+    """Contexts ``start:stop`` of H (B, d) float64 into rows ``start:stop`` of out_v (B, k),
+    out_w (B, k) and out_nodes (B,), with scratch of its own. Releases the GIL, so slices run
+    in parallel threads."""
+    s = scratch(wt.W.shape[0], tree.ncodes.shape[0], tree.word_leaves.shape[1])
+    _topk_range_scratch(H, wt, tree, tree.ncodes.max() == 1, k, start, stop, s, 0, out_v, out_w, out_nodes)
 
 
 @numba.njit(cache=True, nogil=True)
-def _topk_range_scratch(
-    H,
-    W,
-    b,
-    children,
-    ncodes,
-    log_codes,
-    log_codes_below,
-    word_leaves,
-    path_nodes,
-    path_bits,
-    leaf_depth,
-    k,
-    start,
-    stop,
-    out_v,
-    out_w,
-    out_nodes,
-    single,
-    hk,
-    hp,
-    hb,
-    score,
-    stamp,
-    resolved,
-    buf,
-    tag0,
-):
-    """:func:`_topk_range` with the caller's scratch: context i is stamped ``tag0 + i + 1``, so
-    scratch whose stamps are all at most ``tag0`` needs no clearing."""
+def _topk_range_scratch(H, wt, tree, single, k, start, stop, s, tag0, out_v, out_w, out_nodes):
+    """:func:`_topk_range` with the caller's scratch ``s`` (Scratch): context i is stamped
+    ``tag0 + i + 1``, so scratch whose stamps are all at most ``tag0`` needs no clearing."""
     for i in range(start, stop):
-        out_nodes[i] = _topk_one(
-            H[i],
-            W,
-            b,
-            children,
-            ncodes,
-            log_codes,
-            log_codes_below,
-            single,
-            word_leaves,
-            path_nodes,
-            path_bits,
-            leaf_depth,
-            k,
-            hk,
-            hp,
-            hb,
-            score,
-            stamp,
-            resolved,
-            tag0 + i + 1,
-            buf,
-            out_v[i],
-            out_w[i],
-        )
+        out_nodes[i] = _topk_one(H[i], wt, tree, single, k, s, tag0 + i + 1, out_v[i], out_w[i])
 
 
 # ---- top-k ------------------------------------------------------------------------------------
-
-
-class TreeArrays(NamedTuple):
-    """The tree in the numpy layout the kernels read (derived from the immutable tree only)."""
-
-    children: np.ndarray  # (N, 2) int64
-    ncodes: np.ndarray  # (V,) int64 leaves per word
-    log_codes: np.ndarray  # (V,) float64 log ncodes
-    log_codes_below: np.ndarray  # (N,) float64 log of the most codes of a word with a leaf below node j
-    word_leaves: np.ndarray  # (V, K) int64, -1 padded
-    path_nodes: np.ndarray  # (L, D) int64
-    path_bits: np.ndarray  # (L, D) int8, 1 = left
-    leaf_depth: np.ndarray  # (L,) int64
 
 
 def tree_arrays(tree: WordTree) -> TreeArrays:
@@ -449,11 +378,11 @@ def layer_tree_arrays(layer) -> TreeArrays:
     return cached[1]
 
 
-def node_weights(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """(W (N, d), b (N,)) for the kernels: zero-copy views of contiguous float32 or float64 CPU
-    tensors (other dtypes and devices are copied to float32), so no per-call O(N d) or O(N)
-    conversion (generation calls this once a token) and no cache that could go stale; scores are
-    accumulated in float64 either way."""
+def node_weights(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor) -> NodeWeights:
+    """NodeWeights(W (N, d), b (N,)) for the kernels: zero-copy views of contiguous float32 or
+    float64 CPU tensors (other dtypes and devices are copied to float32), so no per-call O(N d)
+    or O(N) conversion (generation calls this once a token) and no cache that could go stale;
+    scores are accumulated in float64 either way."""
 
     def view(t: torch.Tensor) -> np.ndarray:
         t = t.detach()
@@ -464,7 +393,7 @@ def node_weights(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor) -> tu
     W, b = view(weight), view(bias)
     if W.ndim != 2 or W.shape[0] != tree.num_nodes or b.shape != (tree.num_nodes,):
         raise ValueError(f"weights {W.shape} / biases {b.shape} do not fit a tree of {tree.num_nodes} internal nodes")
-    return W, b
+    return NodeWeights(W, b)
 
 
 def codes_below(tree: WordTree) -> np.ndarray:
@@ -502,9 +431,9 @@ def tree_topk(
         raise ValueError(f"input must have shape (B, d), got {tuple(input.shape)}")
     k = _check_k(k, tree.num_words)
     a = tree_arrays(tree) if arrays is None else arrays
-    W, b = node_weights(tree, weight, bias)
-    if input.shape[1] != W.shape[1]:
-        raise ValueError(f"input has {input.shape[1]} features, the tree layer {W.shape[1]}")
+    wt = node_weights(tree, weight, bias)
+    if input.shape[1] != wt.W.shape[1]:
+        raise ValueError(f"input has {input.shape[1]} features, the tree layer {wt.W.shape[1]}")
     H = np.ascontiguousarray(input.detach().to("cpu", torch.float64).numpy())
     B = H.shape[0]
     out_v = np.full((B, k), -np.inf)
@@ -512,25 +441,7 @@ def tree_topk(
     out_n = np.zeros(B, dtype=np.int64)
 
     def run(start: int, stop: int) -> None:
-        _topk_range(
-            H,
-            W,
-            b,
-            a.children,
-            a.ncodes,
-            a.log_codes,
-            a.log_codes_below,
-            a.word_leaves,
-            a.path_nodes,
-            a.path_bits,
-            a.leaf_depth,
-            k,
-            start,
-            stop,
-            out_v,
-            out_w,
-            out_n,
-        )
+        _topk_range(H, wt, a, k, start, stop, out_v, out_w, out_n)
 
     threads = numba.get_num_threads() if threads is None else int(threads)
     threads = max(1, min(threads, B // 64))  # a slice of fewer than 64 contexts is not worth a thread
@@ -559,25 +470,22 @@ class TreeSearch:
     def __init__(self, tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, arrays: TreeArrays | None = None):
         self.tree = tree
         self.arrays = tree_arrays(tree) if arrays is None else arrays
-        self.W, self.b = node_weights(tree, weight, bias)
+        self.weights = node_weights(tree, weight, bias)
         self.single = bool(self.arrays.ncodes.max() == 1)
         self._local = threading.local()
 
-    def _scratch(self):
-        s = getattr(self._local, "scratch", None)
-        if s is None:
-            N, V = self.W.shape[0], self.arrays.ncodes.shape[0]
-            s = self._local.scratch = [
-                np.empty(N + 2),
-                np.empty(N + 2),
-                np.empty(N + 2, dtype=np.int64),
-                np.empty(N),
-                np.zeros(N, dtype=np.int64),
-                np.zeros(V, dtype=np.int64),
-                np.empty(self.arrays.word_leaves.shape[1]),
-                0,
-            ]
-        return s
+    def _scratch(self, B: int) -> tuple[Scratch, int]:
+        """This thread's scratch and tag0 for a call on B contexts (they are stamped tag0 + 1 ..
+        tag0 + B); the thread's tag is moved past them before the call, so stamps stay unique
+        even after an error."""
+        local = self._local
+        if getattr(local, "scratch", None) is None:
+            a = self.arrays
+            local.scratch = scratch(self.weights.W.shape[0], a.ncodes.shape[0], a.word_leaves.shape[1])
+            local.tag = 0
+        tag0 = local.tag
+        local.tag += B
+        return local.scratch, tag0
 
     def topk(self, H: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(log-probs (B, k) float64, word ids (B, k) int64), best first, for contexts H (B, d)
@@ -585,37 +493,15 @@ class TreeSearch:
         to the input's dtype."""
         k = _check_k(k, self.tree.num_words)
         H = np.ascontiguousarray(H, dtype=np.float64)
-        if H.ndim != 2 or H.shape[1] != self.W.shape[1]:
-            raise ValueError(f"H must have shape (B, {self.W.shape[1]}), got {H.shape}")
+        d = self.weights.W.shape[1]
+        if H.ndim != 2 or H.shape[1] != d:
+            raise ValueError(f"H must have shape (B, {d}), got {H.shape}")
         B = H.shape[0]
         out_v = np.full((B, k), -np.inf)
         out_w = np.full((B, k), -1, dtype=np.int64)
         out_n = np.empty(B, dtype=np.int64)
-        s = self._scratch()
-        tag0, s[7] = s[7], s[7] + B  # (taken before the call: stamps stay unique even after an error)
-        a = self.arrays
-        _topk_range_scratch(
-            H,
-            self.W,
-            self.b,
-            a.children,
-            a.ncodes,
-            a.log_codes,
-            a.log_codes_below,
-            a.word_leaves,
-            a.path_nodes,
-            a.path_bits,
-            a.leaf_depth,
-            k,
-            0,
-            B,
-            out_v,
-            out_w,
-            out_n,
-            self.single,
-            *s[:7],
-            tag0,
-        )
+        s, tag0 = self._scratch(B)
+        _topk_range_scratch(H, self.weights, self.arrays, self.single, k, 0, B, s, tag0, out_v, out_w, out_n)
         return out_v, out_w
 
 
@@ -663,5 +549,6 @@ __all__ = [
     "tree_arrays",
     "layer_tree_arrays",
     "node_weights",
+    "NodeWeights",
     "codes_below",
 ]
