@@ -187,6 +187,7 @@ def test_optimiser_flags_reach_the_recipe(tmp_path, capsys):
         ["--hogwild", "0"],
         ["--weight-decay", "-1"],
         ["--lr", "nan"],
+        ["--epoch-tokens", "-1"],
     ],
 )
 def test_bad_numbers_are_one_line_errors_not_defaults(tmp_path, capsys, flags):
@@ -195,6 +196,19 @@ def test_bad_numbers_are_one_line_errors_not_defaults(tmp_path, capsys, flags):
     err = capsys.readouterr().err
     assert err.startswith("hlbl: error:") and err.count("\n") == 1
     assert not (tmp_path / "r").exists()
+
+
+def test_a_split_longer_than_epoch_tokens_is_cut_into_epochs(tmp_path, capsys):
+    """--epoch-tokens below the training split: the command says how a pass is cut, each epoch
+    is one metrics line of the pass, and --epochs counts these epochs."""
+    data = tiny_corpus(tmp_path / "corpus")
+    argv = ["train", "--data", str(data), "--out", str(tmp_path / "r"), "--dim", "8", "--device", "cpu"]
+    assert main(argv + ["--epochs", "3", "--epoch-tokens", "300", "--batch-size", "100"]) == 0
+    err = capsys.readouterr().err  # 2,100 training positions: 7 epochs of 300 a pass
+    assert "a pass over the training split is 7 epochs of 300 positions (--epoch-tokens 300)" in err
+    assert "epoch 2 (pass 1, part 2/7):" in err
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["pass"], x["part"], x["parts"]) for x in lines] == [(1, 1, 7), (1, 2, 7), (1, 3, 7)]
 
 
 def test_unwritable_output_is_a_one_line_error(trained, tmp_path, capsys):
