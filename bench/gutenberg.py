@@ -32,7 +32,8 @@ Stages, each in its own processes, each writing ``OUT/STAGE.json`` (``summary`` 
   form), ``hlbl eval --interpolate`` (weight tuned on valid), ``hlbl predict``, ``hlbl generate``,
   ``hlbl score``. ``--epochs`` caps training (a full run to early stopping takes hours here).
   ``--long-epochs N`` adds the x2 tree trained from the start with the halving schedule, for at
-  most N epochs of 10M positions (``--epoch-tokens``' default: six a pass here).
+  most N epochs of 10M positions (``--epoch-tokens``' default: six a pass here);
+  ``--two-rate-epochs N`` the same with the paper's two-rate schedule.
 * ``frontier``: quality against training time on this corpus (``frontier.md``, ``frontier.json``):
   every trained model of the ``hlbl`` stages and KN5, and beside them the training words/s of the
   flat LBL, NCE and the sampled softmax (k = 25) and of the HLBL trees, measured side by side in
@@ -81,6 +82,7 @@ HLBL_RUNS = (
     ("x2", "HLBL, ADAPTIVE(0.4) x2 tree", "train_x2"),
     ("x2-low", "HLBL, ADAPTIVE(0.4) x2 tree, then on at the final rate from every weight", "train_x2_low"),
     ("x2-long", "HLBL, ADAPTIVE(0.4) x2 tree, epochs of 10M positions, halving schedule", "train_x2_long"),
+    ("x2-two-rate", "HLBL, ADAPTIVE(0.4) x2 tree, epochs of 10M positions, two-rate schedule", "train_x2_two_rate"),
 )
 
 
@@ -594,20 +596,29 @@ def stage_hlbl(args) -> dict:
         else:
             step("train_x2_low", argv, low_run / "best.safetensors")
         runs.append(low_run)
-    if args.long_epochs:  # the x2 tree from the start, the rate halved on small validation gains
-        long_run = work / "x2-long"
+    # The x2 tree from the start in epochs of 10M positions (six a pass): the rate halved on small
+    # validation gains, and (to compare) the paper's two rates.
+    done_flags = {}
+    for run_name, schedule, cap, key in (
+        ("x2-long", "halve", args.long_epochs, "train_x2_long"),
+        ("x2-two-rate", "two-rate", args.two_rate_epochs, "train_x2_two_rate"),
+    ):
+        if not cap:
+            continue
+        run = work / run_name
         argv = hlbl(
-            "train", "--data", args.data, *flags, "--tree", str(tree), "--lr-schedule", "halve",
-            "--epochs", str(args.long_epochs), "--threads", "1", "--out", str(long_run),
+            "train", "--data", args.data, *flags, "--tree", str(tree), "--lr-schedule", schedule,
+            "--epochs", str(cap), "--threads", "1", "--out", str(run),
         )  # fmt: skip
-        state = long_run / "state.json"
-        done = state.exists() and (json.loads(state.read_text())["done"] or len(_metrics(long_run)) >= args.long_epochs)
-        if (long_run / "run.json").exists() and not done:
-            r = step("train_x2_long", argv + ["--resume"])
+        state = run / "state.json"
+        done = state.exists() and (json.loads(state.read_text())["done"] or len(_metrics(run)) >= cap)
+        if (run / "run.json").exists() and not done:
+            r = step(key, argv + ["--resume"])
             r["command"] = "hlbl " + shlex.join(argv[3:])
         else:
-            step("train_x2_long", argv, long_run / "best.safetensors")
-        runs.append(long_run)
+            step(key, argv, run / "best.safetensors")
+        done_flags[run_name] = json.loads(state.read_text())["done"]
+        runs.append(run)
     if not kn.exists():
         step("kn5", hlbl("ngram", "train", "--data", args.data, *flags, "--order", "5", "--out", str(kn)))
     evals = {}
@@ -631,7 +642,7 @@ def stage_hlbl(args) -> dict:
         "vocab": name,
         "flags": flags,
         "epochs_cap": args.epochs,
-        "long_done": args.long_epochs > 0 and json.loads((work / "x2-long" / "state.json").read_text())["done"],
+        "stopped_early": done_flags,
         "steps": steps,
         "evals": evals,
         "metrics": {run.name: _metrics(run) for run in runs},
@@ -856,11 +867,11 @@ def table(s: dict, kn: dict, hl: dict, vocab: dict) -> str:
             epochs = f"{len(m[run])} (cap {v['epochs_cap']}, not converged)"
             if run == "x2-low":
                 epochs = f"{len(m['x2'])} + {len(m[run])} at the final rate (not converged)"
-            if run == "x2-long":
+            if run in ("x2-long", "x2-two-rate"):
                 last = m[run][-1]
                 epochs = (
                     f"{len(m[run])} of {last['parts']} a pass ({len(m[run]) / last['parts']:.1f} passes"
-                    f"{', stopped early' if v.get('long_done') else ', cap reached'}; lr {m[run][0]['lr']:g} to {last['lr']:g})"
+                    f"{', stopped early' if v.get('stopped_early', {}).get(run) else ', cap reached'}; lr {m[run][0]['lr']:g} to {last['lr']:g})"
                 )
             lines.append(
                 f"| {label} | {model} | {e['perplexity']:.2f} | {valid:.2f} | {epochs} "
@@ -964,6 +975,7 @@ def main(argv=None) -> int:
         help="hlbl: also train the x2 tree from the start with the halving schedule, this many epochs of "
         "10M positions at most (0: not)",
     )
+    ap.add_argument("--two-rate-epochs", type=int, default=0, help="hlbl: the same with the two-rate schedule (0: not)")
     ap.add_argument("--speed-batches", type=int, default=1000)
     ap.add_argument("--speed-rounds", type=int, default=3)
     ap.add_argument("--remeasure", action="store_true", help="frontier: measure the speeds again")
