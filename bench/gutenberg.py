@@ -623,10 +623,17 @@ def stage_hlbl(args) -> dict:
         step("kn5", hlbl("ngram", "train", "--data", args.data, *flags, "--order", "5", "--out", str(kn)))
     evals = {}
     for run in runs:
-        r = step(f"eval_{run.name}", hlbl("eval", str(run), "--split", "test"))
-        evals[run.name] = json.loads(r["stdout_tail"][-1])
-        r = step(f"mix_{run.name}", hlbl("eval", str(run), "--interpolate", str(kn), "--weight", "auto"))
-        evals[f"mix_{run.name}"] = json.loads(r["stdout_tail"][-1])
+        for key, argv in (
+            (f"eval_{run.name}", hlbl("eval", str(run), "--split", "test")),
+            (f"mix_{run.name}", hlbl("eval", str(run), "--interpolate", str(kn), "--weight", "auto")),
+        ):
+            # an evaluation newer than the run's weights (and the KN model) is kept, not run again
+            result = logs / f"{key}.json"
+            fresh = result.exists() and result.stat().st_mtime > max(
+                (run / "best.safetensors").stat().st_mtime, kn.stat().st_mtime
+            )
+            step(key, argv, result if fresh else None, stdout_file=result)
+            evals[key.removeprefix("eval_")] = json.loads(result.read_text().strip().splitlines()[-1])
     contexts = b"It was the best of\nThe old man looked at the\n"
     step("predict", hlbl("predict", str(tree_run), "--k", "5"), stdin=contexts)
     step(
