@@ -523,14 +523,16 @@ def stage_hlbl(args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     logs = work / "logs"
     logs.mkdir(exist_ok=True)
-    epochs = ["--epochs", str(args.epochs), "--threads", "1"]
+    # An epoch of these runs is a whole pass (--epoch-tokens 0), as when their rows were made.
+    epochs = ["--epochs", str(args.epochs), "--epoch-tokens", "0", "--threads", "1"]
     steps: dict[str, dict] = {}
     prev_file = Path(args.out) / f"hlbl-{name}.json"
     prev = json.loads(prev_file.read_text()).get("steps", {}) if prev_file.exists() else {}
 
     def step(key: str, argv: list[str], done: Path | None = None, stdout_file: Path | None = None, stdin=None):
         if done is not None and done.exists():  # made by an earlier run of this stage (or by hand, the same command)
-            steps[key] = prev.get(key) or {"command": "hlbl " + shlex.join(argv[3:]), "kept": True}
+            # (the command as this stage now writes it: the same training, flags made explicit)
+            steps[key] = {**prev.get(key, {"kept": True}), "command": "hlbl " + shlex.join(argv[3:])}
             print(f"{key}: kept ({done})", file=sys.stderr)
             return steps[key]
         print(f"{key}: {shlex.join(argv[2:])}", file=sys.stderr)
@@ -586,7 +588,8 @@ def stage_hlbl(args) -> dict:
         low_epochs = args.low_epochs or args.epochs
         argv = hlbl(
             "train", "--data", args.data, *flags, "--tree", str(tree), "--init-from", str(tree_run), "--keep-output",
-            "--lr", f"{args.low_lr:g}", "--epochs", str(low_epochs), "--threads", "1", "--out", str(low_run),
+            "--lr", f"{args.low_lr:g}", "--epochs", str(low_epochs), "--epoch-tokens", "0", "--threads", "1",
+            "--out", str(low_run),
         )  # fmt: skip
         done = (low_run / "state.json").exists() and len(_metrics(low_run)) >= low_epochs
         if (low_run / "run.json").exists() and not done:
@@ -843,11 +846,12 @@ def table(s: dict, kn: dict, hl: dict, vocab: dict) -> str:
         "",
         "Written by `python bench/gutenberg.py summary` from the stages' files in this directory; one run per row, "
         "seed 0, d = 100, 5 context words, the default recipe, one thread, on a shared 2-core machine. "
-        "The models' first epochs were trained with the earlier order of long epochs (one bijection over the whole "
-        "split, no groups of blocks; docs/scale.md), so a rerun of these commands takes other minibatches and gives "
-        "close but not equal figures. Each epoch here holds 50.9M training positions: one is more updates "
-        "than a converged PTB run's 12-18 epochs, yet the x2 model gains most from the schedule's final rate "
-        "(3e-5), which an epoch cap of 1 never reaches.",
+        "The RANDOM, x2 and x2-low rows were trained when an epoch was a whole pass (50.9M positions; now "
+        "`--epoch-tokens 0`) and with the earlier order of long epochs (one bijection over the whole split, no "
+        "groups of blocks; docs/scale.md), so a rerun of their commands takes other minibatches and epochs of "
+        "10M positions; their first epoch never reached the schedule's final rate. The rows in epochs of 10M "
+        "positions (six a pass; the default `--epoch-tokens`) were trained as their commands say, from the start "
+        "on the same x2 tree file.",
         "",
         "| vocabulary | model | test ppl | valid ppl | epochs | words/s | command |",
         "|---|---|---|---|---|---|---|",

@@ -639,6 +639,23 @@ def test_resume_without_data_uses_the_runs_corpus(tmp_path, capsys):
     assert "--data is needed" in capsys.readouterr().err
 
 
+def test_a_run_recorded_before_epoch_tokens_resumes_with_whole_split_epochs(tmp_path, capsys):
+    """run.json without epoch_tokens (a run from before the setting) means epochs of the whole
+    split: --epoch-tokens 0 agrees with it on resume, another value is a contradiction."""
+    data = tiny_corpus(tmp_path / "corpus")
+    base = ["train", "--out", str(tmp_path / "r"), "--dim", "8", "--quiet", "--device", "cpu"]
+    assert main(base + ["--data", str(data), "--epochs", "1", "--epoch-tokens", "0"]) == 0
+    run_json = tmp_path / "r" / "run.json"
+    info = json.loads(run_json.read_text())
+    del info["train"]["epoch_tokens"]
+    run_json.write_text(json.dumps(info))
+    capsys.readouterr()
+    assert main(base + ["--resume", "--epochs", "2", "--epoch-tokens", "500"]) == 2
+    assert "--epoch-tokens 500 (the run's is 0)" in capsys.readouterr().err
+    assert main(base + ["--resume", "--epochs", "2", "--epoch-tokens", "0"]) == 0
+    assert [json.loads(x)["parts"] for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()] == [1, 1]
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [

@@ -83,14 +83,17 @@ _RECORDED_AS = {"weight_decay": "weight_decay_other", "epochs": "max_epochs"}  #
 def _contradictions(args, info: dict) -> list[str]:
     """The flags given with --resume that differ from the run's recipe (run.json), in words."""
     parser_flags = getattr(args, "_flag_names", {})
+    train = info.get("train", {})
+    try:  # with the values a run from before a setting existed implies (epoch_tokens: 0)
+        train = TrainConfig.from_json(train).to_json()
+    except ValueError:
+        pass
     out = []
     for dest in sorted(getattr(args, "_given", set()) - RESUME_FLAGS):
         flag = parser_flags.get(dest, "--" + dest.replace("_", "-"))
         key = _RECORDED_AS.get(dest, dest)
         value = getattr(args, dest)
-        recorded = [
-            sec[key] for sec in (info.get("model", {}), info.get("train", {}), info.get("options") or {}) if key in sec
-        ]
+        recorded = [sec[key] for sec in (info.get("model", {}), train, info.get("options") or {}) if key in sec]
         if not recorded:
             out.append(f"{flag} (the run does not record it)")
             continue
