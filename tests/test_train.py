@@ -227,6 +227,26 @@ def test_the_halving_schedule_decays_on_small_gains_and_stops_after_its_decays(t
     assert _same(model.state_dict(), scripted["validated"][5])
 
 
+@pytest.mark.parametrize("cut", [False, True])
+def test_the_auto_schedule_is_two_rate_for_whole_passes_and_halving_for_a_cut_split(tmp_path, corpus, scripted, cut):
+    """The default schedule: on the same validation figures, a split whose epochs are whole
+    passes drops to lr_final on the first rise; a split cut into several epochs a pass halves on
+    a small gain instead."""
+    scripted["script"] = [10.0, 9.0, 8.991, 9.5, 8.0, 8.5, 7.0]
+    tokens = len(corpus["train"]) // 3 if cut else 0
+    assert TrainConfig().lr_schedule == "auto"
+    _, state = train(tmp_path, "auto", corpus, epochs=4, epoch_tokens=tokens)
+    if cut:
+        assert tr.schedule(TrainConfig(), 3) == "halve"
+        assert scripted["lr"] == {1: {1e-3}, 2: {1e-3}, 3: {1e-3}, 4: {5e-4}}
+    else:
+        assert (
+            tr.schedule(TrainConfig(), 1) == "two-rate" and tr.schedule(TrainConfig(lr_schedule="halve"), 1) == "halve"
+        )
+        assert scripted["lr"] == {1: {1e-3}, 2: {1e-3}, 3: {1e-3}, 4: {1e-3}}  # (epoch 4 rose: 3e-5 next)
+        assert state["lr"] == 3e-5
+
+
 def test_a_bad_schedule_setting_is_refused_by_name():
     for bad in ({"lr_schedule": "cosine"}, {"lr_decay": 1.0}, {"lr_decays": -1}, {"lr_min_gain": 1.5}):
         with pytest.raises(ValueError, match=next(iter(bad))):

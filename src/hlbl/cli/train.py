@@ -27,7 +27,7 @@ from ..evaluate import evaluate, self_normalisation
 from ..model import LBL, LBLConfig
 from ..output import OUTPUT_KINDS, takes_structure, takes_tree
 from ..sampled_output import SAMPLED_KINDS
-from ..train import ENGINES, LR_SCHEDULES, OPTIMIZERS, TrainConfig, fit, warm_start
+from ..train import ENGINES, LR_SCHEDULES, OPTIMIZERS, TrainConfig, fit, schedule, warm_start
 from ..tree import build_tree
 from .common import blank_lines_arg, corpus_args, pick_device, run_args, seed_arg, set_threads, with_oov
 
@@ -323,9 +323,11 @@ def _train(args, device: str) -> int:
         n_train = min(len(corpus["train"]), cfg.max_train_tokens or len(corpus["train"]))
         span = epoch_span(n_train, 1, cfg.epoch_tokens, cfg.batch_size)
         if span.parts > 1:
+            how = " (auto)" if cfg.lr_schedule == "auto" else ""
             print(
                 f"a pass over the training split is {span.parts} epochs of {span.hi:,} positions "
-                f"(--epoch-tokens {cfg.epoch_tokens:,}): each ends in validation and a checkpoint",
+                f"(--epoch-tokens {cfg.epoch_tokens:,}): each ends in validation and a checkpoint; "
+                f"learning-rate schedule {schedule(cfg, span.parts)}{how}",
                 file=sys.stderr,
             )
     options = {"tree": args.tree or "random"} if takes_tree(model.config.output) else {}
@@ -501,7 +503,8 @@ def add_commands(sub) -> None:
         default=d.lr_schedule,
         help="two-rate = the paper's (--lr until validation rises, then --lr-final until it rises again); "
         "halve = multiply the rate by --lr-decay whenever validation gains less than --lr-min-gain, "
-        "--lr-decays times, then stop",
+        "--lr-decays times, then stop; auto = two-rate where an epoch is a whole pass over the training "
+        "split, halve where a longer split is cut into several epochs (--epoch-tokens)",
     )
     t.add_argument("--lr-decay", type=float, default=d.lr_decay, help="halve schedule: factor per decay")
     t.add_argument("--lr-decays", type=int, default=d.lr_decays, help="halve schedule: decays before stopping")
