@@ -759,8 +759,13 @@ def frontier_table(rows: list[dict]) -> str:
         "(for the x2 tree without the RANDOM run and the tree build it needs: about 0.25 and 0.07 hours; "
         "for KN5, the whole `hlbl ngram train` process). *Words/s*, *speed vs flat* and *hours a pass*: "
         "training words/s measured side by side in one process per vocabulary (median of rounds, one thread, "
-        "momentum SGD, batch 1000, d = 100, context 5; the trees on the fast engine, the others on autograd). "
-        "The flat and sampled layers were only timed: at these vocabularies a pass of the flat LBL takes days here.",
+        "momentum SGD, batch 1000, d = 100, context 5; the trees on the fast engine, the others on autograd), each "
+        "round on the first 50,000 positions of the split (the flat LBL on 4,000): hours a pass are estimates, "
+        "the trained runs' own hours are beside them. "
+        "The flat and sampled layers were only timed: at these vocabularies a pass of the flat LBL takes days here. "
+        "NCE and the sampled softmax run on the autograd engine, whose momentum SGD reads and writes every row of "
+        "the V x d word and output tables each step (dense gradients): at these vocabularies that, not the k = 25 "
+        "samples, sets their speed; the fast engine's lazy exact updates are for tree outputs only.",
         "",
         "| vocabulary | model | test ppl | vs KN5 | passes | train hours (own run) | words/s | speed vs flat | hours a pass | command |",
         "|---|---|---|---|---|---|---|---|---|---|",
