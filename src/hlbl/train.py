@@ -8,16 +8,16 @@ Default recipe, after Mnih & Hinton (2008, appendix; 2007 for what 2008 leaves o
   many more epochs on it (``--optimizer sgd`` gives the plain recipe);
 * learning rate 1e-3 until validation perplexity rises, then the best weights so far are
   restored and training goes on at 3e-5 until it rises again; the best weights are kept
-  (``lr_schedule="two-rate"``, the default). ``lr_schedule="halve"`` is the gentler RNNLM-style
+  (``lr_schedule="two-rate"``; the default where an epoch is a whole pass). ``lr_schedule="halve"`` is the gentler RNNLM-style
   option: whenever validation perplexity fails to improve by ``lr_min_gain`` (relative), the
   learning rate is multiplied by ``lr_decay`` (the best weights restored first when it rose),
   and training stops when that would happen for the ``lr_decays + 1``-th time;
   ``lr_schedule="auto"`` (the default) takes two-rate where an epoch is a whole pass over the
   training split (PTB and every corpus up to ``epoch_tokens`` = 10M positions) and halve where a
   longer split is cut into several epochs a pass: there the model is far from overfitting, and a
-  rate halved on each stall keeps gaining from new text, where one drop to 3e-5 gains slowly
-  (Gutenberg, 50k words: test 128.9 against 133.3; on PTB two-rate is the better one, 138.2
-  against 139.7; docs/scale.md, docs/frontier.md);
+  rate halved on each stall keeps the run gaining, where two rates stop on the first small rise
+  at 3e-5 (measured on Gutenberg in docs/scale.md; on PTB two-rate is the better one,
+  docs/frontier.md);
 * L2 penalty 1e-4 on word vectors, 1e-5 on other weights, none on biases, per example (the
   penalised objective is the mean over examples of NLL + penalty);
 * non-bias weights from N(0, 0.1^2) (the context weights C_i around 1), node biases set so
