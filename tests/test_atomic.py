@@ -33,7 +33,7 @@ def test_permissions_follow_the_umask_and_errors_name_the_destination(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["d", "g"]
 
 
-def test_signals_wait_for_the_end_of_a_deferred_block():
+def test_signals_wait_for_the_end_of_a_deferred_block(python_sigint):
     import os
     import signal
 

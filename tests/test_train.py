@@ -328,7 +328,9 @@ def test_top_level_files_of_a_later_epoch_do_not_stop_a_resume(tmp_path, corpus)
         )
 
 
-def test_ctrl_c_while_a_checkpoint_is_written_waits_for_the_whole_checkpoint(tmp_path, corpus, monkeypatch):
+def test_ctrl_c_while_a_checkpoint_is_written_waits_for_the_whole_checkpoint(
+    tmp_path, corpus, monkeypatch, python_sigint
+):
     """Ctrl-C between the epoch's tensor files and its state used to leave a run that could never
     be resumed; now the interrupt takes effect once all three files are written."""
     import os
