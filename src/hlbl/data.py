@@ -847,12 +847,8 @@ def stream_pieces(stream: np.ndarray, size: int = READ_TOKENS) -> Iterator[np.nd
         for lo in range(0, len(stream), size):
             yield np.asarray(stream[lo : lo + size])
         return
-    buf = np.empty(min(size, len(stream)), np.int32)
-    with open(_mapped_file(stream)[0], "rb") as f:
-        for lo in range(0, len(stream), size):
-            part = buf[: min(size, len(stream) - lo)]
-            read_tokens(stream, lo, part, f)
-            yield part
+    for part, _ in stream_windows(stream, size, 0):
+        yield part
 
 
 def stream_windows(stream: np.ndarray, size: int, before: int) -> Iterator[tuple[np.ndarray, int]]:
