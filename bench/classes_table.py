@@ -59,7 +59,8 @@ def cmd_speed(args) -> None:
     from hlbl.classes import WordClasses, frequency_classes
     from hlbl.data import load_corpus
     from hlbl.model import LBL, LBLConfig
-    from hlbl.train import TrainConfig, make_optimizer
+    from hlbl.config import TrainConfig
+    from hlbl.optim import make_optimizer
 
     torch.set_num_threads(1)
     corpus = load_corpus("ptb", splits=("train",))

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     args = ap.parse_args(argv)
 
-    from hlbl.checkpoint import load_model
+    from hlbl.run import load_model
     from hlbl.data import load_corpus, run_corpus
     from hlbl.evaluate import evaluate
     from hlbl.model import LBL

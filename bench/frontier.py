@@ -58,7 +58,8 @@ def _save_row(path: Path, row: dict) -> None:
 
 
 def row(args) -> None:
-    from hlbl.checkpoint import load_model, read_metrics, read_state
+    from hlbl.checkpoint import read_metrics, read_state
+    from hlbl.run import load_model
     from hlbl.data import load_corpus, run_corpus
     from hlbl.evaluate import evaluate
 
@@ -118,7 +119,9 @@ def mix(args) -> None:
 def speed(args) -> None:
     from hlbl.data import load_corpus
     from hlbl.model import LBL, LBLConfig
-    from hlbl.train import TrainConfig, epoch_runner, make_optimizer
+    from hlbl.config import TrainConfig
+    from hlbl.engine import choose_engine
+    from hlbl.optim import make_optimizer
     from hlbl.tree import WordTree, build_tree
 
     torch.set_num_threads(args.threads)
@@ -143,7 +146,7 @@ def speed(args) -> None:
         m.init_unigram(corpus.vocab.counts)
         cfg = TrainConfig(engine=engine, progress=False, seed=0)
         # (model, optimiser, recipe, the step implementation training would use: fast engine for trees)
-        built[name] = (m, make_optimizer(m, cfg, cfg.lr), cfg, epoch_runner(m, cfg))
+        built[name] = (m, make_optimizer(m, cfg, cfg.lr), cfg, choose_engine(m, cfg))
     wps = {n: [] for n in built}
     ratios = {n: [] for n in built if n != "flat"}
     for r in range(args.rounds + 1):  # round 0 warms up (numba compilation, allocations)

@@ -37,7 +37,9 @@ import torch
 from hlbl.data import load_corpus
 from hlbl.evaluate import token_log_probs
 from hlbl.model import LBL, LBLConfig
-from hlbl.train import TrainConfig, make_optimizer, train_epoch
+from hlbl.config import TrainConfig
+from hlbl.engine import train_epoch
+from hlbl.optim import make_optimizer
 from hlbl.tree import balanced_tree, random_tree
 from throughput import zipf_stream
 

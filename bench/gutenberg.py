@@ -150,7 +150,8 @@ def _speed_setup(args):
     from hlbl import fast
     from hlbl.data import load_corpus
     from hlbl.model import LBL, LBLConfig
-    from hlbl.train import TrainConfig, make_optimizer
+    from hlbl.config import TrainConfig
+    from hlbl.optim import make_optimizer
     from hlbl.tree import random_tree
 
     fast.set_numba_threads(1)
@@ -283,7 +284,8 @@ def memory_child(args) -> None:
     from hlbl import fast
     from hlbl.data import Vocab, load_corpus
     from hlbl.model import LBL, LBLConfig
-    from hlbl.train import TrainConfig, make_optimizer
+    from hlbl.config import TrainConfig
+    from hlbl.optim import make_optimizer
     from hlbl.tree import random_tree
 
     peaks = {"RssAnon": 0, "RssFile": 0}

@@ -29,7 +29,8 @@ def child(mode: str, V: int, batches: int) -> dict:
 
     from hlbl import fast
     from hlbl.model import LBL, LBLConfig
-    from hlbl.train import TrainConfig, make_optimizer
+    from hlbl.config import TrainConfig
+    from hlbl.optim import make_optimizer
     from hlbl.tree import balanced_tree
     from throughput import zipf_stream
 

@@ -40,7 +40,8 @@ def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tok
     from hlbl import fast
     from hlbl.kernels import PHASES
     from hlbl.model import LBL, LBLConfig
-    from hlbl.train import TrainConfig, make_optimizer
+    from hlbl.config import TrainConfig
+    from hlbl.optim import make_optimizer
     from hlbl.tree import balanced_tree
     from throughput import zipf_stream
 

@@ -37,7 +37,9 @@ import torch
 def speed(args) -> None:
     from hlbl.data import epoch_order, load_corpus
     from hlbl.model import LBL, LBLConfig
-    from hlbl.train import TrainConfig, make_optimizer, train_epoch
+    from hlbl.config import TrainConfig
+    from hlbl.engine import train_epoch
+    from hlbl.optim import make_optimizer
 
     torch.set_num_threads(args.threads)
     corpus = load_corpus("ptb")
@@ -124,7 +126,8 @@ def speed(args) -> None:
 
 
 def _run_row(run: Path, speed_ratio: dict) -> dict:
-    from hlbl.checkpoint import load_model, read_state
+    from hlbl.checkpoint import read_state
+    from hlbl.run import load_model
     from hlbl.data import load_corpus
     from hlbl.evaluate import evaluate, self_normalisation
 

@@ -49,7 +49,8 @@ def child(V: int, tokens: int, epochs: int, threads: int, optimizer: str) -> dic
 
     from hlbl import fast
     from hlbl.model import LBL, LBLConfig
-    from hlbl.train import TrainConfig, make_optimizer
+    from hlbl.config import TrainConfig
+    from hlbl.optim import make_optimizer
     from hlbl.tree import balanced_tree
     from throughput import zipf_stream
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 def contexts_from(run: Path, count: int, seed: int) -> list[str]:
     """Prefixes (0 to 8 words) of the run corpus's validation sentences."""
-    from hlbl.checkpoint import read_run
+    from hlbl.run import read_run
     from hlbl.data import resolve_corpus
 
     corpus = resolve_corpus(read_run(run)["corpus"])
@@ -182,7 +182,7 @@ def in_process_topk(run: Path, contexts: list[str], k: int, threads: int | None)
     library's ``model.topk`` and the server's ``Service.topk`` (probabilities, as lists)."""
     import torch
 
-    from hlbl.checkpoint import load_model
+    from hlbl.run import load_model
     from hlbl.scoring import encode_context
     from hlbl.serve.service import Service
 

@@ -57,7 +57,9 @@ from hlbl import fast
 from hlbl.data import load_corpus, resolve_corpus
 from hlbl.evaluate import token_log_probs
 from hlbl.model import LBL, LBLConfig
-from hlbl.train import TrainConfig, make_optimizer, train_epoch
+from hlbl.config import TrainConfig
+from hlbl.engine import train_epoch
+from hlbl.optim import make_optimizer
 from hlbl.tree import WordTree, huffman_tree, random_tree
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,7 +162,8 @@ import numpy as np, torch
 from hlbl import fast
 from hlbl.data import load_corpus
 from hlbl.model import LBL, LBLConfig
-from hlbl.train import TrainConfig, make_optimizer
+from hlbl.config import TrainConfig
+from hlbl.optim import make_optimizer
 from hlbl.tree import huffman_tree, random_tree
 
 corpus_dir, kind, threads = sys.argv[1], sys.argv[2], int(sys.argv[3])

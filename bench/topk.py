@@ -42,7 +42,7 @@ import numba
 import numpy as np
 import torch
 
-from hlbl.checkpoint import load_model
+from hlbl.run import load_model
 from hlbl.data import contexts, default_cache_dir, load_corpus, run_corpus
 from hlbl.search import topk_matches, tree_topk
 from hlbl.output import TreeSoftmax

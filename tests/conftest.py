@@ -128,7 +128,7 @@ def random_layer(tree: WordTree, d: int, seed: int, scale: float, dtype=torch.fl
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A small trained HLBL run (Huffman tree, context 3): its directory, model and vocabulary."""
-    from hlbl.checkpoint import load_model
+    from hlbl.run import load_model
     from hlbl.cli import main
 
     root = tmp_path_factory.mktemp("inference")

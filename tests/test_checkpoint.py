@@ -6,9 +6,11 @@ import torch
 
 from conftest import multi_code_tree, tiny_corpus
 from hlbl import checkpoint as ckpt
+from hlbl import run as hrun
 from hlbl.data import load_corpus
 from hlbl.model import LBL, LBLConfig
-from hlbl.train import TrainConfig, fit
+from hlbl.config import TrainConfig
+from hlbl.run import fit
 
 
 @pytest.fixture
@@ -25,7 +27,7 @@ def run(tmp_path):
 
 def test_save_load_gives_identical_log_probs_and_tree(run):
     model, corpus, run_dir = run
-    loaded, vocab, info = ckpt.load_model(run_dir)
+    loaded, vocab, info = hrun.load_model(run_dir)
     assert vocab == corpus.vocab
     assert np.array_equal(loaded.tree.children, model.tree.children)
     ctx = torch.randint(0, len(vocab), (20, 3))
@@ -65,7 +67,7 @@ def test_truncated_checkpoint_gives_a_clear_error(run):
     data = (run_dir / "best.safetensors").read_bytes()
     (run_dir / "best.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ckpt.CheckpointError, match="damaged or truncated"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
 
 
 def test_foreign_files_are_refused(run, tmp_path):
@@ -74,15 +76,15 @@ def test_foreign_files_are_refused(run, tmp_path):
 
     save_file({"x": torch.zeros(2)}, str(run_dir / "best.safetensors"))
     with pytest.raises(ckpt.CheckpointError, match="not an hlbl checkpoint"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
     (run_dir / "run.json").write_text('{"format": "something-else"}')
     with pytest.raises(ckpt.CheckpointError, match="not an hlbl run"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
     (run_dir / "run.json").write_text('{"format": ')
     with pytest.raises(ckpt.CheckpointError, match="damaged"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
     with pytest.raises(ckpt.CheckpointError, match="not a run directory"):
-        ckpt.load_model(tmp_path / "nothing")
+        hrun.load_model(tmp_path / "nothing")
 
 
 def test_every_json_file_names_its_format_and_version(run):
@@ -103,16 +105,16 @@ def test_foreign_or_damaged_vocab_and_state_are_refused(run):
     vocab = json.loads((run_dir / "vocab.json").read_text())
     (run_dir / "vocab.json").write_text(json.dumps({**vocab, "format": "something-else"}))
     with pytest.raises(ckpt.CheckpointError, match="vocab.json: not an hlbl vocabulary"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
     (run_dir / "vocab.json").write_text(json.dumps({**vocab, "version": 99}))
     with pytest.raises(ckpt.CheckpointError, match="version 99"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
     (run_dir / "vocab.json").write_text(json.dumps({**vocab, "words": 5}))
     with pytest.raises(ckpt.CheckpointError, match="vocab.json: malformed vocabulary"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
     # A file from before the format name existed is still read.
     (run_dir / "vocab.json").write_text(json.dumps({"words": vocab["words"], "counts": vocab["counts"]}))
-    assert ckpt.load_model(run_dir)[1] == corpus.vocab
+    assert hrun.load_model(run_dir)[1] == corpus.vocab
 
     state_path = run_dir / "checkpoints" / "epoch-000002" / "state.json"  # what a resume reads
     state = json.loads(state_path.read_text())
@@ -147,10 +149,10 @@ def test_an_inconsistent_run_directory_is_refused(run):
     V = len(corpus.vocab)
     random_tree(V, seed=123).save(run_dir / "tree.json")  # same size, another tree
     with pytest.raises(ckpt.CheckpointError, match="another word tree"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
     random_tree(V + 1, seed=0).save(run_dir / "tree.json")
     with pytest.raises(ckpt.CheckpointError, match="tree has"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
     model.tree.save(run_dir / "tree.json")
     vocab = json.loads((run_dir / "vocab.json").read_text())
     short = {
@@ -160,13 +162,13 @@ def test_an_inconsistent_run_directory_is_refused(run):
     }
     (run_dir / "vocab.json").write_text(json.dumps(short))
     with pytest.raises(ckpt.CheckpointError, match="words, the model"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
     (run_dir / "vocab.json").write_text(json.dumps(vocab))
     info = json.loads((run_dir / "run.json").read_text())
     info["model"]["output"] = "mystery"
     (run_dir / "run.json").write_text(json.dumps(info))
     with pytest.raises(ckpt.CheckpointError):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
 
 
 def test_files_get_the_permissions_of_a_plain_open(run):
@@ -194,7 +196,7 @@ def test_non_finite_weights_are_refused(run):
     state[name].view(-1)[0] = float("nan")
     ckpt.save_tensors(run_dir / "best.safetensors", state)
     with pytest.raises(ckpt.CheckpointError, match="NaN or infinite"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
 
 
 def test_weights_of_another_dtype_are_refused(run):
@@ -206,7 +208,7 @@ def test_weights_of_another_dtype_are_refused(run):
     state[name].view(-1)[0] = 1e300
     ckpt.save_tensors(run_dir / "best.safetensors", state)
     with pytest.raises(ckpt.CheckpointError, match="float64, the model's torch.float32"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
 
 
 @pytest.mark.parametrize("optimizer_state", [{}, None, {"scalars": [1], "param_groups": []}])
@@ -231,7 +233,7 @@ def test_a_deeply_nested_json_file_is_a_checkpoint_error(run):
     _, _, run_dir = run
     (run_dir / "run.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(ckpt.CheckpointError, match="damaged"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
 
 
 def test_a_flipped_data_byte_is_detected(run):
@@ -241,7 +243,7 @@ def test_a_flipped_data_byte_is_detected(run):
     data[-100] ^= 0x01  # in the tensor data, past the JSON header: a number changes slightly
     path.write_bytes(bytes(data))
     with pytest.raises(ckpt.CheckpointError, match="checksum"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
 
 
 @pytest.mark.parametrize("variant", ["tree", "multi_code_full_context", "flat", "adaptive"])
@@ -263,9 +265,9 @@ def test_a_model_saved_from_memory_loads_with_identical_log_probs(tmp_path, vari
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     run_dir = tmp_path / "run"
-    ckpt.save_run_files(run_dir, model, vocab, {}, "memory")
+    hrun.save_run_files(run_dir, model, vocab, {}, "memory")
     ckpt.save_weights(run_dir / "best.safetensors", model)
-    loaded, _, _ = ckpt.load_model(run_dir)
+    loaded, _, _ = hrun.load_model(run_dir)
     ctx = torch.randint(0, V, (30, 2), generator=torch.Generator().manual_seed(1))
     assert torch.equal(loaded.log_prob(ctx), model.log_prob(ctx))
 
@@ -278,7 +280,7 @@ def test_model_config_with_wrong_types_is_refused(run, field, value):
     info["model"][field] = value
     (run_dir / "run.json").write_text(json.dumps(info))
     with pytest.raises(ckpt.CheckpointError, match=f"run.json: .*{field}"):
-        ckpt.load_model(run_dir)
+        hrun.load_model(run_dir)
 
 
 def test_a_fixed_seed_gives_byte_identical_checkpoint_files(run, tmp_path):

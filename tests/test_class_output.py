@@ -12,6 +12,7 @@ import torch
 
 from conftest import tiny_corpus
 from hlbl import checkpoint as ckpt
+from hlbl import run as hrun
 from hlbl.class_output import ClassSoftmax
 from hlbl.classes import WordClasses, frequency_classes, kmeans, kmeans_classes
 from hlbl.cli import main
@@ -21,7 +22,7 @@ from hlbl.evaluate import evaluate
 from hlbl.model import LBL, LBLConfig
 from hlbl.output import OUTPUT_KINDS, make_output_layer
 from hlbl.search import full_topk, topk_matches
-from hlbl.train import TrainConfig
+from hlbl.config import TrainConfig
 
 V, D = 13, 4
 
@@ -354,9 +355,9 @@ def test_model_save_load_gives_identical_log_probs(tmp_path):
     model = LBL(LBLConfig(Vc, dim=6, context=3, output="classes"), classes, torch.Generator().manual_seed(0))
     model.init_unigram(corpus.vocab.counts)
     run = tmp_path / "run"
-    ckpt.save_run_files(run, model, corpus.vocab, TrainConfig().to_json(), "tiny")
+    hrun.save_run_files(run, model, corpus.vocab, TrainConfig().to_json(), "tiny")
     ckpt.save_weights(run / "best.safetensors", model, vocab=corpus.vocab)
-    loaded, _, _ = ckpt.load_model(run)
+    loaded, _, _ = hrun.load_model(run)
     assert loaded.structure.fingerprint() == classes.fingerprint()
     assert loaded.tree is None
     ctx = torch.randint(0, Vc, (5, 3), generator=torch.Generator().manual_seed(1))
@@ -365,7 +366,7 @@ def test_model_save_load_gives_identical_log_probs(tmp_path):
     other = frequency_classes(corpus.vocab.counts, 4, shortlist=3)
     WordClasses.save(other, run / "tree.json")
     with pytest.raises(ckpt.CheckpointError, match="word tree"):
-        ckpt.load_model(run)
+        hrun.load_model(run)
 
 
 def _train(tmp_path, data, out, *extra):
@@ -379,7 +380,7 @@ def test_cli_trains_builds_and_infers_end_to_end(tmp_path, capsys, monkeypatch):
     _train(tmp_path, data, tmp_path / "freq")
     result = json.loads(capsys.readouterr().out.splitlines()[0])
     assert 1 < result["test_perplexity"] < 14  # 14 words
-    info = ckpt.read_run(tmp_path / "freq")
+    info = hrun.read_run(tmp_path / "freq")
     assert info["model"]["output"] == "classes" and info["options"]["tree"] == "frequency"
     assert WordClasses.load(tmp_path / "freq" / "tree.json").num_classes == 4  # round(sqrt(14 words))
     assert main(["tree", "stats", str(tmp_path / "freq")]) == 0
@@ -402,7 +403,7 @@ def test_cli_trains_builds_and_infers_end_to_end(tmp_path, capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out)["method"] == "frequency"
     _train(tmp_path, data, tmp_path / "km", "--tree", str(cfile))
     result = json.loads(capsys.readouterr().out.splitlines()[0])
-    model, vocab, _ = ckpt.load_model(tmp_path / "km")
+    model, vocab, _ = hrun.load_model(tmp_path / "km")
     test = load_corpus(data, vocab=vocab, splits=("test",))["test"]
     assert evaluate(model, test, vocab.eos)["perplexity"] == pytest.approx(result["test_perplexity"], rel=1e-5)
     run = str(tmp_path / "km")

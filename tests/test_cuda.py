@@ -13,7 +13,9 @@ import torch
 
 from conftest import multi_code_tree
 from hlbl.model import LBL, LBLConfig
-from hlbl.train import TrainConfig, make_optimizer, train_epoch
+from hlbl.config import TrainConfig
+from hlbl.engine import train_epoch
+from hlbl.optim import make_optimizer
 from hlbl.tree import random_tree
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

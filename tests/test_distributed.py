@@ -23,7 +23,9 @@ from hlbl import checkpoint as ckpt
 from hlbl import distributed as ddp
 from hlbl.data import Corpus, DataError, load_corpus
 from hlbl.model import LBL, LBLConfig
-from hlbl.train import TrainConfig, epoch_runner, fit, train_epoch
+from hlbl.config import TrainConfig
+from hlbl.engine import choose_engine, train_epoch
+from hlbl.run import fit
 from hlbl.tree import random_tree
 
 WORLD = 2
@@ -75,10 +77,10 @@ def _worker(rank: int, root: str) -> None:
         # The fast engine is single-process: asked for explicitly it is an error; auto falls back.
         model = make_model(corpus)
         try:
-            epoch_runner(model, TrainConfig(engine="fast"))
+            choose_engine(model, TrainConfig(engine="fast"))
         except DataError as e:
             out["fast_error"] = str(e)
-        out["auto_is_torch"] = epoch_runner(model, TrainConfig(engine="auto")) is train_epoch
+        out["auto_is_torch"] = choose_engine(model, TrainConfig(engine="auto")) is train_epoch
 
         # Gradient sum: a parameter with a gradient on one rank only gets that rank's gradient on
         # both; one with no gradient on any rank stays None (the optimiser must skip it).

@@ -10,7 +10,9 @@ from conftest import multi_code_tree
 from hlbl import data, fast
 from hlbl.evaluate import token_log_probs
 from hlbl.model import LBL, LBLConfig
-from hlbl.train import TrainConfig, make_optimizer, train_epoch
+from hlbl.config import TrainConfig
+from hlbl.engine import train_epoch
+from hlbl.optim import make_optimizer
 from hlbl.tree import WordTree, random_tree
 
 
@@ -372,18 +374,18 @@ def test_unsupported_models_are_named():
 
 def test_engine_factory_picks_one_implementation():
     from hlbl.data import DataError
-    from hlbl.train import epoch_runner
+    from hlbl.engine import choose_engine
 
     tree = random_tree(10, 0)
     hlbl = LBL(LBLConfig(10, dim=4, context=2), tree)
     flat = LBL(LBLConfig(10, dim=4, context=2, output="flat"))
-    assert epoch_runner(hlbl, TrainConfig()) is fast.train_epoch  # auto, CPU, momentum
-    assert epoch_runner(hlbl, TrainConfig(optimizer="sgd", engine="fast")) is fast.train_epoch
-    assert epoch_runner(hlbl, TrainConfig(engine="torch")) is train_epoch
-    assert epoch_runner(hlbl, TrainConfig(optimizer="adam")) is train_epoch  # auto falls back
-    assert epoch_runner(flat, TrainConfig()) is train_epoch
+    assert choose_engine(hlbl, TrainConfig()) is fast.train_epoch  # auto, CPU, momentum
+    assert choose_engine(hlbl, TrainConfig(optimizer="sgd", engine="fast")) is fast.train_epoch
+    assert choose_engine(hlbl, TrainConfig(engine="torch")) is train_epoch
+    assert choose_engine(hlbl, TrainConfig(optimizer="adam")) is train_epoch  # auto falls back
+    assert choose_engine(flat, TrainConfig()) is train_epoch
     with pytest.raises(DataError, match="engine='fast' cannot train this model"):
-        epoch_runner(flat, TrainConfig(engine="fast"))
+        choose_engine(flat, TrainConfig(engine="fast"))
     with pytest.raises(ValueError, match="unknown engine"):
         TrainConfig(engine="gpu")
 
@@ -394,7 +396,7 @@ def test_fit_with_either_engine_gives_the_same_model(tmp_path):
 
     from conftest import tiny_corpus
     from hlbl.data import load_corpus
-    from hlbl.train import fit
+    from hlbl.run import fit
 
     corpus = load_corpus(tiny_corpus(tmp_path / "corpus", n_train=200))
     V = len(corpus.vocab)

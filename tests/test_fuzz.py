@@ -17,6 +17,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from conftest import tiny_corpus  # noqa: E402
 from hlbl import checkpoint as ckpt  # noqa: E402
+from hlbl import run as hrun  # noqa: E402
 from hlbl.errors import HlblError  # noqa: E402
 from hlbl.ngram.arpa import parse_arpa  # noqa: E402
 from hlbl.tree import WordTree  # noqa: E402
@@ -138,15 +139,16 @@ def test_run_json(scratch):
     @FUZZ
     @given(_documents(valid))
     def check(data):
-        _fuzz_file(scratch, "run.json", lambda d: ckpt.load_model(d), data)
+        _fuzz_file(scratch, "run.json", lambda d: hrun.load_model(d), data)
 
     check()
 
 
 def test_state_json(scratch):
     valid = json.loads((scratch / "checkpoints" / "epoch-000001" / "state.json").read_text())
-    model, _, _ = ckpt.load_model(scratch)
-    from hlbl.train import TrainConfig, make_optimizer
+    model, _, _ = hrun.load_model(scratch)
+    from hlbl.config import TrainConfig
+    from hlbl.optim import make_optimizer
 
     tensors = ckpt.load_tensors(scratch / "checkpoints" / "epoch-000001" / "optimizer.safetensors", "hlbl-optimizer")
 
@@ -174,7 +176,7 @@ def test_vocab_json(scratch):
     @FUZZ
     @given(_documents(valid))
     def check(data):
-        _fuzz_file(scratch, "vocab.json", lambda d: ckpt.load_model(d), data)
+        _fuzz_file(scratch, "vocab.json", lambda d: hrun.load_model(d), data)
 
     check()
 
@@ -185,7 +187,7 @@ def test_tree_json(scratch):
     @FUZZ
     @given(_documents(valid))
     def check(data):
-        _fuzz_file(scratch, "tree.json", lambda d: (WordTree.load(d / "tree.json"), ckpt.load_model(d)), data)
+        _fuzz_file(scratch, "tree.json", lambda d: (WordTree.load(d / "tree.json"), hrun.load_model(d)), data)
 
     check()
 

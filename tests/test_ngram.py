@@ -613,7 +613,7 @@ def test_cli_train_and_eval(tmp_path, monkeypatch, capsys):
 
 def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
     import hlbl.cli as cli
-    from hlbl.checkpoint import load_model
+    from hlbl.run import load_model
     from hlbl.evaluate import token_log_probs as neural_log_probs
 
     monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))

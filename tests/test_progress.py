@@ -52,7 +52,9 @@ def test_a_redirected_epoch_prints_progress_lines(monkeypatch, capsys):
     """Both engines' epochs, with stderr not a terminal (pytest captures it), write progress lines."""
     from hlbl import fast
     from hlbl.model import LBL, LBLConfig
-    from hlbl.train import TrainConfig, make_optimizer, train_epoch
+    from hlbl.config import TrainConfig
+    from hlbl.engine import train_epoch
+    from hlbl.optim import make_optimizer
     from hlbl.tree import random_tree
 
     monkeypatch.setattr(pg, "LOG_EVERY", 0.0)  # a line at every update

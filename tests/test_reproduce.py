@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import hlbl.reproduce as rp
-from hlbl.train import TrainConfig
+from hlbl.config import TrainConfig
 from hlbl.cli import main
 
 COLUMNS = "| model | tree | test perplexity | valid perplexity | minutes per epoch | words/s |"

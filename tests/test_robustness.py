@@ -13,6 +13,7 @@ import pytest
 
 from conftest import tiny_corpus
 from hlbl import checkpoint as ckpt
+from hlbl import run as hrun
 from hlbl.cli import main
 
 FAST = ["--dim", "8", "--context", "3", "--batch-size", "64", "--device", "cpu", "--quiet", "--engine", "torch"]
@@ -383,7 +384,7 @@ def test_a_long_line_scores_as_the_whole_line_would(trained, monkeypatch, capsys
     rc, out, _ = run_cli(["score", trained, "--device", "cpu"], capsys)
     assert rc == 0
     got = [x.split("\t") for x in out.splitlines()[:2]]
-    model, vocab, _ = ckpt.load_model(trained)
+    model, vocab, _ = hrun.load_model(trained)
     want = score_sentences(model, vocab, ["a dog", line])
     for g, w in zip(got, want):
         assert float(g[0]) == pytest.approx(w.log10_prob, abs=1e-5) and int(g[1]) == w.tokens and int(g[2]) == w.oov

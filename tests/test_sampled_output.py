@@ -10,13 +10,15 @@ import torch
 
 from conftest import tiny_corpus
 from hlbl import checkpoint as ckpt
+from hlbl import run as hrun
 from hlbl.cli import main
 from hlbl.data import batches, load_corpus
 from hlbl.evaluate import evaluate, self_normalisation
 from hlbl.model import LBL, LBLConfig
 from hlbl.output import OUTPUT_KINDS, make_output_layer
 from hlbl.sampled_output import NCEOutput, SampledSoftmax, noise_seed
-from hlbl.train import TrainConfig, fit
+from hlbl.config import TrainConfig
+from hlbl.run import fit
 
 V, D, B = 13, 4, 6
 
@@ -314,7 +316,7 @@ def test_fixed_seed_same_run_other_seed_other_noise_and_resume_is_exact(tmp_path
 
 def test_save_and_load_give_identical_log_probs_and_noise(tmp_path, corpus):
     model = train(tmp_path, "r", corpus, "sampled", epochs=1)
-    loaded, _, info = ckpt.load_model(tmp_path / "r")
+    loaded, _, info = hrun.load_model(tmp_path / "r")
     assert info["model"]["output"] == "sampled" and info["model"]["samples"] == 4
     ctx = torch.from_numpy(next(batches(corpus["test"], 3, 50, corpus.vocab.eos))[0])
     assert torch.equal(model.log_prob(ctx), loaded.log_prob(ctx))

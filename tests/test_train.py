@@ -10,7 +10,9 @@ from hlbl.data import load_corpus
 from hlbl.evaluate import evaluate, perplexity_report
 from hlbl.model import LBL, LBLConfig
 import hlbl.train as tr
-from hlbl.train import TrainConfig, fit, make_optimizer
+from hlbl.config import TrainConfig
+from hlbl.optim import make_optimizer
+from hlbl.run import fit
 from hlbl.tree import random_tree
 
 

@@ -26,7 +26,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 _LAZY = {
     # models and output layers
     "LBL": "model",
-    "LBLConfig": "model",
+    "LBLConfig": "config",
     "TreeSoftmax": "output",
     "FlatSoftmax": "output",
     "AdaptiveSoftmax": "output",
@@ -50,13 +50,14 @@ _LAZY = {
     "load_corpus": "data",
     "resolve_corpus": "data",
     # training, evaluation, inference
-    "TrainConfig": "train",
-    "fit": "train",
+    "TrainConfig": "config",
+    "fit": "run",
+    "Run": "run",
     "evaluate": "evaluate",
     "token_log_probs": "evaluate",
     "score_sentences": "scoring",
     "score_report": "scoring",
-    "load_model": "checkpoint",
+    "load_model": "run",
 }
 
 __all__ = [  # the errors and __version__, then every name of _LAZY
@@ -89,6 +90,7 @@ __all__ = [  # the errors and __version__, then every name of _LAZY
     "load_corpus",
     "resolve_corpus",
     "TrainConfig",
+    "Run",
     "fit",
     "evaluate",
     "token_log_probs",
@@ -112,14 +114,14 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from .checkpoint import load_model
     from .class_output import ClassSoftmax
     from .classes import WordClasses, frequency_classes, kmeans_classes
     from .data import Corpus, Vocab, load_corpus, resolve_corpus
     from .evaluate import evaluate, token_log_probs
-    from .model import LBL, LBLConfig
+    from .config import LBLConfig, TrainConfig
+    from .model import LBL
     from .output import AdaptiveSoftmax, FlatSoftmax, TreeSoftmax, make_output_layer
     from .scoring import score_report, score_sentences
-    from .train import TrainConfig, fit
+    from .run import Run, fit, load_model
     from .tree import WordTree, balanced_tree, build_tree, huffman_tree, random_tree
     from .treebuild import build_tree_from_features, join_trees, word_features

@@ -1,24 +1,4 @@
-"""Run directories and checkpoints: safetensors for tensors, JSON for everything else, no pickle.
-
-A run directory holds::
-
-    run.json             format, version, model config, training config, corpus spec (the recipe)
-    vocab.json           words and training counts
-    tree.json            the word tree (tree output), or the word classes (classes output)
-    checkpoints/epoch-NNNNNN/   the newest complete checkpoint (what --resume continues from):
-        optimizer.safetensors, last.safetensors, best.safetensors, metrics.jsonl, state.json
-    best.safetensors     weights with the best validation perplexity so far  } copies of the newest
-    last.safetensors     weights after the last finished epoch               } checkpoint's files,
-    state.json           epoch, phase, learning rate, best perplexity, ...   } for readers (eval,
-    metrics.jsonl        one JSON line per finished epoch                    } predict, ...)
-
-``run.json`` is written last of the first three, before training starts, and is the recipe a
-resume uses. A checkpoint is one atomic commit: its files are written and flushed (fsync) in a
-fresh ``checkpoints/.partial-*`` directory, which is synced and then renamed to
-``checkpoints/epoch-NNNNNN``; a crash at any point (kill -9, power loss) leaves either the new
-checkpoint whole or none of it, and the previous one is removed only after the new one is durable.
-Leftovers of an interrupted write are removed at resume. The top-level copies are replaced one by
-one after the commit (hard links for the weights); resume never reads them.
+"""The file formats of a run: safetensors for tensors, checked JSON for everything else, no pickle.
 
 Each file carries a format name and version: weights files ``{"format": "hlbl-weights",
 "version": "1"}`` in their safetensors metadata (``hlbl-optimizer`` for the optimiser), the JSON
@@ -27,7 +7,8 @@ files ``"format"`` / ``"version"`` keys (``hlbl-run``, ``hlbl-vocab``, ``hlbl-tr
 vocabulary size and fingerprint and the tree's fingerprint. Every JSON file is checked field by
 field. Anything else (a foreign, truncated or damaged file, weights of another tree or
 vocabulary, a value of the wrong type) raises :class:`CheckpointError` with one line naming the
-file and field (:class:`hlbl.data.DataError` for the vocabulary).
+file and field. Where these files live in a run directory, and how a checkpoint is committed, is
+:mod:`hlbl.run`'s.
 """
 
 from __future__ import annotations
@@ -38,24 +19,20 @@ import json
 import math
 import os
 import re
-import shutil
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from . import atomic
-from .data import DataError, Vocab
-from .errors import CheckpointError
-from .model import LBL, LBLConfig
-from .output import takes_structure, takes_tree
-from .classes import WordClasses
-from .tree import TreeError, WordTree
+from torch import nn
 
-RUN_FORMAT = "hlbl-run"
+from . import atomic
+from .data import Vocab
+from .errors import CheckpointError
+
 WEIGHTS_FORMAT = "hlbl-weights"
 STATE_FORMAT = "hlbl-train-state"
 FORMAT_VERSION = 1
@@ -243,7 +220,7 @@ def load_tensors_and_meta(path: Path, kind: str = WEIGHTS_FORMAT) -> tuple[dict[
                     f"{path}: checkpoint version {meta.get('version')} is not supported (this hlbl reads {FORMAT_VERSION})"
                 )
             tensors = {k: f.get_tensor(k) for k in f.keys()}
-        if "sha256" in meta and _digest(tensors) != meta["sha256"]:  # (files from before the digest lack it)
+        if _digest(tensors) != meta.get("sha256"):
             raise CheckpointError(f"{path}: damaged checkpoint (its data does not match its checksum)")
         return tensors, meta
     except SafetensorError as e:
@@ -261,11 +238,11 @@ def write_state(path: Path, state: dict) -> None:
 
 
 def read_state(path: Path) -> dict:
-    """Inverse of :func:`write_state`, checked (files without a format name predate it and are read too)."""
+    """Inverse of :func:`write_state`, checked."""
     obj = read_json(path, "training state")
-    if not isinstance(obj, dict) or obj.get("format", STATE_FORMAT) != STATE_FORMAT:
+    if not isinstance(obj, dict) or obj.get("format") != STATE_FORMAT:
         raise CheckpointError(f"{path}: not an hlbl training state")
-    if obj.get("version", FORMAT_VERSION) != FORMAT_VERSION:
+    if obj.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: training state version {obj.get('version')} is not supported")
     missing = [k for k in _STATE_KEYS if k not in obj]
     if missing:
@@ -317,54 +294,12 @@ def read_metrics(path: Path) -> list[dict]:
     return out
 
 
-def save_run_files(
-    run_dir: Path,
-    model: LBL,
-    vocab: Vocab,
-    train_config: dict,
-    corpus: str,
-    data_sha256: dict[str, str] | None = None,
-    options: dict | None = None,
-    corpus_meta: dict | None = None,
-) -> None:
-    """The files that do not change during training: vocab.json, tree.json, then run.json, last:
-    a directory with run.json holds a whole run description.
-
-    ``data_sha256``: :func:`hlbl.data.stream_fingerprint` of the splits trained and validated on,
-    so that a resume can check it continues on the same text (a run made without it still loads).
-    ``options``: settings that shaped the vocabulary and tree (``--tree``, ``--max-vocab``,
-    ``--min-count``), recorded so that a resume can refuse flags that contradict them.
-    ``corpus_meta``: :func:`hlbl.data.corpus_meta` (where the corpus was found, its blank-line
-    protocol), recorded beside ``corpus``."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        write_json(run_dir / "vocab.json", vocab.to_json())
-        if model.structure is not None:  # a word tree, or word classes (classes output)
-            model.structure.save(run_dir / "tree.json")
-        write_json(
-            run_dir / "run.json",
-            {
-                "format": RUN_FORMAT,
-                "version": FORMAT_VERSION,
-                "model": model.config.to_json(),
-                "train": train_config,
-                "corpus": corpus,
-                **(corpus_meta or {}),
-                **({"data_sha256": data_sha256} if data_sha256 else {}),
-                **({"options": options} if options else {}),
-            },
-        )
-    except OSError as e:
-        raise CheckpointError(f"cannot write the run files in {run_dir}: {write_error(e)}") from None
-
-
 def vocab_fingerprint(vocab: Vocab) -> str:
     """SHA-256 of the words in id order: two vocabularies of one size with two words swapped differ."""
     return hashlib.sha256("\n".join(vocab.words).encode("utf-8")).hexdigest()
 
 
-def _weights_meta(model: LBL, vocab: Vocab | None = None) -> dict[str, str]:
+def _weights_meta(model: nn.Module, vocab: Vocab | None = None) -> dict[str, str]:
     """What the weights belong to: a tree's node vectors are meaningless under another tree, and
     word vectors under another vocabulary (even one of the same size)."""
     meta = {"vocab_size": str(model.config.vocab_size)}
@@ -375,38 +310,38 @@ def _weights_meta(model: LBL, vocab: Vocab | None = None) -> dict[str, str]:
     return meta
 
 
-def save_weights(path: Path, model: LBL, epoch: int | None = None, vocab: Vocab | None = None) -> None:
+def save_weights(path: Path, model: nn.Module, epoch: int | None = None, vocab: Vocab | None = None) -> None:
     """``epoch``: the training epoch these weights end (a run's ``last`` checkpoint records it);
     ``vocab``: the vocabulary they were trained with (recorded as its fingerprint)."""
     epoch_meta = {} if epoch is None else {"epoch": str(int(epoch))}
     save_tensors(path, dict(model.state_dict()), meta={**_weights_meta(model, vocab), **epoch_meta})
 
 
-def write_weights(path: str | os.PathLike, model: LBL, epoch: int | None = None, vocab: Vocab | None = None) -> None:
+def write_weights(
+    path: str | os.PathLike, model: nn.Module, epoch: int | None = None, vocab: Vocab | None = None
+) -> None:
     """:func:`save_weights` without the temporary file (a checkpoint's directory is its own)."""
     epoch_meta = {} if epoch is None else {"epoch": str(int(epoch))}
     write_tensors(path, dict(model.state_dict()), meta={**_weights_meta(model, vocab), **epoch_meta})
 
 
 def check_epoch(path: Path, meta: dict[str, str], epoch: int) -> None:
-    """A checkpoint file must end the epoch its state.json says (files written before the
-    epoch was recorded pass). They differ when a run was killed between writing the files and
-    the state that points at them."""
-    if "epoch" in meta and meta["epoch"] != str(int(epoch)):
+    """A checkpoint file must end the epoch its state.json says."""
+    if meta.get("epoch") != str(int(epoch)):
         raise CheckpointError(
-            f"{path} ends epoch {meta['epoch']} but state.json says {epoch}: the run was "
+            f"{path} ends epoch {meta.get('epoch')} but state.json says {epoch}: the run was "
             "stopped while writing its checkpoint; best.safetensors still holds the best weights"
         )
 
 
-def load_weights(path: Path, model: LBL, epoch: int | None = None, vocab: Vocab | None = None) -> None:
+def load_weights(path: Path, model: nn.Module, epoch: int | None = None, vocab: Vocab | None = None) -> None:
     """Load ``path`` into ``model`` (checked); with ``epoch``, the file must end that epoch; with
     ``vocab``, the weights must have been trained with it."""
     state, meta = load_tensors_and_meta(path)
     if epoch is not None:
         check_epoch(path, meta, epoch)
     for key, want in _weights_meta(model, vocab).items():
-        if key in meta and meta[key] != want:  # (files from before these keys existed lack them)
+        if key in meta and meta[key] != want:  # (weights saved without their vocabulary lack vocab_sha256)
             what = {"tree_sha256": "word tree", "vocab_sha256": "vocabulary (same size, other words or order)"}.get(
                 key, "vocabulary size"
             )
@@ -425,81 +360,6 @@ def load_weights(path: Path, model: LBL, epoch: int | None = None, vocab: Vocab 
                 f"{path}: tensor {k} holds NaN or infinite values (a damaged file, or a diverged run)"
             )
     model.load_state_dict(state)
-
-
-def read_run(run_dir: str | os.PathLike) -> dict:
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise CheckpointError(f"{run_dir}: not a run directory")
-    info = read_json(run_dir / "run.json", "run description")
-    if not isinstance(info, dict) or info.get("format") != RUN_FORMAT:
-        raise CheckpointError(f"{run_dir / 'run.json'}: not an hlbl run description")
-    if info.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{run_dir}: run format version {info.get('version')} is not supported")
-    path = run_dir / "run.json"
-    for key, kind in (("model", "dict"), ("train", "dict"), ("corpus", "str")):
-        if key not in info:
-            raise CheckpointError(f"{path}: damaged run description (no {key!r})")
-        check_field(path, key, info[key], kind)
-    check_dataclass_fields(path, "model", info["model"], LBLConfig)
-    from .train import TrainConfig  # (train imports this module)
-
-    check_dataclass_fields(path, "train", info["train"], TrainConfig)
-    for key in ("data_sha256", "options"):
-        check_field(path, key, info.get(key), "dict | None")
-    for split, digest in (info.get("data_sha256") or {}).items():
-        check_field(path, f"data_sha256.{split}", digest, "str")
-    for key in ("corpus_path", "blank_lines"):
-        check_field(path, key, info.get(key), "str | None")
-    if info.get("blank_lines") not in (None, "drop", "keep"):
-        raise CheckpointError(f"{path}: blank_lines is {info['blank_lines']!r}, not 'drop' or 'keep'")
-    return info
-
-
-def read_vocab(run_dir: str | os.PathLike) -> Vocab:
-    """A run's vocabulary (``vocab.json``), with errors that name the file."""
-    path = Path(run_dir) / "vocab.json"
-    try:
-        return Vocab.from_json(read_json(path, "vocabulary"))
-    except DataError as e:
-        raise CheckpointError(f"{path}: {e}") from None
-
-
-def load_model(
-    run_dir: str | os.PathLike, which: str = "best", device: str | torch.device = "cpu"
-) -> tuple[LBL, Vocab, dict]:
-    """The model of a run (``best`` or ``last`` weights), its vocabulary and run description."""
-    run_dir = Path(run_dir)
-    config, vocab, tree, info = load_recipe(run_dir)
-    try:
-        model = LBL(config, tree, init=False)  # every weight comes from the file
-    except ValueError as e:  # e.g. a tree over another vocabulary, an unknown output layer
-        raise CheckpointError(f"{run_dir}: {e}") from None
-    load_weights(run_dir / f"{which}.safetensors", model, vocab=vocab)
-    return model.to(device), vocab, info
-
-
-def load_recipe(run_dir: str | os.PathLike) -> tuple[LBLConfig, Vocab, WordTree | WordClasses | None, dict]:
-    """What a run is, without weights: its model config, vocabulary, tree and run description."""
-    run_dir = Path(run_dir)
-    info = read_run(run_dir)
-    try:
-        config = LBLConfig.from_json(info["model"])
-    except (TypeError, KeyError, ValueError) as e:
-        raise CheckpointError(f"{run_dir / 'run.json'}: bad model config ({e})") from None
-    vocab = read_vocab(run_dir)
-    if len(vocab) != config.vocab_size:
-        raise CheckpointError(f"{run_dir / 'vocab.json'}: {len(vocab)} words, the model {config.vocab_size}")
-    tree = None
-    if takes_structure(config.output):
-        try:
-            if takes_tree(config.output):
-                tree = WordTree.load(run_dir / "tree.json")
-            else:
-                tree = WordClasses.load(run_dir / "tree.json")
-        except TreeError as e:
-            raise CheckpointError(str(e)) from None
-    return config, vocab, tree, info
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -561,182 +421,4 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # a damaged or hand-edited state.json
         raise CheckpointError(
             f"optimizer state does not match this model and optimizer, or is damaged ({e!r})"
-        ) from None
-
-
-# --------------------------------------------------------------------------------------------
-# Checkpoints: one directory per epoch, committed by a rename
-
-CHECKPOINTS = "checkpoints"
-PARTIAL = ".partial-"
-PUBLISHED = ("best.safetensors", "last.safetensors", "metrics.jsonl", "state.json")
-_COMMITTED = re.compile(r"epoch-(\d{6,})")
-# Temporary files of atomic writes (hlbl.atomic: NAME.RANDOM.tmp) of the files a run directory holds.
-_TEMPORARY = re.compile(r"(run|vocab|tree|state|metrics|best|last|optimizer)\.(json|jsonl|safetensors)\..+\.tmp")
-RUN_FILES = ("run.json", "vocab.json", "tree.json", "metrics.jsonl")
-
-
-def committed_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """The complete checkpoints of a run, oldest first, as (epoch, directory)."""
-    root = Path(run_dir) / CHECKPOINTS
-    try:
-        entries = list(root.iterdir())
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        raise CheckpointError(f"{root}: cannot read ({e.strerror or e})") from None
-    found = [(int(m.group(1)), p) for p in entries if (m := _COMMITTED.fullmatch(p.name)) and p.is_dir()]
-    return sorted(found)
-
-
-def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint's directory; for a run written before checkpoints had their
-    own directories, the run directory itself (its state.json and optimizer file); else None."""
-    run_dir = Path(run_dir)
-    found = committed_checkpoints(run_dir)
-    if found:
-        return found[-1][1]
-    if (
-        not (run_dir / CHECKPOINTS).exists()
-        and (run_dir / "state.json").is_file()
-        and (run_dir / "optimizer.safetensors").is_file()
-    ):
-        return run_dir
-    return None
-
-
-def remove_leftovers(run_dir: str | os.PathLike) -> list[str]:
-    """Remove what interrupted writes left behind (partial checkpoint directories, temporary files
-    of atomic writes); the names removed. Only a process that holds the run directory may call it."""
-    run_dir = Path(run_dir)
-    removed = []
-    try:
-        root = run_dir / CHECKPOINTS
-        if root.is_dir():
-            for p in sorted(root.iterdir()):
-                if p.name.startswith(PARTIAL):
-                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-                    removed.append(f"{CHECKPOINTS}/{p.name}")
-            if removed:
-                atomic.sync_dir(root)
-        temporary = [p for p in sorted(run_dir.iterdir()) if _TEMPORARY.fullmatch(p.name) and p.is_file()]
-        for p in temporary:
-            p.unlink()
-            removed.append(p.name)
-        if temporary:
-            atomic.sync_dir(run_dir)
-    except OSError as e:
-        raise CheckpointError(
-            f"{run_dir}: cannot remove the leftovers of an interrupted write ({e.strerror or e})"
-        ) from None
-    return removed
-
-
-def prune_checkpoints(run_dir: str | os.PathLike, keep: Path) -> None:
-    """Remove every complete checkpoint but ``keep`` (once ``keep`` is durable)."""
-    old = [p for _, p in committed_checkpoints(run_dir) if p != keep]
-    for p in old:
-        # Renamed away first, so that a crash half-way through the removal leaves a partial
-        # directory (removed at resume), never a committed name with files missing.
-        gone = p.with_name(f"{PARTIAL}old-{p.name}")
-        os.rename(p, gone)
-        atomic.fault_point(f"retire {p}")
-        shutil.rmtree(gone)
-        atomic.fault_point(f"remove {gone}")
-    if old:
-        atomic.sync_dir(Path(run_dir) / CHECKPOINTS)
-
-
-def _link_or_copy(src: Path, dest: Path) -> None:
-    """``dest`` a new name of ``src``'s bytes: a hard link (no copy of the weights), or a flushed copy
-    where the filesystem has none. Files of a committed checkpoint are never modified in place."""
-    try:
-        os.link(src, dest)
-    except OSError as e:
-        if e.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
-            raise
-        shutil.copyfile(src, dest)
-        atomic.fsync_path(dest)
-
-
-def commit_checkpoint(run_dir: str | os.PathLike, epoch: int, files: dict[str, Callable[[Path], None] | Path]) -> Path:
-    """Write the checkpoint of ``epoch`` as one atomic commit; returns its directory.
-
-    ``files``: name -> a function that writes that file at the path it is given, or an existing
-    file (of the previous checkpoint) to link. Each file is flushed, the new directory synced, then
-    renamed to ``checkpoints/epoch-NNNNNN`` and the rename synced. A failed write (disk full, a
-    file-size limit) removes the partial directory and raises CheckpointError; the previous
-    checkpoint is untouched either way."""
-    root = Path(run_dir) / CHECKPOINTS
-    final = root / f"epoch-{int(epoch):06d}"
-    partial = root / f"{PARTIAL}{final.name}-{os.getpid()}"
-    try:
-        if not root.is_dir():
-            root.mkdir()
-            atomic.fault_point(f"mkdir {root}")
-            atomic.sync_dir(root.parent)
-        if partial.exists():
-            shutil.rmtree(partial)
-        partial.mkdir()
-        atomic.fault_point(f"mkdir {partial}")
-        for name, source in files.items():
-            path = partial / name
-            if isinstance(source, Path):
-                _link_or_copy(source, path)
-            else:
-                source(path)
-                os.chmod(path, atomic.plain_mode())  # (safetensors creates its files 0600)
-                atomic.fsync_path(path)
-            atomic.fault_point(f"write {path}")
-        atomic.sync_dir(partial)
-        atomic.fault_point(f"fsync {partial}")
-        if final.exists():  # an epoch written before by a run that was then resumed from an older checkpoint
-            shutil.rmtree(final)
-        os.rename(partial, final)
-        atomic.fault_point(f"commit {final}")
-        atomic.sync_dir(root)
-        atomic.fault_point(f"fsync {root}")
-    except BaseException as e:
-        if partial.exists():
-            shutil.rmtree(partial, ignore_errors=True)
-        if isinstance(e, (OSError, SafetensorError)):
-            raise CheckpointError(
-                f"cannot write the checkpoint of epoch {epoch} in {root}: "
-                f"{write_error(e)}{_named(e)}; the previous checkpoint is kept"
-            ) from None
-        raise
-    return final
-
-
-def _named(e: BaseException) -> str:
-    return f" ({e.filename})" if isinstance(e, OSError) and e.filename else ""
-
-
-def publish(run_dir: str | os.PathLike, checkpoint: Path, names: tuple[str, ...] = PUBLISHED) -> None:
-    """Replace the run directory's top-level copies of ``names`` with ``checkpoint``'s, each
-    atomically (the weights as hard links). Readers (eval, predict) see whole files; resume never
-    reads these."""
-    run_dir = Path(run_dir)
-    try:
-        for name in names:
-            src, dest = checkpoint / name, run_dir / name
-            if dest.exists() and os.path.samefile(src, dest):
-                continue  # already linked (and rename() between two links of one file does nothing)
-            tmp = run_dir / f"{name}.{os.getpid()}-publish.tmp"
-            if tmp.exists():
-                tmp.unlink()
-            if name.endswith(".safetensors"):
-                _link_or_copy(src, tmp)
-            else:  # small, and a copy: editing the top-level file in place cannot touch the checkpoint
-                shutil.copyfile(src, tmp)
-                atomic.fsync_path(tmp)
-            atomic.fault_point(f"write {tmp}")
-            os.replace(tmp, dest)
-            atomic.fault_point(f"rename {dest}")
-        atomic.sync_dir(run_dir)
-        atomic.fault_point(f"fsync {run_dir}")
-    except OSError as e:
-        raise CheckpointError(
-            f"cannot update the files of {run_dir}: {write_error(e)}{_named(e)} (the checkpoint "
-            f"{checkpoint} is complete: a resume continues from it)"
         ) from None

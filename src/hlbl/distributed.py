@@ -27,13 +27,16 @@ up is DDP's overlap of communication with the backward pass, small for this mode
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from .data import DataError  # a user error: the CLI prints its one-line message
+from .data import stream_fingerprint
+from .errors import DataError  # a user error: the CLI prints its one-line message
 
 
 def is_distributed() -> bool:
@@ -178,3 +181,34 @@ def check_same(description: str, device: torch.device | str, what: str) -> None:
     low, high = all_max([-key, key], device)  # -min and max over the ranks
     if -low != high:
         raise DataError(f"the processes disagree on {what}; every process must build the same run")
+
+
+def agree(flag: bool, device: torch.device | str, message: str) -> None:
+    """Raise DataError(``message``) on every rank unless every rank passed the same ``flag``."""
+    low, high = all_max([-float(flag), float(flag)], device)
+    if -low != high:
+        raise DataError(message)
+
+
+def check_same_run(model: nn.Module, vocab, train, valid, cfg) -> None:
+    """Every rank must build the same run: ranks that differ would deadlock or silently train W
+    models. Parameters are broadcast later, but the tree is structure (a builder that is not
+    deterministic across processes would differ), the split lengths and recipe set the number of
+    steps, and each rank reads its shards from its own copy of the text."""
+    if not is_distributed():
+        return
+    description = json.dumps(
+        [
+            model.config.to_json(),
+            model.tree.fingerprint() if model.tree is not None else None,
+            [(k, list(p.shape)) for k, p in model.named_parameters()],
+            len(train),
+            len(valid),
+            stream_fingerprint(train),
+            stream_fingerprint(valid),  # the text, not its size only
+            hashlib.sha256("\n".join(vocab.words).encode()).hexdigest(),
+            {k: v for k, v in asdict(cfg).items() if k not in ("device", "progress", "hogwild")},
+        ],
+        sort_keys=True,
+    )
+    check_same(description, cfg.device, "the model, its word tree, the corpus or the training recipe")

@@ -14,62 +14,21 @@ Context words use the vectors R; predicted words are represented only inside the
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
+from .config import LBLConfig
 from .output import LayerOutput, make_output_layer
 from .classes import WordClasses
 from .tree import WordTree
 
 
-@dataclass
-class LBLConfig:
-    vocab_size: int
-    dim: int = 100
-    context: int = 5  # n - 1 previous words
-    full_context: bool = False  # full (d, d) C_i instead of diagonal
-    output: str = "tree"  # see hlbl.output.OUTPUT_KINDS
-    init_std: float = 0.1  # std of the Gaussian initialisation of non-bias weights
-    samples: int = 25  # k noise words per training step (output "nce" / "sampled" only)
-    noise_power: float = 1.0  # noise = unigram ** noise_power, renormalised ("nce" / "sampled" only)
-    noise_share: int = 25  # examples per noise draw, 0 = the whole minibatch ("nce" / "sampled" only)
-
-    def __post_init__(self):
-        for name in ("vocab_size", "dim", "context", "samples"):  # 8.0 from a hand-edited run.json is not a size
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise TypeError(f"{name} must be an integer, not {v!r}")
-        if not isinstance(self.full_context, bool):
-            raise TypeError(f"full_context must be true or false, not {self.full_context!r}")
-        if self.vocab_size < 2:
-            raise ValueError(f"vocab_size must be at least 2, got {self.vocab_size}")
-        for name in ("dim", "context", "samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not 0 <= self.init_std < float("inf"):
-            raise ValueError(f"init_std (the initial weights' standard deviation) must be >= 0, got {self.init_std}")
-        if (
-            isinstance(self.noise_share, bool)
-            or not isinstance(self.noise_share, (int, np.integer))
-            or self.noise_share < 0
-        ):
-            raise ValueError(f"noise_share must be an integer >= 0, got {self.noise_share!r}")
-        if not 0 <= self.noise_power < float("inf"):
-            raise ValueError(f"noise_power must be >= 0, got {self.noise_power}")
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, obj: dict) -> "LBLConfig":
-        return cls(**obj)
-
-
 class LBL(nn.Module):
+    """The model of :class:`~hlbl.config.LBLConfig` (re-exported here) over ``tree`` (tree output) or word classes."""
+
     def __init__(
         self,
         config: LBLConfig,

@@ -135,6 +135,12 @@ class OutputLayer(nn.Module):
         """Restart the generator of a layer whose training loss samples (called by the training
         loop every epoch); layers with a deterministic loss have none."""
 
+    def start_epoch(self, seed: int, epoch: int) -> None:
+        """Called by the training loop before each epoch (placeholder until the output package lands)."""
+        from .sampled_output import noise_seed
+
+        self.reseed(noise_seed(seed, epoch))
+
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
         lp = self.target_log_prob(input, target)
         return LayerOutput(lp, -lp.mean())

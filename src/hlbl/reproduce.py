@@ -36,11 +36,14 @@ import torch
 
 from . import atomic
 from . import checkpoint as ckpt
+from . import run as hrun
 from .data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus
 from .errors import ConfigError
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
-from .train import TrainConfig, epoch_runner, fit
+from .config import TrainConfig
+from .engine import choose_engine
+from .run import fit
 from .tree import WordTree, build_tree
 from .treebuild import DEFAULT_EM_ITERS, BuildReport, build_tree_from_features, tree_label, word_features
 
@@ -134,7 +137,7 @@ def git_commit() -> str:
 
 def _engine_name(model: LBL, cfg: TrainConfig) -> str:
     """Which training step implementation ``fit`` used for this model ("fast" or "torch")."""
-    return "fast" if epoch_runner(model, cfg).__module__.endswith("fast") else "torch"
+    return "fast" if choose_engine(model, cfg).__module__.endswith("fast") else "torch"
 
 
 class Reproduction:
@@ -227,7 +230,7 @@ class Reproduction:
         # exact, so this equals having trained with the larger cap from the start.)
         run = self.work / "runs" / name
         if (run / "run.json").is_file() and (run / "state.json").is_file():
-            model, _, info = ckpt.load_model(run, which="last")
+            model, _, info = hrun.load_model(run, which="last")
             try:
                 tcfg = TrainConfig.from_json(info["train"], max_epochs=epochs, progress=False)
             except ValueError as e:
@@ -301,7 +304,7 @@ class Reproduction:
                 ):
                     p.unlink(missing_ok=True)
                 shutil.rmtree(self.work / "runs" / name, ignore_errors=True)
-        model, _, _ = ckpt.load_model(self.work / "runs" / "T1", which="best")
+        model, _, _ = hrun.load_model(self.work / "runs" / "T1", which="best")
         t0 = time.perf_counter()
         X, n = word_features(model, self.train_stream, self.corpus.vocab.eos)
         with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:

@@ -169,7 +169,7 @@ def _word_features_cpu(model, stream: np.ndarray, pad: int) -> tuple[np.ndarray,
 
 def features_from_run(run_dir: str | Path, corpus=None, which: str = "best") -> tuple[np.ndarray, np.ndarray]:
     """Word features of the model in ``run_dir`` over its corpus's training split."""
-    from .checkpoint import load_model
+    from .run import load_model
     from .data import load_corpus, run_corpus
 
     model, vocab, info = load_model(run_dir, which=which)

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from ..checkpoint import load_model, read_run
+from ..run import load_model, read_run
 from ..data import DataError
 from ..output import takes_structure
 from .common import blank_lines_arg, pick_device, run_args, seed_arg, set_threads

@@ -1,4 +1,8 @@
-"""``hlbl train`` and ``hlbl eval``."""
+"""``hlbl train``: flags -> a model and recipe -> :func:`hlbl.run.fit`, or ``--resume`` -> :class:`hlbl.run.Run`.
+
+Only the parsers are built at import: torch and the library's training modules are imported by the
+command itself, so that ``--help`` and argument errors answer at once.
+"""
 
 from __future__ import annotations
 
@@ -7,46 +11,24 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from .. import distributed
-from .. import checkpoint as ckpt
-from ..checkpoint import load_model, read_run, read_state
-from ..data import (
-    Corpus,
-    DataError,
-    corpus_record,
-    epoch_span,
-    load_corpus,
-    resolve_corpus,
-    run_corpus,
-    stream_fingerprint,
+from ..config import (
+    ENGINES,
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    OUTPUT_KINDS,
+    SAMPLED_KINDS,
+    LBLConfig,
+    TrainConfig,
+    check_model_memory,
 )
-from ..evaluate import evaluate, self_normalisation
-from ..model import LBL, LBLConfig
-from ..output import OUTPUT_KINDS, takes_structure, takes_tree
-from ..sampled_output import SAMPLED_KINDS
-from ..train import ENGINES, LR_SCHEDULES, OPTIMIZERS, TrainConfig, fit, schedule, warm_start
-from ..tree import build_tree
-from .common import blank_lines_arg, corpus_args, pick_device, run_args, seed_arg, set_threads, with_oov
-
-
-def _differing_split(corpus, vocab, info: dict) -> str | None:
-    """Which split of ``corpus`` is not the text the run was trained on (None: both match).
-
-    Paths may move; the text is what must match. Runs record fingerprints of their encoded train
-    and valid splits; for older runs the vocabulary's exact training counts (cut words summed
-    into ``<unk>``) are compared with the encoded train split instead."""
-    recorded = info.get("data_sha256")
-    if recorded:
-        return next((s for s in ("train", "valid") if stream_fingerprint(corpus[s]) != recorded.get(s)), None)
-    same = np.array_equal(np.bincount(corpus["train"], minlength=len(vocab)), np.asarray(vocab.counts))
-    return None if same else "train"
+from ..errors import DataError
+from .common import corpus_args, pick_device, seed_arg, set_threads, with_oov
 
 
 def cmd_train(args) -> int:
     """Train (under torchrun: one data-parallel process of several; see hlbl.distributed)."""
+    from .. import distributed
+
     set_threads(args.threads)
     # 0 is a value, not "unset": --epochs 0 must not mean the default.
     for flag, value in (
@@ -66,7 +48,7 @@ def cmd_train(args) -> int:
             "torch engine runs (use --threads)"
         )
     try:
-        rc = _train(args, device)
+        rc = _train(args, device, distributed.rank() == 0)
     except BaseException:
         distributed.cleanup(finished=False)
         raise
@@ -74,105 +56,89 @@ def cmd_train(args) -> int:
     return rc
 
 
-# Flags a resume may give: how to run, not what is learned (--data is checked by its text).
-# --blank-lines is checked against the run's own record in _resumed_run.
-RESUME_FLAGS = {"out", "resume", "data", "epochs", "engine", "hogwild", "device", "threads", "quiet", "blank_lines"}
-_RECORDED_AS = {"weight_decay": "weight_decay_other", "epochs": "max_epochs"}  # flag dest -> run.json name
+# Flags a resume may give: the run's runtime settings (TrainConfig.RUNTIME, by their flags) and
+# flags that are no setting of the run (--data is checked by its text, --blank-lines against the
+# run's own record in _resumed_run).
+_FLAG_OF = {"max_epochs": "epochs", "progress": "quiet", "weight_decay_other": "weight_decay"}  # field -> flag dest
+RESUME_FLAGS = {"out", "resume", "data", "threads", "blank_lines"} | {_FLAG_OF.get(k, k) for k in TrainConfig.RUNTIME}
 
 
 def _contradictions(args, info: dict) -> list[str]:
     """The flags given with --resume that differ from the run's recipe (run.json), in words."""
-    parser_flags = getattr(args, "_flag_names", {})
-    train = info.get("train", {})
-    try:  # with the values a run from before a setting existed implies (epoch_tokens: 0)
-        train = TrainConfig.from_json(train).to_json()
-    except ValueError:
-        pass
+    field_of = {v: k for k, v in _FLAG_OF.items()}
+    sections = (info.get("model", {}), info.get("train", {}), info.get("options") or {})
     out = []
     for dest in sorted(getattr(args, "_given", set()) - RESUME_FLAGS):
-        flag = parser_flags.get(dest, "--" + dest.replace("_", "-"))
-        key = _RECORDED_AS.get(dest, dest)
-        value = getattr(args, dest)
-        recorded = [sec[key] for sec in (info.get("model", {}), train, info.get("options") or {}) if key in sec]
+        flag = args._flag_names.get(dest, "--" + dest.replace("_", "-"))
+        key, value = field_of.get(dest, dest), getattr(args, dest)
+        recorded = [sec[key] for sec in sections if key in sec]
         if not recorded:
             out.append(f"{flag} (the run does not record it)")
-            continue
-        same = recorded[0] == value or (
-            isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and isinstance(recorded[0], (int, float))
-            and float(recorded[0]) == float(value)
-        )
-        if not same and dest in ("tree", "init_from") and Path(str(value)).exists():
-            # a path given another way (relative, absolute) names the same file or run
-            same = Path(str(value)).resolve() == Path(str(recorded[0])).resolve()
-        if not same:
+        elif not _same(dest, value, recorded[0]):
             out.append(f"{flag} {value} (the run's is {recorded[0]})")
     return out
 
 
-def _resumed_run(args, out: Path, splits: tuple[str, ...], first: bool) -> tuple[LBL, Corpus, TrainConfig]:
+def _same(dest: str, value, recorded) -> bool:
+    """A flag's value against the run's record: numbers by value, paths by the file they name."""
+    if recorded == value:
+        return True
+    number = (int, float)
+    if isinstance(value, number) and isinstance(recorded, number) and not isinstance(value, bool):
+        return float(recorded) == float(value)
+    if dest in ("tree", "init_from") and Path(str(value)).exists():  # relative or absolute: the same file or run
+        return Path(str(value)).resolve() == Path(str(recorded)).resolve()
+    return False
+
+
+def _resumed_run(args, out: Path, first: bool):
     """The run's own model, vocabulary and recipe (run.json: the only source of the recipe on a
     resume); only --epochs and the settings of how to run may change. The weights come from the
-    newest complete checkpoint in :func:`hlbl.train.fit`, or from the run's seed when it has none."""
-    config, vocab, tree, info = ckpt.load_recipe(out)
+    newest complete checkpoint in :func:`hlbl.run.fit`, or from the run's seed when it has none."""
+    from ..run import Run
+
+    run = Run(out)
+    info = run.info()
     differ = _contradictions(args, info)
     if differ:
         raise DataError(
             f"--resume continues {out} with its own recipe, and these flags contradict it: "
             f"{', '.join(differ)}; leave them out, or choose a new --out for a new run"
         )
-    blank_lines = info.get("blank_lines", "drop")  # (runs that predate the protocol's record dropped them)
+    blank_lines = info.get("blank_lines", "drop")
     if args.blank_lines not in (None, blank_lines):
         raise DataError(f"{out} was trained with --blank-lines {blank_lines}; resume it with the same")
-    # the run's own vocabulary, whatever the flags say now
-    corpus = load_corpus(args.data, vocab=vocab, splits=splits, blank_lines=blank_lines)
-    differs = _differing_split(corpus, vocab, info)
-    if differs:
-        raise DataError(
-            f"the {differs} split of --data {args.data} is not the one {out} was trained on "
-            f"({info['corpus']}); resume with the same corpus"
-        )
-    try:
-        cfg = TrainConfig.from_json(info["train"], **({"max_epochs": args.epochs} if args.epochs else {}))
-    except ValueError as e:
-        raise DataError(f"{out / 'run.json'}: bad training config ({e})") from None
-    found = ckpt.latest_checkpoint(out)
-    done = read_state(found / "state.json") if found is not None else None
-    if first and done is not None and done["done"]:
+    runtime = {"max_epochs": args.epochs} if args.epochs else {}
+    model, corpus, cfg = run.prepare_resume(args.data, **runtime)
+    if first:
+        _say_where_resuming(run, cfg)
+    return model, corpus, cfg
+
+
+def _say_where_resuming(run, cfg) -> None:
+    found, state = run.latest(), run.state()
+    if state is not None and state.done:
         print(
-            f"note: {out} had already stopped early (after epoch {done['epoch']}): nothing to train; "
+            f"note: {run.path} had already stopped early (after epoch {state.epoch}): nothing to train; "
             "reporting its best weights",
             file=sys.stderr,
         )
-    elif first and done is not None and done["epoch"] >= cfg.max_epochs:
+    elif state is not None and state.epoch >= cfg.max_epochs:
         print(
-            f"note: {out} has {done['epoch']} epochs and --epochs is {cfg.max_epochs}: nothing to train; "
+            f"note: {run.path} has {state.epoch} epochs and --epochs is {cfg.max_epochs}: nothing to train; "
             "pass a larger --epochs to continue",
             file=sys.stderr,
         )
-    if first:
-        where = (
-            "with no complete checkpoint: from the start"
-            if found is None
-            else f"after epoch {done['epoch']}, from its newest complete checkpoint "
-            f"({found.relative_to(out) if found != out else 'its files'})"
-        )
-        print(
-            f"resuming {out} {where}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
-            "--hogwild, --device and --threads apply)",
-            file=sys.stderr,
-        )
-    try:  # a checkpoint holds every weight; without one the run starts again from its own seed
-        model = LBL(config, tree, torch.Generator().manual_seed(cfg.seed), init=found is None)
-    except ValueError as e:
-        raise ckpt.CheckpointError(f"{out}: {e}") from None
-    if found is None:
-        model.init_unigram(vocab.counts)
-        source = (info.get("options") or {}).get("init_from")
-        if source:  # a run stopped before its first checkpoint starts as it first did
-            warm_start(model, source, corpus, keep_output=bool((info.get("options") or {}).get("keep_output")))
-    return model, corpus, cfg
+    where = (
+        "with no complete checkpoint: from the start"
+        if found is None
+        else f"after epoch {state.epoch}, from its newest complete checkpoint ({found.relative_to(run.path)})"
+    )
+    print(
+        f"resuming {run.path} {where}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
+        "--hogwild, --device and --threads apply)",
+        file=sys.stderr,
+    )
 
 
 TREE_KINDS = ("random", "huffman")
@@ -183,7 +149,9 @@ def _structure(args, counts) -> object:
     """The output layer's structure from --tree: a word tree (tree output), word classes (classes
     output: frequency binning into about sqrt(V) classes by default, or a classes file), or None."""
     V = len(counts)
-    if takes_tree(args.output):
+    if args.output == "tree":
+        from ..tree import build_tree
+
         return build_tree(args.tree or "random", V, counts, args.seed)
     if args.output != "classes":
         return None
@@ -197,9 +165,9 @@ def _structure(args, counts) -> object:
     return classes
 
 
-def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, TrainConfig]:
+def _new_run(args, splits: tuple[str, ...], device: str):
     """A new model and recipe from the flags; the vocabulary comes from the training split."""
-    if args.tree is not None and not takes_structure(args.output):
+    if args.tree is not None and args.output not in ("tree", "classes"):
         raise DataError(
             f"--tree applies to the tree output layer (and to classes output) only, not --output {args.output}"
         )
@@ -226,126 +194,143 @@ def _new_run(args, splits: tuple[str, ...], device: str) -> tuple[LBL, Corpus, T
             f"--tree {args.tree}: not {', '.join(TREE_KINDS)}, nor a tree file (.json or .npz; "
             "hlbl tree build writes one)"
         )
+    import torch
+
+    from ..data import load_corpus
+    from ..model import LBL
+
     corpus = load_corpus(
         args.data, args.max_vocab, args.min_count, splits=splits, blank_lines=args.blank_lines or "drop"
     )
     V = len(corpus.vocab)
-    try:
-        mcfg = LBLConfig(
-            V,
-            dim=args.dim,
-            context=args.context,
-            full_context=args.full_context,
-            output=args.output,
-            init_std=args.init_std,
-            samples=args.samples,
-            noise_power=args.noise_power,
-            noise_share=args.noise_share,
-        )
-        cfg = TrainConfig(
-            lr=args.lr,
-            lr_final=args.lr_final,
-            lr_schedule=args.lr_schedule,
-            lr_decay=args.lr_decay,
-            lr_decays=args.lr_decays,
-            lr_min_gain=args.lr_min_gain,
-            batch_size=args.batch_size,
-            max_epochs=args.epochs or TrainConfig.max_epochs,
-            epoch_tokens=args.epoch_tokens,
-            optimizer=args.optimizer,
-            momentum=TrainConfig.momentum if args.momentum is None else args.momentum,
-            weight_decay_words=args.weight_decay_words,
-            weight_decay_other=args.weight_decay,
-            hogwild=args.hogwild,
-            seed=args.seed,
-            device=device,
-            max_train_tokens=args.max_train_tokens,
-            progress=not args.quiet,
-        )
-    except ValueError as e:
-        raise DataError(str(e)) from None
-    from ..train import check_model_memory
-
-    check_model_memory(mcfg, f"dim={args.dim} with {V:,} words")
+    mcfg = LBLConfig(
+        V,
+        dim=args.dim,
+        context=args.context,
+        full_context=args.full_context,
+        output=args.output,
+        init_std=args.init_std,
+        samples=args.samples,
+        noise_power=args.noise_power,
+        noise_share=args.noise_share,
+    )
+    cfg = TrainConfig(
+        lr=args.lr,
+        lr_final=args.lr_final,
+        lr_schedule=args.lr_schedule,
+        lr_decay=args.lr_decay,
+        lr_decays=args.lr_decays,
+        lr_min_gain=args.lr_min_gain,
+        batch_size=args.batch_size,
+        max_epochs=args.epochs or TrainConfig.max_epochs,
+        epoch_tokens=args.epoch_tokens,
+        optimizer=args.optimizer,
+        momentum=TrainConfig.momentum if args.momentum is None else args.momentum,
+        weight_decay_words=args.weight_decay_words,
+        weight_decay_other=args.weight_decay,
+        hogwild=args.hogwild,
+        seed=args.seed,
+        device=device,
+        max_train_tokens=args.max_train_tokens,
+        progress=not args.quiet,
+    )
+    check_model_memory(mcfg, f"dim {args.dim} with {V:,} words")
     tree = _structure(args, corpus.vocab.counts)
     model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
     model.init_unigram(corpus.vocab.counts)
     if args.init_from:
         if not (Path(args.init_from) / "run.json").exists():
             raise DataError(f"--init-from {args.init_from}: not a run directory (no run.json)")
-        warm_start(model, args.init_from, corpus, lambda msg: print(msg, file=sys.stderr), args.keep_output)
+        from ..run import load_model
+        from ..warmstart import warm_start
+
+        source, source_vocab, _ = load_model(args.init_from)
+        say = lambda msg: print(msg, file=sys.stderr)
+        warm_start(model, source, source_vocab, corpus.vocab, say, args.keep_output, name=args.init_from)
     elif args.keep_output:
         raise DataError("--keep-output goes with --init-from RUN")
     return model, corpus, cfg
 
 
-def _train(args, device: str) -> int:
-    first = distributed.rank() == 0  # under torchrun only process 0 prints
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} is a file, not a run directory")
-    from ..train import refuse_foreign_directory
+def _train(args, device: str, first: bool) -> int:
+    """``first``: this is the process that prints (under torchrun, rank 0)."""
+    from ..data import corpus_record, epoch_span, resolve_corpus, run_corpus
+    from ..run import Run, fit, read_run
+    from ..schedule import resolve
 
+    out = Path(args.out)
+    run = Run(out)
     resuming = bool(args.resume) and (out / "run.json").exists()
-    if args.resume and not resuming:
-        refuse_foreign_directory(out)  # --resume never writes into a directory that holds something else
-        if first:
+    if not resuming:  # said before the corpus is read; fit checks again while it holds the directory
+        run.check_writable(resume=bool(args.resume))
+        if args.resume and first:
             print(f"note: {out} holds no run: nothing to resume, starting a new run", file=sys.stderr)
-    elif not args.resume and out.exists() and any(out.iterdir()):
-        raise DataError(f"{out} is not empty; choose a new --out, pass --resume, or delete it")
     if args.data is None:
         if not resuming:
             raise DataError("--data is needed (it may be left out to --resume a run, which records its corpus)")
         args.data = str(run_corpus(read_run(args.out)))
     # A corpus without a test split can still be trained on (the final report skips test).
     splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
-    if resuming:
-        model, corpus, cfg = _resumed_run(args, out, splits, first)
-    else:
-        model, corpus, cfg = _new_run(args, splits, device)
-    cfg.device = device
-    cfg.engine = args.engine  # like the device, a choice of how to run, not of what is learned
-    cfg.hogwild = args.hogwild
+    model, corpus, cfg = _resumed_run(args, out, first) if resuming else _new_run(args, splits, device)
+    cfg.device, cfg.engine, cfg.hogwild = device, args.engine, args.hogwild  # how to run, not what is learned
     if cfg.hogwild > 1:
-        from ..fast import unsupported  # lazily: numba
+        from ..fast import unsupported
 
         why = unsupported(model, cfg=cfg)
         if why:  # --engine auto would train on the torch engine, which has no Hogwild threads
             raise DataError(f"--hogwild runs threads of the fast engine, which cannot train this model: {why}")
-    log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    n_train = min(len(corpus["train"]), cfg.max_train_tokens or len(corpus["train"]))
     if first:
         print(
             f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
-            f"{min(len(corpus['train']), cfg.max_train_tokens or len(corpus['train'])):,} training tokens, "
-            f"device {device}",
+            f"{n_train:,} training tokens, device {device}",
             file=sys.stderr,
         )
-        n_train = min(len(corpus["train"]), cfg.max_train_tokens or len(corpus["train"]))
         span = epoch_span(n_train, 1, cfg.epoch_tokens, cfg.batch_size)
         if span.parts > 1:
             how = " (auto)" if cfg.lr_schedule == "auto" else ""
             print(
                 f"a pass over the training split is {span.parts} epochs of {span.hi:,} positions "
                 f"(--epoch-tokens {cfg.epoch_tokens:,}): each ends in validation and a checkpoint; "
-                f"learning-rate schedule {schedule(cfg, span.parts)}{how}",
+                f"learning-rate schedule {resolve(cfg, span.parts)}{how}",
                 file=sys.stderr,
             )
-    options = {"tree": args.tree or "random"} if takes_tree(model.config.output) else {}
-    if model.config.output == "classes":
-        options = {"tree": args.tree or "frequency"}
+    log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    state = fit(
+        model,
+        corpus,
+        cfg,
+        out,
+        resume=resuming,
+        corpus_spec=corpus_record(args.data),
+        log=log,
+        options=_options(args, model),
+    )
+    if first:
+        _report(model, corpus, state, out, device, args.seed)
+    return 0
+
+
+def _options(args, model) -> dict:
+    """What run.json records of the flags that shaped the vocabulary and the output layer."""
+    options = {}
+    if model.config.output in ("tree", "classes"):
+        options["tree"] = args.tree or ("random" if model.config.output == "tree" else "frequency")
     options.update(max_vocab=args.max_vocab, min_count=args.min_count)
     if getattr(args, "init_from", None):
         options["init_from"] = str(Path(args.init_from).resolve())
         if args.keep_output:
             options["keep_output"] = True
-    state = fit(
-        model, corpus, cfg, out, resume=resuming, corpus_spec=corpus_record(args.data), log=log, options=options
-    )
-    if not first:
-        return 0
+    return options
+
+
+def _report(model, corpus, state, out: Path, device: str, seed: int) -> None:
+    """The final JSON line (valid and test perplexity of the best weights), then a sample."""
+    from ..evaluate import evaluate, self_normalisation
+
     valid = corpus.token_counts("valid")
     report = {
-        "valid_perplexity": state["best_valid_ppl"],
+        "valid_perplexity": state.best_valid_ppl,
         "blank_lines": corpus.blank_lines,
         "valid_blank_lines_dropped": valid["blank_lines_dropped"],
     }
@@ -365,12 +350,13 @@ def _train(args, device: str) -> int:
     else:
         print("note: the corpus has no test.txt: no test perplexity", file=sys.stderr)
     print(json.dumps({**report, "run": str(out)}))
-    show_sample(model, corpus, device, args.seed)
-    return 0
+    show_sample(model, corpus, device, seed)
 
 
-def show_sample(model: LBL, corpus, device: str, seed: int) -> None:
+def show_sample(model, corpus, device: str, seed: int) -> None:
     """Print the top next words for a test (else valid) context and a short sample continuing it."""
+    import torch
+
     vocab, n = corpus.vocab, model.config.context
     test = corpus["test" if "test" in corpus.splits else "valid"]
     prompt = [vocab.eos] * max(0, n - len(test)) + [int(i) for i in test[:n]]  # a test split may be shorter
@@ -379,43 +365,6 @@ def show_sample(model: LBL, corpus, device: str, seed: int) -> None:
     print(f"context: {' '.join(vocab.decode(prompt))} -> {nxt}")
     sample = model.generate(prompt, 20, vocab.eos, torch.Generator().manual_seed(seed))
     print(f"sample: {' '.join(vocab.decode(prompt))} | {' '.join(vocab.decode(sample))}")
-
-
-def cmd_eval(args) -> int:
-    set_threads(args.threads)
-    device = pick_device(args.device)
-    model, vocab, info = load_model(args.run, which=args.which, device=device)
-    if args.ensemble and not args.interpolate:
-        raise DataError("--with adds models to the mixture of --interpolate; give the n-gram model with --interpolate")
-    if args.weight != "auto" and not args.interpolate:
-        raise DataError("--weight is the mixture weight of --interpolate; give the n-gram model with --interpolate")
-    tune = args.interpolate and str(args.weight).strip().lower() == "auto"
-    needed = {args.split} | ({"valid"} if tune else set())  # valid: to tune the mixture weight
-    corpus = load_corpus(
-        args.data or run_corpus(info),
-        vocab=vocab,
-        splits=tuple(needed),
-        blank_lines=args.blank_lines or info.get("blank_lines", "drop"),
-    )  # the run's protocol by default
-    if args.interpolate:  # mixture with an n-gram model (hlbl.ngram)
-        from .ngram import interpolated_report
-
-        others = []
-        for run in args.ensemble or ():
-            other, other_vocab, _ = load_model(run, which=args.which, device=device)
-            if list(other_vocab.words) != list(vocab.words):
-                raise DataError(
-                    f"--with {run}: its vocabulary differs from {args.run}'s; a mixture needs the same words"
-                )
-            others.append(other)
-        report = interpolated_report(model, corpus, args.split, args.interpolate, args.weight, device, tuple(others))
-    else:
-        report = evaluate(model, corpus[args.split], vocab.eos, device=device)
-        norm = self_normalisation(model, corpus[args.split], vocab.eos, device=device)
-        if norm is not None:  # nce / sampled: log Z statistics (the perplexity above is exact)
-            report["self_normalisation"] = norm
-    print(json.dumps(with_oov(report, corpus, args.split)))
-    return 0
 
 
 def add_commands(sub) -> None:
@@ -558,29 +507,6 @@ def add_commands(sub) -> None:
     t.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
     t.set_defaults(func=cmd_train)
     _note_given_flags(t)
-
-    e = sub.add_parser("eval", help="perplexity of a trained run on a split (one JSON line)")
-    run_args(e)
-    e.add_argument("--split", choices=("train", "valid", "test"), default="test", help="split to score")
-    e.add_argument("--data", default=None, help="corpus (default: the one the run was trained on)")
-    blank_lines_arg(e, None, "the run's own")
-    e.add_argument(
-        "--interpolate",
-        metavar="ARPA",
-        default=None,
-        help="also mix with this n-gram model: W p_model + (1-W) p_ngram, per token",
-    )
-    e.add_argument("--weight", default="auto", help="with --interpolate: W in [0, 1], or auto (tuned on valid)")
-    e.add_argument(
-        "--with",
-        dest="ensemble",
-        metavar="RUN",
-        action="append",
-        default=None,
-        help="with --interpolate: another trained run (same vocabulary) in the mixture; repeatable; "
-        "every model's weight is tuned on valid",
-    )
-    e.set_defaults(func=cmd_eval)
 
 
 class _Given:

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 from pathlib import Path
 
-from ..checkpoint import read_run, read_vocab
+from ..run import read_run, read_vocab
 from ..data import DataError, load_corpus, run_corpus
 from ..tree import TreeError, WordTree, build_tree
 from ..treebuild import DEFAULT_EM_ITERS, DEFAULT_MAX_LEAVES_PER_WORD
@@ -111,7 +111,7 @@ def cmd_tree_build(args) -> int:
     """A learned tree (the paper's Section 5) from the word features of a trained run."""
     import time
 
-    from ..checkpoint import load_model
+    from ..run import load_model
     from ..treebuild import (
         BuildReport,
         SenseReport,
@@ -199,7 +199,7 @@ def cmd_tree_refine(args) -> int:
     classes; train on them with ``--init-from RUN --keep-output``."""
     import time
 
-    from ..checkpoint import load_model
+    from ..run import load_model
     from ..refine import RefineConfig, refine_classes
 
     set_threads(args.threads)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..checkpoint import load_model
+from ..run import load_model
 from ..data import text_lines
 from ..errors import HlblError
 from ..output import TreeSoftmax

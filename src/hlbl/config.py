@@ -1,0 +1,210 @@
+"""What a run is made of: the model's settings (:class:`LBLConfig`) and the training recipe
+(:class:`TrainConfig`), with the names of the choices they take.
+
+This module imports neither torch nor numpy, so that the command line can build its parsers (and
+answer ``--help``) without loading them. Every bad value raises :class:`~hlbl.errors.ConfigError`
+whose ``field`` is the setting at fault and whose message starts with that setting's name.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+from numbers import Integral
+from typing import Any
+
+from .errors import ConfigError
+
+OUTPUT_KINDS = ("tree", "flat", "adaptive", "nce", "sampled", "classes")  # hlbl.output.make_output_layer
+SAMPLED_KINDS = ("nce", "sampled")  # output layers trained by sampling (hlbl.output.sampled)
+OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
+LR_SCHEDULES = ("auto", "two-rate", "halve")
+ENGINES = ("torch", "fast", "auto")  # hlbl.engine.choose_engine
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, Integral) and not isinstance(v, bool)
+
+
+def _need(ok: bool, field: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{field} {message}", field=field)
+
+
+def _from_json(cls, obj: Any, what: str):
+    """``cls(**obj)`` for a JSON object of settings; ConfigError for unknown keys or bad values."""
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{what} must be a JSON object, not {type(obj).__name__}")
+    unknown = sorted(set(obj) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ConfigError(f"unknown {what} setting(s) {', '.join(unknown)}", field=unknown[0])
+    try:
+        return cls(**obj)
+    except TypeError as e:  # a required setting missing
+        raise ConfigError(f"{what}: {e}") from None
+
+
+@dataclass
+class LBLConfig:
+    vocab_size: int
+    dim: int = 100
+    context: int = 5  # n - 1 previous words
+    full_context: bool = False  # full (d, d) C_i instead of diagonal
+    output: str = "tree"  # one of OUTPUT_KINDS
+    init_std: float = 0.1  # std of the Gaussian initialisation of non-bias weights
+    samples: int = 25  # k noise words per training step (output "nce" / "sampled" only)
+    noise_power: float = 1.0  # noise = unigram ** noise_power, renormalised ("nce" / "sampled" only)
+    noise_share: int = 25  # examples per noise draw, 0 = the whole minibatch ("nce" / "sampled" only)
+
+    def __post_init__(self):
+        for name in ("vocab_size", "dim", "context", "samples"):  # 8.0 from a hand-edited run.json is not a size
+            _need(_is_int(getattr(self, name)), name, f"must be an integer, not {getattr(self, name)!r}")
+        _need(isinstance(self.full_context, bool), "full_context", f"must be true or false, not {self.full_context!r}")
+        _need(self.vocab_size >= 2, "vocab_size", f"must be at least 2, got {self.vocab_size}")
+        for name in ("dim", "context", "samples"):
+            _need(getattr(self, name) >= 1, name, f"must be at least 1, got {getattr(self, name)}")
+        _need(
+            self.output in OUTPUT_KINDS, "output", f"{self.output!r} is unknown; choose from {', '.join(OUTPUT_KINDS)}"
+        )
+        _need(
+            isinstance(self.init_std, (int, float)) and 0 <= self.init_std < math.inf,
+            "init_std",
+            f"(the initial weights' standard deviation) must be >= 0, got {self.init_std}",
+        )
+        _need(
+            _is_int(self.noise_share) and self.noise_share >= 0,
+            "noise_share",
+            f"must be an integer >= 0, got {self.noise_share!r}",
+        )
+        _need(
+            isinstance(self.noise_power, (int, float)) and 0 <= self.noise_power < math.inf,
+            "noise_power",
+            f"must be >= 0, got {self.noise_power}",
+        )
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "LBLConfig":
+        return _from_json(cls, obj, "model")
+
+
+@dataclass
+class TrainConfig:
+    """The training recipe (hlbl.train's module docstring); one run keeps it for life, apart from
+    :attr:`RUNTIME`, the settings of how it is computed, which a resume may change."""
+
+    lr: float = 1e-3
+    lr_final: float = 3e-5
+    # "two-rate" (the paper's), "halve", or "auto": two-rate where an epoch is a whole pass over
+    # the split, halve where a long split is cut into several epochs (hlbl.schedule).
+    lr_schedule: str = "auto"
+    lr_decay: float = 0.5  # "halve": the factor applied to the rate at each decay
+    lr_decays: int = 6  # "halve": decays before training stops (0.5**6 = 1/64 of lr at the end)
+    lr_min_gain: float = 0.003  # "halve": a relative improvement smaller than this decays the rate
+    batch_size: int = 1000
+    max_epochs: int = 40
+    # An epoch is at most this many training positions: a longer split is cut into several epochs
+    # a pass (data.epoch_span), each ending in validation, a checkpoint and the schedule's
+    # decision. 0: always the whole split.
+    epoch_tokens: int = 10_000_000
+    optimizer: str = "momentum"
+    momentum: float = 0.9
+    weight_decay_words: float = 1e-4
+    weight_decay_other: float = 1e-5
+    seed: int = 0
+    device: str = "cpu"
+    max_train_tokens: int | None = None  # train on a prefix only (smoke tests, benchmarks)
+    progress: bool = True
+    engine: str = "auto"  # "fast" (hlbl.fast, CPU numba), "torch" (autograd), "auto": fast where it applies
+    hogwild: int = 1  # fast engine threads; 1 is deterministic, more run lock-free (not reproducible)
+
+    # How a run is computed, not what it learns: the only settings a resume may change.
+    RUNTIME = ("max_epochs", "device", "progress", "engine", "hogwild")
+
+    def __post_init__(self):
+        _need(
+            self.optimizer in OPTIMIZERS,
+            "optimizer",
+            f"{self.optimizer!r} is unknown; choose from {', '.join(OPTIMIZERS)}",
+        )
+        _need(self.engine in ENGINES, "engine", f"{self.engine!r} is unknown; choose from {', '.join(ENGINES)}")
+        _need(
+            self.lr_schedule in LR_SCHEDULES,
+            "lr_schedule",
+            f"{self.lr_schedule!r} is unknown; choose from {', '.join(LR_SCHEDULES)}",
+        )
+        for name in ("hogwild", "batch_size", "max_epochs"):
+            value = getattr(self, name)
+            _need(_is_int(value) and value >= 1, name, f"must be at least 1, got {value!r}")
+        _need(_number(self.lr) and 0 < self.lr < math.inf, "lr", f"must be positive, got {self.lr}")
+        _need(
+            _number(self.lr_final) and 0 <= self.lr_final < math.inf, "lr_final", f"must be >= 0, got {self.lr_final}"
+        )
+        _need(_number(self.lr_decay) and 0 < self.lr_decay < 1, "lr_decay", f"{self.lr_decay} is not in (0, 1)")
+        _need(
+            _is_int(self.lr_decays) and self.lr_decays >= 0, "lr_decays", f"{self.lr_decays!r} is not an integer >= 0"
+        )
+        _need(
+            _number(self.lr_min_gain) and 0 <= self.lr_min_gain < 1,
+            "lr_min_gain",
+            f"{self.lr_min_gain} is not in [0, 1)",
+        )
+        _need(_number(self.momentum) and 0 <= self.momentum < 1, "momentum", f"must be in [0, 1), got {self.momentum}")
+        for name in ("weight_decay_words", "weight_decay_other"):
+            value = getattr(self, name)
+            _need(_number(value) and 0 <= value < math.inf, name, f"must be >= 0, got {value}")
+        _need(
+            _is_int(self.epoch_tokens) and self.epoch_tokens >= 0,
+            "epoch_tokens",
+            f"{self.epoch_tokens!r} is not an integer >= 0 (0: the whole split)",
+        )
+        _need(
+            self.max_train_tokens is None or (_is_int(self.max_train_tokens) and self.max_train_tokens >= 1),
+            "max_train_tokens",
+            f"must be at least 1, got {self.max_train_tokens!r}",
+        )
+        _need(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed", f"must be in 0 .. 2^63-1, got {self.seed!r}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, obj: dict, **overrides) -> "TrainConfig":
+        """The config :meth:`to_json` saved in a run's run.json, with ``overrides`` applied."""
+        if isinstance(obj, dict):
+            obj = {**obj, **overrides}
+        return _from_json(cls, obj, "training")
+
+    def differences(self, other: "TrainConfig") -> list[str]:
+        """The settings, other than :attr:`RUNTIME`, in which ``other`` differs from this recipe, in words."""
+        mine, theirs = self.to_json(), other.to_json()
+        return [
+            f"training {k} {theirs[k]!r} (the run's is {mine[k]!r})"
+            for k in mine
+            if k not in self.RUNTIME and mine[k] != theirs[k]
+        ]
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_model_memory(config: LBLConfig, what: str = "the model") -> None:
+    """Refuse a model whose parameters (with their gradients and optimiser buffers, about three
+    copies) could not fit in this machine's memory, before torch is asked for them."""
+    V, d, n = int(config.vocab_size), int(config.dim), int(config.context)
+    params = 2 * V * d + V + n * d * (d if config.full_context else 1)
+    need = 3 * 4 * params
+    try:
+        have = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise ConfigError(
+            f"{what} needs about {need / 2**30:,.0f} GiB ({params:,} parameters with their gradients "
+            f"and optimiser state), more than this machine's {have / 2**30:,.0f} GiB; lower the feature size (dim)",
+            field="dim",
+        )
