@@ -265,7 +265,7 @@ def test_a_model_saved_from_memory_loads_with_identical_log_probs(tmp_path, vari
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     run_dir = tmp_path / "run"
-    hrun.save_run_files(run_dir, model, vocab, {}, "memory")
+    hrun.save_run_files(run_dir, model, vocab, {}, "memory", {})
     ckpt.save_weights(run_dir / "best.safetensors", model)
     loaded, _, _ = hrun.load_model(run_dir)
     ctx = torch.randint(0, V, (30, 2), generator=torch.Generator().manual_seed(1))

@@ -355,7 +355,7 @@ def test_model_save_load_gives_identical_log_probs(tmp_path):
     model = LBL(LBLConfig(Vc, dim=6, context=3, output="classes"), classes, torch.Generator().manual_seed(0))
     model.init_unigram(corpus.vocab.counts)
     run = tmp_path / "run"
-    hrun.save_run_files(run, model, corpus.vocab, TrainConfig().to_json(), "tiny")
+    hrun.save_run_files(run, model, corpus.vocab, TrainConfig().to_json(), "tiny", {})
     ckpt.save_weights(run / "best.safetensors", model, vocab=corpus.vocab)
     loaded, _, _ = hrun.load_model(run)
     assert loaded.structure.fingerprint() == classes.fingerprint()

@@ -4,6 +4,8 @@ import copy
 
 import numpy as np
 import pytest
+
+from hlbl.errors import ConfigError
 import torch
 
 from conftest import multi_code_tree
@@ -373,7 +375,6 @@ def test_unsupported_models_are_named():
 
 
 def test_engine_factory_picks_one_implementation():
-    from hlbl.data import DataError
     from hlbl.engine import choose_engine
 
     tree = random_tree(10, 0)
@@ -384,9 +385,9 @@ def test_engine_factory_picks_one_implementation():
     assert choose_engine(hlbl, TrainConfig(engine="torch")) is train_epoch
     assert choose_engine(hlbl, TrainConfig(optimizer="adam")) is train_epoch  # auto falls back
     assert choose_engine(flat, TrainConfig()) is train_epoch
-    with pytest.raises(DataError, match="engine='fast' cannot train this model"):
+    with pytest.raises(ConfigError, match="engine 'fast' cannot train this model"):
         choose_engine(flat, TrainConfig(engine="fast"))
-    with pytest.raises(ValueError, match="unknown engine"):
+    with pytest.raises(ValueError, match="engine 'gpu' is unknown"):
         TrainConfig(engine="gpu")
 
 
@@ -406,7 +407,7 @@ def test_fit_with_either_engine_gives_the_same_model(tmp_path):
         model.init_unigram(corpus.vocab.counts)
         cfg = TrainConfig(lr=0.01, lr_final=0.001, batch_size=64, max_epochs=12, seed=0, progress=False, engine=engine)
         state = fit(model, corpus, cfg, tmp_path / engine, log=lambda *a: None)
-        assert state["done"], "the test needs early stopping to end the run"
+        assert state.done, "the test needs early stopping to end the run"
         models[engine] = model
         lines = (tmp_path / engine / "metrics.jsonl").read_text().splitlines()
         metrics[engine] = [(m["epoch"], m["lr"], m["improved"], m["valid_ppl"]) for m in map(json.loads, lines)]

@@ -9,7 +9,11 @@ from conftest import tiny_corpus
 from hlbl.data import load_corpus
 from hlbl.evaluate import evaluate, perplexity_report
 from hlbl.model import LBL, LBLConfig
+import hlbl.run as hrun
 import hlbl.train as tr
+from hlbl.errors import ConfigError
+from hlbl.schedule import resolve
+from hlbl.warmstart import warm_start
 from hlbl.config import TrainConfig
 from hlbl.optim import make_optimizer
 from hlbl.run import fit
@@ -62,7 +66,7 @@ def test_optimizer_options_run(tmp_path, corpus, optimizer):
     model, state = train(tmp_path, optimizer, corpus, epochs=1, optimizer=optimizer)
     for (name, a), (_, b) in zip(model.named_parameters(), start.named_parameters()):
         assert not torch.equal(a, b), f"{optimizer} did not move {name}"
-    assert state["best_valid_ppl"] < unigram_ppl
+    assert state.best_valid_ppl < unigram_ppl
 
 
 def test_resume_continues_where_it_stopped(tmp_path, corpus):
@@ -102,20 +106,13 @@ def test_a_long_split_is_cut_into_epochs_that_resume_mid_pass(tmp_path, corpus):
     assert not torch.equal(uncut.R.weight, full.R.weight)  # (uncut: parts + 2 whole passes)
 
 
-def test_runs_recorded_before_epoch_tokens_keep_whole_split_epochs():
-    assert TrainConfig.from_json({"lr": 1e-3}).epoch_tokens == 0
-    assert TrainConfig().epoch_tokens == 10_000_000
-    with pytest.raises(ValueError, match="epoch_tokens"):
-        TrainConfig(epoch_tokens=-1)
-
-
 def test_early_stopping_restores_best_and_drops_the_rate(tmp_path, corpus):
     _, state = train(tmp_path, "long", corpus, epochs=40)
     lines = [json.loads(x) for x in (tmp_path / "long" / "metrics.jsonl").read_text().splitlines()]
-    assert state["done"] and len(lines) < 40
+    assert state.done and len(lines) < 40
     rates = [x["lr"] for x in lines]
     assert rates[0] == 1e-3 and rates[-1] == 3e-5
-    assert state["best_valid_ppl"] == min(x["valid_ppl"] for x in lines)
+    assert state.best_valid_ppl == min(x["valid_ppl"] for x in lines)
 
 
 def test_perplexity_report_is_exp_of_mean_nll():
@@ -142,15 +139,15 @@ def test_the_seed_sets_the_example_order(tmp_path, corpus, engine):
     """Same tree and initial weights, only TrainConfig.seed differs: the epoch order must differ."""
     V = len(corpus.vocab)
 
-    def run(seed):
+    def run(seed, name):
         model = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0), torch.Generator().manual_seed(0))
         model.init_unigram(corpus.vocab.counts)
         cfg = TrainConfig(batch_size=64, max_epochs=1, seed=seed, engine=engine, progress=False)
-        fit(model, corpus, cfg, tmp_path / f"{engine}{seed}", log=lambda *a: None)
+        fit(model, corpus, cfg, tmp_path / f"{engine}-{name}", log=lambda *a: None)
         return model.R.weight.detach().clone()
 
-    a, b = run(0), run(1)
-    assert torch.equal(a, run(0)) and not torch.equal(a, b)
+    a, b = run(0, "a"), run(1, "b")
+    assert torch.equal(a, run(0, "again")) and not torch.equal(a, b)
 
 
 def test_the_recipe_reaches_the_optimiser():
@@ -174,7 +171,7 @@ def scripted(monkeypatch):
     rates and the weights at the start of the epoch and when it is validated."""
     record = {"lr": {}, "start": {}, "validated": {}, "script": []}
     clone = lambda m: {k: v.detach().clone() for k, v in m.state_dict().items()}  # noqa: E731
-    real_runner = tr.epoch_runner
+    real_runner = hrun.choose_engine
 
     def runner(model, cfg):
         run = real_runner(model, cfg)
@@ -191,7 +188,7 @@ def scripted(monkeypatch):
         record["validated"][record["epoch"]] = clone(model)
         return {"perplexity": record["script"][record["epoch"] - 1], "tokens": 1, "nll": 0.0}
 
-    monkeypatch.setattr(tr, "epoch_runner", runner)
+    monkeypatch.setattr(hrun, "choose_engine", runner)
     monkeypatch.setattr(tr, "evaluate", fake_evaluate)
     return record
 
@@ -203,7 +200,7 @@ def _same(a: dict, b: dict) -> bool:
 def test_early_stopping_restores_the_best_weights_and_lowers_the_rate(tmp_path, corpus, scripted):
     scripted["script"] = [10.0, 9.0, 11.0, 8.0, 12.0, 7.0]  # epoch 3 rises: drop; epoch 5 rises: stop
     model, state = train(tmp_path, "es", corpus, epochs=40)
-    assert state["epoch"] == 5 and state["done"] and state["best_valid_ppl"] == 8.0
+    assert state.epoch == 5 and state.done and state.best_valid_ppl == 8.0
     assert scripted["lr"] == {1: {1e-3}, 2: {1e-3}, 3: {1e-3}, 4: {3e-5}, 5: {3e-5}}
     assert _same(scripted["start"][4], scripted["validated"][2])  # epoch 4 starts from the best so far
     assert not _same(scripted["start"][4], scripted["validated"][3])
@@ -221,9 +218,9 @@ def test_the_halving_schedule_decays_on_small_gains_and_stops_after_its_decays(t
     # 4: rises (halve from the best = epoch 3's); 5: improves; 6: rises with no decay left: stop.
     scripted["script"] = [10.0, 9.0, 8.991, 9.5, 8.0, 8.5, 7.0]
     model, state = train(tmp_path, "h", corpus, epochs=40, lr_schedule="halve", lr_decays=2)
-    assert state["epoch"] == 6 and state["done"] and state["best_valid_ppl"] == 8.0
+    assert state.epoch == 6 and state.done and state.best_valid_ppl == 8.0
     assert scripted["lr"] == {1: {1e-3}, 2: {1e-3}, 3: {1e-3}, 4: {5e-4}, 5: {2.5e-4}, 6: {2.5e-4}}
-    assert state["phase"] == 2
+    assert state.phase == 2
     assert _same(scripted["start"][4], scripted["validated"][3])  # a small gain keeps its weights
     assert _same(scripted["start"][5], scripted["validated"][3])  # a rise goes back to the best
     assert _same(model.state_dict(), scripted["validated"][5])
@@ -239,14 +236,14 @@ def test_the_auto_schedule_is_two_rate_for_whole_passes_and_halving_for_a_cut_sp
     assert TrainConfig().lr_schedule == "auto"
     _, state = train(tmp_path, "auto", corpus, epochs=4, epoch_tokens=tokens)
     if cut:
-        assert tr.schedule(TrainConfig(), 3) == "halve"
+        assert resolve(TrainConfig(), 3) == "halve"
         assert scripted["lr"] == {1: {1e-3}, 2: {1e-3}, 3: {1e-3}, 4: {5e-4}}
     else:
         assert (
-            tr.schedule(TrainConfig(), 1) == "two-rate" and tr.schedule(TrainConfig(lr_schedule="halve"), 1) == "halve"
+            resolve(TrainConfig(), 1) == "two-rate" and resolve(TrainConfig(lr_schedule="halve"), 1) == "halve"
         )
         assert scripted["lr"] == {1: {1e-3}, 2: {1e-3}, 3: {1e-3}, 4: {1e-3}}  # (epoch 4 rose: 3e-5 next)
-        assert state["lr"] == 3e-5
+        assert state.lr == 3e-5
 
 
 def test_a_bad_schedule_setting_is_refused_by_name():
@@ -261,7 +258,7 @@ def test_warm_start_keeps_words_and_context_and_starts_nodes_from_the_unigram(tm
     tree = random_tree(V, 5)  # another tree, as after a rebuild
     model = LBL(LBLConfig(V, dim=8, context=3), tree, torch.Generator().manual_seed(1))
     model.init_unigram(corpus.vocab.counts)
-    tr.warm_start(model, tmp_path / "src", corpus)
+    warm_start(model, src, corpus.vocab, corpus.vocab)
     assert torch.equal(model.R.weight, src.R.weight) and torch.equal(model.C, src.C)
     assert not model.out.weight.any()  # zero node vectors: the prediction is the unigram, any context
     counts = np.asarray(corpus.vocab.counts, float)
@@ -269,8 +266,8 @@ def test_warm_start_keeps_words_and_context_and_starts_nodes_from_the_unigram(tm
     ctx = torch.tensor([[0, 1, 2]])
     assert np.allclose(model.log_prob(ctx).exp()[0].detach().numpy(), unigram, atol=1e-6)
     other = LBL(LBLConfig(V, dim=6, context=3), tree)
-    with pytest.raises(tr.ConfigError, match="dim=8"):
-        tr.warm_start(other, tmp_path / "src", corpus)
+    with pytest.raises(ConfigError, match="its dim is 8, this run's 6"):
+        warm_start(other, src, corpus.vocab, corpus.vocab)
 
 
 def test_warm_start_keep_output_on_the_same_tree_is_the_source_model(tmp_path, corpus):
@@ -278,14 +275,14 @@ def test_warm_start_keep_output_on_the_same_tree_is_the_source_model(tmp_path, c
     V = len(corpus.vocab)
     ctx = torch.tensor([[0, 1, 2], [3, 4, 5]])
     same = LBL(LBLConfig(V, dim=8, context=3), src.tree, torch.Generator().manual_seed(7))
-    tr.warm_start(same, tmp_path / "src", corpus, keep_output=True)
+    warm_start(same, src, corpus.vocab, corpus.vocab, keep_output=True)
     assert torch.equal(same.log_prob(ctx), src.log_prob(ctx))  # every weight carried over
     other = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 5))
-    with pytest.raises(tr.ConfigError, match="own tree"):
-        tr.warm_start(other, tmp_path / "src", corpus, keep_output=True)
+    with pytest.raises(ConfigError, match="own tree"):
+        warm_start(other, src, corpus.vocab, corpus.vocab, keep_output=True)
     flat = LBL(LBLConfig(V, dim=8, context=3, output="flat"))
-    with pytest.raises(tr.ConfigError, match="tree output, this run flat"):
-        tr.warm_start(flat, tmp_path / "src", corpus, keep_output=True)
+    with pytest.raises(ConfigError, match="tree output, this model flat"):
+        warm_start(flat, src, corpus.vocab, corpus.vocab, keep_output=True)
 
 
 def test_resume_after_the_rate_drop_keeps_the_low_rate(tmp_path, corpus, scripted):
@@ -293,7 +290,7 @@ def test_resume_after_the_rate_drop_keeps_the_low_rate(tmp_path, corpus, scripte
     straight, _ = train(tmp_path, "straight", corpus, epochs=5)
     scripted["lr"].clear()
     _, state = train(tmp_path, "halves", corpus, epochs=3)
-    assert state["phase"] == 1 and state["lr"] == 3e-5
+    assert state.phase == 1 and state.lr == 3e-5
     V = len(corpus.vocab)
     resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
     cfg = TrainConfig(batch_size=64, max_epochs=5, progress=False)
@@ -316,7 +313,7 @@ def test_top_level_files_of_a_later_epoch_do_not_stop_a_resume(tmp_path, corpus)
     state = fit(
         resumed, corpus, TrainConfig(batch_size=64, max_epochs=2, progress=False), run, resume=True, log=lambda *a: None
     )
-    assert state["epoch"] == 2
+    assert state.epoch == 2
     inside = run / "checkpoints" / "epoch-000002"
     ckpt.save_weights(inside / "last.safetensors", model, epoch=1)  # hand-mixed epochs inside a checkpoint
     with pytest.raises(ckpt.CheckpointError, match="ends epoch 1 but state.json says 2"):
@@ -347,11 +344,11 @@ def test_ctrl_c_while_a_checkpoint_is_written_waits_for_the_whole_checkpoint(
             os.kill(os.getpid(), signal.SIGINT)  # arrives while the checkpoint is half written
         real(path, model, epoch, vocab)
 
-    monkeypatch.setattr(ckpt, "write_weights", interrupted_save)
+    monkeypatch.setattr(hrun, "write_weights", interrupted_save)
     with pytest.raises(KeyboardInterrupt):
         train(tmp_path, "int", corpus, epochs=3)
     assert ckpt.read_state(tmp_path / "int" / "state.json")["epoch"] == 2
-    monkeypatch.setattr(ckpt, "write_weights", real)
+    monkeypatch.setattr(hrun, "write_weights", real)
     V = len(corpus.vocab)
     resumed = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0))
     state = fit(
@@ -362,7 +359,7 @@ def test_ctrl_c_while_a_checkpoint_is_written_waits_for_the_whole_checkpoint(
         resume=True,
         log=lambda *a: None,
     )
-    assert state["epoch"] == 3
+    assert state.epoch == 3
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
@@ -370,7 +367,6 @@ def test_train_config_round_trips_through_json_and_refuses_unknown_settings():
     cfg = TrainConfig(lr=0.01, batch_size=7, optimizer="sgd", hogwild=2)
     assert TrainConfig.from_json(cfg.to_json()) == cfg
     assert TrainConfig.from_json(cfg.to_json(), max_epochs=3).max_epochs == 3
-    assert TrainConfig.from_json({**cfg.to_json(), "max_train_tokens": 0}).max_train_tokens is None  # old runs: 0 = all
     with pytest.raises(ValueError, match="unknown training setting.*nesterov"):
         TrainConfig.from_json({**cfg.to_json(), "nesterov": True})
     with pytest.raises(ValueError, match="momentum"):
@@ -391,11 +387,10 @@ def test_a_run_directory_in_use_is_refused(tmp_path, corpus):
 
 
 def test_a_refused_engine_leaves_no_run_directory(tmp_path, corpus):
-    from hlbl.data import DataError
 
     V = len(corpus.vocab)
     flat = LBL(LBLConfig(V, dim=8, context=3, output="flat"), None, torch.Generator().manual_seed(0))
-    with pytest.raises(DataError, match="engine='fast' cannot train this model"):
+    with pytest.raises(ConfigError, match="engine 'fast' cannot train this model"):
         fit(flat, corpus, TrainConfig(engine="fast", progress=False), tmp_path / "r", log=lambda *a: None)
     assert not (tmp_path / "r").exists()
 
