@@ -177,7 +177,7 @@ def test_large_files_show_progress_on_a_terminal_only(tmp_path, monkeypatch):
             return True
 
     root = write_corpus(tmp_path / "c", {"train": ["a b c"] * 200_000, "valid": ["a"], "test": ["b"]})
-    monkeypatch.setattr(data, "PROGRESS_BYTES", 0)
+    monkeypatch.setattr(data.vocab, "PROGRESS_BYTES", 0)
     for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
         monkeypatch.setattr(sys, "stderr", stream)
         assert data.count_file(root / "train.txt")["a"] == 200_000
@@ -195,7 +195,7 @@ def test_a_very_long_line_is_read_in_pieces_with_one_eos(tmp_path, monkeypatch):
     (root / "valid.txt").write_text("w1 w2\n")
     (root / "test.txt").write_text("w3\n")
     whole = data.load_corpus(root, cache_dir=tmp_path / "cache1")
-    monkeypatch.setattr(data, "LONG_LINE", 50)  # pieces of ~50 characters, cut at spaces
+    monkeypatch.setattr(data.vocab, "LONG_LINE", 50)  # pieces of ~50 characters, cut at spaces
     pieces = list(data.iter_sentences(root / "train.txt"))
     assert len(pieces) > 100 and sum(end for _, end in pieces) == 3
     assert [t for p, _ in pieces for t in p] == words + ["short", "line"] + words[:300]
