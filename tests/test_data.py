@@ -115,11 +115,16 @@ def test_vocab_json_round_trip_and_errors():
     assert Vocab.from_json(v.to_json()) == v
     with pytest.raises(DataError, match="lacks"):
         Vocab(("a", EOS), (1, 1))
+    head = {"format": "hlbl-vocab", "version": 1}
     with pytest.raises(DataError, match="malformed"):
-        Vocab.from_json({"words": ["a"]})
+        Vocab.from_json({**head, "words": ["a"]})
     for words, counts in (([1, EOS, UNK], [3, 2, 0]), (["a", EOS, UNK], [3, 2.7, 0]), (["a", EOS, UNK], [3, -2, 0])):
         with pytest.raises(DataError, match="malformed vocabulary"):
-            Vocab.from_json({"words": words, "counts": counts})
+            Vocab.from_json({**head, "words": words, "counts": counts})
+    with pytest.raises(DataError, match="not an hlbl vocabulary"):
+        Vocab.from_json({"words": list(v.words), "counts": list(v.counts)})  # no format name
+    with pytest.raises(DataError, match="version None is not supported"):
+        Vocab.from_json({**v.to_json(), "version": None})
 
 
 def test_non_utf8_error_names_the_line_and_a_bom_is_no_word(tmp_path):

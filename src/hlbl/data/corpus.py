@@ -25,7 +25,7 @@ from ..errors import DataError
 from .vocab import BLANK_LINES, EOS, UNK, Vocab, count_file, iter_sentences
 
 SPLITS = ("train", "valid", "test")
-ENCODING_VERSION = 2  # 2: a leading UTF-8 byte-order mark is dropped (older caches could hold it as a word)
+ENCODING_VERSION = 2  # part of every cache key: raise it when the same text would encode differently
 
 # Standard MD5s of Mikolov's PTB files (as in torchtext); used to check any copy we fetch.
 PTB_MD5 = {
@@ -158,7 +158,7 @@ def load_corpus(
 
     With ``vocab`` given (a trained model's), the splits are encoded with it instead. Only the
     files of ``splits`` (and ``train.txt`` when the vocabulary is built) need to exist.
-    ``blank_lines``: ``"drop"`` or ``"keep"`` (module docstring).
+    ``blank_lines``: ``"drop"`` or ``"keep"`` (:mod:`hlbl.data.vocab`).
     """
     splits = (splits,) if isinstance(splits, str) else tuple(splits)
     bad = set(splits) - set(SPLITS)
@@ -166,9 +166,6 @@ def load_corpus(
         raise DataError(f"unknown split(s) {', '.join(sorted(bad))}; choose from {', '.join(SPLITS)}")
     if blank_lines not in BLANK_LINES:
         raise DataError(f"blank lines: expected one of {', '.join(BLANK_LINES)}, got {blank_lines!r}")
-    # Kept blank lines change the streams and <eos>'s count: their own cache entries (the default,
-    # drop, keeps the names it always had).
-    protocol = "" if blank_lines == "drop" else f"-blank-{blank_lines}"
     root = resolve_corpus(spec)
     files = {s: root / f"{s}.txt" for s in SPLITS if s in splits or (s == "train" and vocab is None)}
     for s, p in files.items():
@@ -177,46 +174,66 @@ def load_corpus(
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     keys = {s: _file_key(p) for s, p in files.items()}  # each file read once (the train split serves twice)
     if vocab is None:
-        key_src = json.dumps([ENCODING_VERSION, keys["train"], max_vocab, min_count])
-        vdir = cache / "corpora" / (hashlib.sha1(key_src.encode()).hexdigest()[:16] + protocol)
-        vpath = vdir / "vocab.json"
-        try:  # a cache: a damaged file is rebuilt, not an error
-            vocab = Vocab.from_json(json.loads(vpath.read_text(encoding="utf-8")))
-        except (OSError, ValueError, DataError):
-            vocab = Vocab.from_counts(count_file(files["train"], blank_lines), max_vocab, min_count)
-            try:
-                vdir.mkdir(parents=True, exist_ok=True)
-                atomic.write_text(vpath, json.dumps(vocab.to_json()))
-            except OSError as e:
-                raise _cache_error(cache, e) from None
+        vocab = _cached_vocab(cache, files["train"], keys["train"], max_vocab, min_count, blank_lines)
     vhash = hashlib.sha1("\n".join(vocab.words).encode()).hexdigest()[:16]
     encoded, counts = {}, {}
     for s in (s for s in SPLITS if s in splits):
-        p = files[s]
-        ekey = hashlib.sha1(f"{ENCODING_VERSION}:{keys[s]}:{vhash}".encode()).hexdigest()[:16]
-        bin_path = cache / "encoded" / f"{s}-{ekey}{protocol}.i32"
-        meta_path = bin_path.with_suffix(".json")
-        meta = _read_meta(meta_path)
-        if not (bin_path.exists() and "blank_lines" in meta):  # (entries without the counts are re-encoded)
-            try:
-                bin_path.parent.mkdir(parents=True, exist_ok=True)
-                stats: dict = {}
-                n = encode_file(p, vocab, bin_path, blank_lines=blank_lines, stats=stats)
-                meta = {"tokens": n, "source": str(p), **stats}
-                atomic.write_text(meta_path, json.dumps(meta))
-            except OSError as e:
-                raise _cache_error(cache, e) from None
-        n = meta["tokens"]
-        counts[s] = {k: meta[k] for k in ("unk_in_text", "blank_lines")}
-        if bin_path.stat().st_size != 4 * n:
-            bin_path.unlink()
-            raise DataError(f"cached encoding {bin_path} was damaged and has been removed; run again")
-        encoded[s] = np.memmap(bin_path, dtype="<i4", mode="r", shape=(n,))
+        bin_path = cache / "encoded" / f"{s}-{_cache_key(keys[s], vhash, blank_lines)}.i32"
+        encoded[s], counts[s] = _encoded_split(cache, bin_path, files[s], vocab, blank_lines)
     return Corpus(root.name, vocab, encoded, root, blank_lines, counts)
 
 
+def _cache_key(*parts) -> str:
+    """The name of a cache entry made from what its content depends on: the encoding's version,
+    the text's SHA-256 and the options (kept blank lines change the streams and ``<eos>``'s count)."""
+    return hashlib.sha1(json.dumps([ENCODING_VERSION, *parts]).encode()).hexdigest()[:16]
+
+
+def _cached_vocab(
+    cache: Path, train: Path, train_key: str, max_vocab: int | None, min_count: int | str, blank_lines: str
+) -> Vocab:
+    """The vocabulary of ``train`` (whose SHA-256 is ``train_key``) under these options, read from
+    the cache, else built and written there (a damaged file is rebuilt, not an error)."""
+    path = cache / "corpora" / _cache_key(train_key, max_vocab, min_count, blank_lines) / "vocab.json"
+    try:
+        return Vocab.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, DataError):
+        pass
+    vocab = Vocab.from_counts(count_file(train, blank_lines), max_vocab, min_count)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic.write_text(path, json.dumps(vocab.to_json()))
+    except OSError as e:
+        raise _cache_error(cache, e) from None
+    return vocab
+
+
+def _encoded_split(
+    cache: Path, bin_path: Path, text: Path, vocab: Vocab, blank_lines: str
+) -> tuple[np.memmap, dict[str, int]]:
+    """``text`` encoded with ``vocab``, memory-mapped from ``bin_path`` (encoded there first if the
+    cache has no valid entry), and its counts for :meth:`Corpus.token_counts`."""
+    meta_path = bin_path.with_suffix(".json")
+    meta = _read_meta(meta_path)
+    if not (meta and bin_path.exists()):
+        try:
+            bin_path.parent.mkdir(parents=True, exist_ok=True)
+            stats: dict = {}
+            n = encode_file(text, vocab, bin_path, blank_lines=blank_lines, stats=stats)
+            meta = {"tokens": n, "source": str(text), **stats}
+            atomic.write_text(meta_path, json.dumps(meta))
+        except OSError as e:
+            raise _cache_error(cache, e) from None
+    n = meta["tokens"]
+    if bin_path.stat().st_size != 4 * n:
+        bin_path.unlink()
+        raise DataError(f"cached encoding {bin_path} was damaged and has been removed; run again")
+    return np.memmap(bin_path, dtype="<i4", mode="r", shape=(n,)), {k: meta[k] for k in ("unk_in_text", "blank_lines")}
+
+
 def _read_meta(path: Path) -> dict:
-    """An encoded split's description ({} if missing or unreadable: the split is encoded again)."""
+    """An encoded split's description: ``tokens``, ``unk_in_text`` and ``blank_lines`` (counts),
+    ``source``; {} if missing, unreadable or lacking a count (the split is encoded again)."""
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError):

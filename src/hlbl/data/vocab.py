@@ -253,12 +253,12 @@ class Vocab:
 
     @classmethod
     def from_json(cls, obj: dict) -> "Vocab":
-        """Inverse of :meth:`to_json`; files without a format name (written before it existed) are read too."""
+        """Inverse of :meth:`to_json`."""
         if not isinstance(obj, dict):
             raise DataError("malformed vocabulary: not a JSON object")
-        if obj.get("format", VOCAB_FORMAT) != VOCAB_FORMAT:
+        if obj.get("format") != VOCAB_FORMAT:
             raise DataError(f"not an hlbl vocabulary (format {obj.get('format')!r}, expected {VOCAB_FORMAT!r})")
-        if obj.get("version", VOCAB_VERSION) != VOCAB_VERSION:
+        if obj.get("version") != VOCAB_VERSION:
             raise DataError(
                 f"vocabulary version {obj.get('version')} is not supported (this hlbl reads {VOCAB_VERSION})"
             )
