@@ -1,7 +1,7 @@
 """Corpora on disk: finding a corpus directory, and its splits encoded once into a cache.
 
-A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt`` (the text rules and
-the vocabulary's are :mod:`hlbl.data.vocab`'s). A bare name (``ptb``) is looked up in $HLBL_DATA,
+A corpus is a directory holding ``train.txt``, ``valid.txt`` and ``test.txt`` (how their text
+becomes tokens and ids: :mod:`hlbl.data.vocab`). A bare name (``ptb``) is looked up in $HLBL_DATA,
 the user cache and the directory a run recorded; PTB found nowhere is fetched and MD5-checked.
 
 Each split is encoded once into a flat ``int32`` stream and cached ($HLBL_CACHE) as a raw file
