@@ -112,8 +112,10 @@ def test_foreign_or_damaged_vocab_and_state_are_refused(run):
     (run_dir / "vocab.json").write_text(json.dumps({**vocab, "words": 5}))
     with pytest.raises(ckpt.CheckpointError, match="vocab.json: malformed vocabulary"):
         hrun.load_model(run_dir)
-    # A file from before the format name existed is still read.
     (run_dir / "vocab.json").write_text(json.dumps({"words": vocab["words"], "counts": vocab["counts"]}))
+    with pytest.raises(ckpt.CheckpointError, match="vocab.json: not an hlbl vocabulary"):
+        hrun.load_model(run_dir)
+    (run_dir / "vocab.json").write_text(json.dumps(vocab))
     assert hrun.load_model(run_dir)[1] == corpus.vocab
 
     state_path = run_dir / "checkpoints" / "epoch-000002" / "state.json"  # what a resume reads

@@ -112,9 +112,9 @@ def test_windowed_epoch_order_trains_like_the_torch_engine(monkeypatch, threads,
     holds), read through each engine's bounded reader; both engines read the same windows (Hogwild
     threads each their own), so one thread stays exact, and the order is not the in-memory
     permutation (the switch really happened)."""
-    monkeypatch.setattr(data, "ORDER_IN_MEMORY", 100)
-    monkeypatch.setattr(data, "BLOCK_TOKENS", block)
-    monkeypatch.setattr(data, "GROUP_BLOCKS", 4)
+    monkeypatch.setattr(data.streams, "ORDER_IN_MEMORY", 100)
+    monkeypatch.setattr(data.streams, "BLOCK_TOKENS", block)
+    monkeypatch.setattr(data.streams, "GROUP_BLOCKS", 4)
     assert not data.EpochOrder(7, 1, 700).in_memory
     (m_t, _), (m_f, _), (lt, lf), start = run_both(
         TREES["single"](), "momentum", n_tokens=700, batch=64, threads=threads
@@ -124,7 +124,7 @@ def test_windowed_epoch_order_trains_like_the_torch_engine(monkeypatch, threads,
         assert_params_close(m_t, m_f, start, atol=1e-5)
     else:
         assert abs(lf - lt) < 0.05 * abs(lt)
-    monkeypatch.setattr(data, "ORDER_IN_MEMORY", 1 << 24)
+    monkeypatch.setattr(data.streams, "ORDER_IN_MEMORY", 1 << 24)
     (m_t2, _), _, (lt2, _), _ = run_both(TREES["single"](), "momentum", n_tokens=700, batch=64)
     assert lt2 != lt
 
@@ -136,9 +136,9 @@ def test_epochs_that_cut_a_pass_take_the_steps_of_the_whole_pass(monkeypatch, wi
     pass's to the bit; the fast engine, which catches every row up at each epoch's end, stays as
     close to them as it is to torch on one pass; the losses' weighted mean is the pass's loss."""
     if windowed:  # the long-stream order, read a window at a time
-        monkeypatch.setattr(data, "ORDER_IN_MEMORY", 100)
-        monkeypatch.setattr(data, "BLOCK_TOKENS", 16)
-        monkeypatch.setattr(data, "GROUP_BLOCKS", 4)
+        monkeypatch.setattr(data.streams, "ORDER_IN_MEMORY", 100)
+        monkeypatch.setattr(data.streams, "BLOCK_TOKENS", 16)
+        monkeypatch.setattr(data.streams, "GROUP_BLOCKS", 4)
     tree = TREES["multi_partial"]()
     start = make_model(tree)
     stream = stream_for(tree.num_words, 700, 11)
@@ -164,9 +164,9 @@ def test_epochs_that_cut_a_pass_take_the_steps_of_the_whole_pass(monkeypatch, wi
 def test_a_mapped_long_stream_trains_as_the_same_stream_in_memory(monkeypatch, tmp_path):
     """A memory-mapped stream past ORDER_IN_MEMORY is read through its file (data.EpochReader):
     the same parameters, to the bit, as the same tokens held in memory."""
-    monkeypatch.setattr(data, "ORDER_IN_MEMORY", 100)
-    monkeypatch.setattr(data, "BLOCK_TOKENS", 16)
-    monkeypatch.setattr(data, "GROUP_BLOCKS", 4)
+    monkeypatch.setattr(data.streams, "ORDER_IN_MEMORY", 100)
+    monkeypatch.setattr(data.streams, "BLOCK_TOKENS", 16)
+    monkeypatch.setattr(data.streams, "GROUP_BLOCKS", 4)
     tree = TREES["single"]()
     stream = stream_for(tree.num_words, 700, 11).astype("<i4")
     stream.tofile(tmp_path / "s.i32")
