@@ -105,6 +105,8 @@ def choose_engine(model: LBL, cfg: TrainConfig):
         return fast.train_epoch  # threads: cfg.hogwild
     if cfg.engine == "fast":
         raise ConfigError(f"engine 'fast' cannot train this model: {why}", field="engine")
+    if cfg.hogwild > 1:  # auto would train on the torch engine, which has no Hogwild threads
+        raise ConfigError(f"hogwild runs threads of the fast engine, which cannot train this model: {why}", field="hogwild")
     return train_epoch
 
 

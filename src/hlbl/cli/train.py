@@ -273,12 +273,6 @@ def _train(args, device: str, first: bool) -> int:
     splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
     model, corpus, cfg = _resumed_run(args, out, first) if resuming else _new_run(args, splits, device)
     cfg.device, cfg.engine, cfg.hogwild = device, args.engine, args.hogwild  # how to run, not what is learned
-    if cfg.hogwild > 1:
-        from ..fast import unsupported
-
-        why = unsupported(model, cfg=cfg)
-        if why:  # --engine auto would train on the torch engine, which has no Hogwild threads
-            raise DataError(f"--hogwild runs threads of the fast engine, which cannot train this model: {why}")
     n_train = min(len(corpus["train"]), cfg.max_train_tokens or len(corpus["train"]))
     if first:
         print(
