@@ -5,6 +5,7 @@ Finding 2 (kill -9 during a checkpoint) is tests/test_crash.py."""
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,7 +99,7 @@ def test_a_run_stopped_before_its_first_checkpoint_resumes_with_its_own_recipe(t
     assert run_cli(["train", *flags, "--out", tmp_path / "straight"], capsys)[0] == 0
     assert run_cli(["train", *flags, "--out", run], capsys)[0] == 0
     for p in [run / "checkpoints", *(run / n for n in ("best.safetensors", "last.safetensors", "state.json"))]:
-        ckpt.shutil.rmtree(p) if p.is_dir() else p.unlink()  # as if killed during epoch 1
+        shutil.rmtree(p) if p.is_dir() else p.unlink()  # as if killed during epoch 1
     (run / "metrics.jsonl").write_text("")
     rc, _, err = run_cli(["train", "--resume", "--out", run, "--device", "cpu", "--engine", "torch"], capsys)
     assert rc == 0, err
@@ -525,7 +526,7 @@ def test_a_run_written_before_checkpoint_directories_still_resumes(tmp_path, dat
     assert run_cli(["train", *flags, "--out", run, "--epochs", "1"], capsys)[0] == 0
     inside = run / "checkpoints" / "epoch-000001"
     (inside / "optimizer.safetensors").rename(run / "optimizer.safetensors")
-    ckpt.shutil.rmtree(run / "checkpoints")
+    shutil.rmtree(run / "checkpoints")
     rc, _, err = run_cli(
         ["train", "--resume", "--out", run, "--epochs", "2", "--device", "cpu", "--engine", "torch"], capsys
     )
