@@ -534,3 +534,76 @@ def test_a_run_written_before_checkpoint_directories_still_resumes(tmp_path, dat
     assert "resuming after epoch 1 from its files" in err
     assert [p.name for p in (run / "checkpoints").iterdir()] == ["epoch-000002"]
     assert same(tensors(run, "last.safetensors"), tensors(tmp_path / "straight", "last.safetensors"))
+
+
+# ---- run directories: a finished run is never replaced, a loaded run is checked before torch
+
+
+def test_a_trained_run_without_its_checkpoints_is_never_trained_again_from_scratch(tmp_path, data, capsys):
+    run = tmp_path / "R"
+    assert run_cli(["train", "--data", data, "--out", run, "--epochs", "2", *FAST], capsys)[0] == 0
+    shutil.rmtree(run / "checkpoints")  # to free space, or a copy that skipped it
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    rc, _, err = run_cli(["train", "--resume", "--out", run, "--epochs", "3", "--quiet", "--engine", "torch"], capsys)
+    one_line_error(rc, err, "has trained", "new run directory")
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+def test_a_new_run_never_writes_over_a_run_finished_while_it_was_loading(tmp_path, data):
+    """The emptiness check is made under the directory's lock: a training that read its corpus
+    before another one finished into the same new directory refuses, leaving that run whole."""
+    import torch
+
+    from hlbl.config import LBLConfig, TrainConfig
+    from hlbl.data import DataError, load_corpus
+    from hlbl.model import LBL
+    from hlbl.run import fit
+    from hlbl.tree import random_tree
+
+    corpus = load_corpus(data)
+    V = len(corpus.vocab)
+    late = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0), torch.Generator().manual_seed(0))
+    run = tmp_path / "R"
+    assert main(["train", "--data", str(data), "--out", str(run), "--epochs", "1", *FAST]) == 0  # finishes first
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    cfg = TrainConfig(batch_size=64, max_epochs=1, progress=False, engine="torch")
+    with pytest.raises(DataError, match="is not empty"):
+        fit(late, corpus, cfg, run, log=lambda *a: None)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize("command", ["eval", "predict", "resume"])
+def test_a_run_json_with_a_huge_dimension_is_one_line(tmp_path, trained, command, capsys, monkeypatch):
+    run = _copy(trained, tmp_path)
+    info = json.loads((run / "run.json").read_text())
+    info["model"]["dim"] = 1_000_000_000
+    (run / "run.json").write_text(json.dumps(info))
+    argv = {
+        "eval": ["eval", run],
+        "predict": ["predict", run],
+        "resume": ["train", "--resume", "--out", run, "--quiet"],
+    }[command]
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("the\n"))
+    rc, _, err = run_cli(argv, capsys)
+    one_line_error(rc, err, "run.json", "GiB")
+
+
+def test_an_emptied_newer_checkpoint_falls_back_to_the_older_complete_one(tmp_path, data, capsys):
+    run = tmp_path / "R"
+    assert run_cli(["train", "--data", data, "--out", run, "--epochs", "1", *FAST], capsys)[0] == 0
+    (run / "checkpoints" / "epoch-000002").mkdir()  # emptied by hand, beside the complete epoch 1
+    rc, _, err = run_cli(["train", "--resume", "--out", run, "--epochs", "2", "--quiet", "--engine", "torch"], capsys)
+    assert rc == 0, err
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["epoch-000002"]
+    assert (run / "checkpoints" / "epoch-000002" / "state.json").is_file()
+
+
+def test_a_checkpoint_of_another_tree_is_named_as_such(tmp_path, data, capsys):
+    a, b = tmp_path / "A", tmp_path / "B"
+    assert run_cli(["train", "--data", data, "--out", a, "--epochs", "1", *FAST], capsys)[0] == 0
+    assert run_cli(["train", "--data", data, "--out", b, "--epochs", "2", *FAST, "--tree", "huffman"], capsys)[0] == 0
+    # B's file ends epoch 2, A's state epoch 1: the tree, not the epoch, is what is wrong with it
+    shutil.copy(b / "checkpoints" / "epoch-000002" / "last.safetensors", a / "checkpoints" / "epoch-000001")
+    rc, _, err = run_cli(["train", "--resume", "--out", a, "--epochs", "2", "--quiet", "--engine", "torch"], capsys)
+    one_line_error(rc, err, "another word tree")

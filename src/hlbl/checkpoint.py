@@ -338,14 +338,15 @@ def load_weights(path: Path, model: nn.Module, epoch: int | None = None, vocab: 
     """Load ``path`` into ``model`` (checked); with ``epoch``, the file must end that epoch; with
     ``vocab``, the weights must have been trained with it."""
     state, meta = load_tensors_and_meta(path)
-    if epoch is not None:
-        check_epoch(path, meta, epoch)
+    # What the weights belong to first: a file of another tree is that, whatever epoch it ends.
     for key, want in _weights_meta(model, vocab).items():
         if key in meta and meta[key] != want:  # (weights saved without their vocabulary lack vocab_sha256)
             what = {"tree_sha256": "word tree", "vocab_sha256": "vocabulary (same size, other words or order)"}.get(
                 key, "vocabulary size"
             )
             raise CheckpointError(f"{path}: these weights were trained with another {what} than this model's")
+    if epoch is not None:
+        check_epoch(path, meta, epoch)
     own = model.state_dict()
     if set(state) != set(own):
         raise CheckpointError(f"{path}: tensors {sorted(set(state) ^ set(own))[:4]} do not match the model")

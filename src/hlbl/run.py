@@ -62,7 +62,7 @@ from .checkpoint import (
     write_weights,
 )
 from .classes import WordClasses
-from .config import LBLConfig, TrainConfig
+from .config import LBLConfig, TrainConfig, check_model_memory
 from .data import (
     Corpus,
     DataError,
@@ -456,6 +456,7 @@ def load_recipe(run_dir: str | os.PathLike) -> tuple[LBLConfig, Vocab, WordTree 
     info = read_run(run_dir)
     try:
         config = LBLConfig.from_json(info["model"])
+        check_model_memory(config)  # a damaged or foreign run.json must not reach torch's allocator
     except ConfigError as e:
         raise CheckpointError(f"{run_dir / 'run.json'}: bad model config ({e})") from None
     vocab = read_vocab(run_dir)
@@ -506,7 +507,13 @@ def committed_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
         return []
     except OSError as e:
         raise CheckpointError(f"{root}: cannot read ({e.strerror or e})") from None
-    found = [(int(m.group(1)), p) for p in entries if (m := _COMMITTED.fullmatch(p.name)) and p.is_dir()]
+    # A committed name is only ever made by renaming a whole checkpoint, so one without its state
+    # was emptied by hand (to free space): the older complete one is the run's newest.
+    found = [
+        (int(m.group(1)), p)
+        for p in entries
+        if (m := _COMMITTED.fullmatch(p.name)) and p.is_dir() and (p / "state.json").is_file()
+    ]
     return sorted(found)
 
 
@@ -539,7 +546,8 @@ def remove_leftovers(run_dir: str | os.PathLike) -> list[str]:
 
 def prune_checkpoints(run_dir: str | os.PathLike, keep: Path) -> None:
     """Remove every complete checkpoint but ``keep`` (once ``keep`` is durable)."""
-    old = [p for _, p in committed_checkpoints(run_dir) if p != keep]
+    root = Path(run_dir) / CHECKPOINTS  # every epoch-N but ``keep``, complete or emptied by hand
+    old = [p for p in sorted(root.iterdir()) if _COMMITTED.fullmatch(p.name) and p.is_dir() and p != keep]
     for p in old:
         # Renamed away first, so that a crash half-way through the removal leaves a partial
         # directory (removed at resume), never a committed name with files missing.
