@@ -109,7 +109,7 @@ def _worker(rank: int, root: str) -> None:
 
         model = make_model(corpus)
         out["drop_start"] = params(model)
-        out["drop_state"] = fit(model, corpus, TrainConfig(**DROP), root / "drop", log=log)
+        out["drop_state"] = fit(model, corpus, TrainConfig(**DROP), root / "drop", log=log).to_json()
         out["drop"] = params(model)
 
         model = make_model(corpus)
@@ -233,7 +233,7 @@ def test_ranks_reading_different_text_are_stopped(runs):
 def test_fast_engine_is_refused_under_a_process_group(runs):
     _, ranks, _ = runs
     for r in ranks:
-        assert "single process" in r["fast_error"] and "use engine='torch'" in r["fast_error"]
+        assert "single process" in r["fast_error"] and "use the torch engine" in r["fast_error"]
         assert r["auto_is_torch"]
 
 
