@@ -25,7 +25,7 @@ def test_every_public_name_resolves_and_all_lists_exactly_them():
         "TreeError",
         "CheckpointError",
     }
-    assert hlbl.LBL.__module__ == "hlbl.model" and hlbl.TreeSoftmax.__module__ == "hlbl.output"
+    assert hlbl.LBL.__module__ == "hlbl.model" and hlbl.TreeSoftmax.__module__ == "hlbl.output.tree"
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         hlbl.nothing  # noqa: B018
 

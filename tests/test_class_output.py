@@ -13,14 +13,13 @@ import torch
 from conftest import tiny_corpus
 from hlbl import checkpoint as ckpt
 from hlbl import run as hrun
-from hlbl.class_output import ClassSoftmax
 from hlbl.classes import WordClasses, frequency_classes, kmeans, kmeans_classes
 from hlbl.cli import main
 from hlbl.data import load_corpus
 from hlbl.errors import TreeError
 from hlbl.evaluate import evaluate
 from hlbl.model import LBL, LBLConfig
-from hlbl.output import OUTPUT_KINDS, make_output_layer
+from hlbl.output import OUTPUT_KINDS, ClassSoftmax, make_output_layer
 from hlbl.search import full_topk, topk_matches
 from hlbl.config import TrainConfig
 
@@ -136,7 +135,7 @@ def test_numba_kernels_equal_the_pytorch_loop(monkeypatch, dtype):
     targets = torch.tensor([0, 3, 12, 5, 1, 9, 12, 8, 3])
     results = []
     for kernels in (True, False):
-        monkeypatch.setattr("hlbl.class_output.USE_KERNELS", kernels)
+        monkeypatch.setattr("hlbl.output.classes.USE_KERNELS", kernels)
         layer.zero_grad()
         x = h.clone().requires_grad_(True)
         lp = layer.target_log_prob(x, targets)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import tiny_corpus
-from hlbl.class_output import ClassSoftmax
+from hlbl.output import ClassSoftmax
 from hlbl.classes import WordClasses
 from hlbl.cli import main
 from hlbl.data import contexts

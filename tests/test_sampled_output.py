@@ -16,7 +16,7 @@ from hlbl.data import batches, load_corpus
 from hlbl.evaluate import evaluate, self_normalisation
 from hlbl.model import LBL, LBLConfig
 from hlbl.output import OUTPUT_KINDS, make_output_layer
-from hlbl.sampled_output import NCEOutput, SampledSoftmax, noise_seed
+from hlbl.output import NCEOutput, SampledSoftmax, noise_seed
 from hlbl.config import TrainConfig
 from hlbl.run import fit
 

@@ -30,7 +30,7 @@ _LAZY = {
     "TreeSoftmax": "output",
     "FlatSoftmax": "output",
     "AdaptiveSoftmax": "output",
-    "ClassSoftmax": "class_output",
+    "ClassSoftmax": "output",
     "make_output_layer": "output",
     # trees
     "WordTree": "tree",
@@ -114,13 +114,12 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see
-    from .class_output import ClassSoftmax
     from .classes import WordClasses, frequency_classes, kmeans_classes
     from .data import Corpus, Vocab, load_corpus, resolve_corpus
     from .evaluate import evaluate, token_log_probs
     from .config import LBLConfig, TrainConfig
     from .model import LBL
-    from .output import AdaptiveSoftmax, FlatSoftmax, TreeSoftmax, make_output_layer
+    from .output import AdaptiveSoftmax, ClassSoftmax, FlatSoftmax, TreeSoftmax, make_output_layer
     from .scoring import score_report, score_sentences
     from .run import Run, fit, load_model
     from .tree import WordTree, balanced_tree, build_tree, huffman_tree, random_tree

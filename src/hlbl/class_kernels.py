@@ -1,4 +1,4 @@
-"""numba kernels of the class-based output layer's within-class softmax (:mod:`hlbl.class_output`).
+"""numba kernels of the class-based output layer's within-class softmax (:mod:`hlbl.output.classes`).
 
 A minibatch's (example, class membership) pairs are visited class by class (``order``), so a
 class's member rows stay in cache while its examples are scored. Per pair p with example row r,

@@ -13,7 +13,7 @@ Layout::
 A word may be a member of several classes, and of the shortlist too (several codes): its
 probability is the exact sum over its memberships. Memberships ("leaves") are numbered shortlist
 first (``0..S-1``), then class 0's members in the order listed, then class 1's, and so on; the
-output layer (:class:`hlbl.class_output.ClassSoftmax`) keeps one vector and bias per root entry
+output layer (:class:`hlbl.output.ClassSoftmax`) keeps one vector and bias per root entry
 and one per class member, in that order, so the order of a file is part of the model (its
 :meth:`WordClasses.fingerprint` covers it).
 

@@ -15,7 +15,7 @@ Default recipe, after Mnih & Hinton (2008, appendix; 2007 for what 2008 leaves o
 * non-bias weights from N(0, 0.1^2) (the context weights C_i around 1), node biases set so
   the untrained model predicts the unigram distribution.
 
-Output layers trained by sampling (``nce``, ``sampled``; :mod:`hlbl.sampled_output`) minimise
+Output layers trained by sampling (``nce``, ``sampled``; :mod:`hlbl.output.sampled`) minimise
 their sampled loss with the same recipe; their ``train_loss`` in metrics.jsonl is that loss (its
 ``train_ppl`` is no perplexity), while the validation perplexity that drives early stopping is
 always exact (full softmax).

@@ -30,11 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .classes import WordClasses
-from .output import OutputLayer, _check_targets, _gaussian, _unigram
+from ..classes import WordClasses
+from .base import OutputLayer, check_targets, gaussian_weights, unigram_distribution
 
 
 USE_KERNELS = True  # False: the per-class PyTorch loop on the CPU too (the tests compare the two)
+# class_kernels, search and sampling import numba: this module imports them on first use, so that
+# building a layer does not load it.
 
 
 class _WithinClass(torch.autograd.Function):
@@ -55,7 +57,7 @@ class _WithinClass(torch.autograd.Function):
         ctx.starts = starts
         ctx.cpu = USE_KERNELS and input.device.type == "cpu" and not torch.compiler.is_compiling()
         if ctx.cpu:
-            from .class_kernels import pair_offsets, within_forward
+            from ..class_kernels import pair_offsets, within_forward
 
             start, end = starts_t[cls], starts_t[cls + 1]  # (P,) each pair's class rows
             off = pair_offsets((end - start).numpy())
@@ -97,7 +99,7 @@ class _WithinClass(torch.autograd.Function):
         g_w = torch.zeros_like(weight)
         g_b = weight.new_zeros(len(weight))
         if ctx.cpu:
-            from .class_kernels import within_backward
+            from ..class_kernels import within_backward
 
             start, end, order, off, prob = ctx.kernel
             within_backward(
@@ -139,9 +141,9 @@ class ClassSoftmax(OutputLayer):
         self.vocab_size = classes.num_words
         S, C = classes.num_shortlist, classes.num_classes
         M = classes.num_leaves - S
-        self.root_weight = nn.Parameter(_gaussian((S + C, in_features), init_std, generator))
+        self.root_weight = nn.Parameter(gaussian_weights((S + C, in_features), init_std, generator))
         self.root_bias = nn.Parameter(torch.zeros(S + C))
-        self.word_weight = nn.Parameter(_gaussian((M, in_features), init_std, generator))
+        self.word_weight = nn.Parameter(gaussian_weights((M, in_features), init_std, generator))
         self.word_bias = nn.Parameter(torch.zeros(M))
         # Derived from the structure; rebuilt, not saved (persistent=False).
         self.register_buffer("word_leaves", torch.from_numpy(classes.word_leaves), persistent=False)  # (V, K)
@@ -168,7 +170,7 @@ class ClassSoftmax(OutputLayer):
         puts p(w)/k on each; a root entry's bias is the log of the mass below it, a member's the
         log of its share of its class."""
         c = self._classes
-        p = _unigram(counts, self.vocab_size)
+        p = unigram_distribution(counts, self.vocab_size)
         leaf_mass = p[c.leaf_word] / c.codes_per_word[c.leaf_word]  # (L,)
         root_mass = np.bincount(c.leaf_root, weights=leaf_mass, minlength=c.num_root)
         S = c.num_shortlist
@@ -188,7 +190,7 @@ class ClassSoftmax(OutputLayer):
         )
 
     def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        _check_targets(target, self.vocab_size)
+        check_targets(target, self.vocab_size)
         S = self._classes.num_shortlist
         leaves = self.word_leaves[target]  # (B, K), -1 padded
         valid = leaves >= 0
@@ -235,7 +237,7 @@ class ClassSoftmax(OutputLayer):
         largest unopened entries (K = most memberships of a word); words seen get their exact
         probability (all memberships). The search stops when k seen words are at least that bound.
         """
-        from .search import _check_k
+        from ..search import _check_k
 
         k = _check_k(k, self.vocab_size)
         c = self._classes
@@ -284,7 +286,7 @@ class ClassSoftmax(OutputLayer):
         """(B,) sampled words: ancestral (a root entry, then a member of its class) when
         ``temperature == 1`` or ``per_node`` (T then applies at both decisions); else the exact
         tempered distribution via ``log_prob`` (O(V d))."""
-        from .sampling import sample_from_log_prob
+        from ..sampling import sample_from_log_prob
 
         if not (temperature > 0 and np.isfinite(temperature)):
             raise ValueError(f"temperature must be a positive number, got {temperature}")

@@ -33,12 +33,13 @@ example; docs/sampling.md), while per-example draws (B k rows gathered and scatt
 autograd) made a step several times slower in PyTorch on the CPU than groups of 25.
 
 **Reproducibility.** Each layer owns a ``torch.Generator`` (no module-level state): the training
-loop calls :meth:`reseed` at every epoch with a seed derived from the run's seed and the epoch, so
-the same ``--seed`` draws the same samples, and a run resumed after epoch e draws in epoch e+1
-what the uninterrupted run drew (no generator state to save). (Data-parallel ranks draw for their
-own shards: the same samples as one process only with ``noise_share`` 0.) Samples are drawn on the CPU (k
-uniforms and a binary search in the noise CDF, O(k log V), not O(V)) and moved to the weights'
-device, so a GPU run draws the same words as a CPU run.
+loop calls :meth:`reseed` at every epoch with a seed derived from the run's seed and the epoch
+(:func:`~hlbl.output.base.noise_seed`), so the same ``--seed`` draws the same samples, and a run
+resumed after epoch e draws in epoch e+1 what the uninterrupted run drew (no generator state to
+save). (Data-parallel ranks draw for their own shards: the same samples as one process only with
+``noise_share`` 0.) Samples are drawn on the CPU (k uniforms and a binary search in the noise CDF,
+O(k log V), not O(V)) and moved to the weights' device, so a GPU run draws the same words as a CPU
+run.
 
 **Evaluation is exact.** Everything but the training loss goes through the full normalised
 softmax over V words: ``log_prob``, ``target_log_prob``, ``topk``, ``sample``, and ``forward`` in
@@ -58,15 +59,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .output import FlatSoftmax, LayerOutput, _check_targets, _unigram
-
-SAMPLED_KINDS = ("nce", "sampled")
-
-
-def noise_seed(seed: int, epoch: int) -> int:
-    """The noise generator's seed for ``epoch`` of a run seeded ``seed`` (a 63-bit integer),
-    independent of the example order's stream (``epoch_order`` uses ``default_rng([seed, epoch])``)."""
-    return int(np.random.SeedSequence([seed, epoch, 0x5A4D]).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)
+from .base import LayerOutput, check_targets, unigram_distribution
+from .flat import FlatSoftmax
 
 
 class SampledOutput(FlatSoftmax):
@@ -114,7 +108,7 @@ class SampledOutput(FlatSoftmax):
         """Biases = log unigram (as the flat layer: the untrained model starts self-normalised,
         log Z = 0 at zero weights) and the noise distribution = unigram ** noise_power, renormalised."""
         super().init_unigram(counts)
-        p = _unigram(counts, self.vocab_size)
+        p = unigram_distribution(counts, self.vocab_size)
         logq = self.noise_power * np.log(p)
         logq -= logq.max() + np.log(np.exp(logq - logq.max()).sum())
         with torch.no_grad():
@@ -148,7 +142,7 @@ class SampledOutput(FlatSoftmax):
 
     def score(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """(B, d), (B,) -> (B,) unnormalised scores ``s(target, h)`` (NOT log-probabilities)."""
-        _check_targets(target, self.vocab_size)
+        check_targets(target, self.vocab_size)
         return (input * self.weight[target]).sum(1) + self.bias[target]
 
     def log_normaliser(self, input: torch.Tensor) -> torch.Tensor:
@@ -181,7 +175,7 @@ class SampledOutput(FlatSoftmax):
         Eval mode: the exact log-probabilities, as :class:`FlatSoftmax`."""
         if not self.training:
             return super().forward(input, target)
-        _check_targets(target, self.vocab_size)
+        check_targets(target, self.vocab_size)
         if noise is None:
             B = input.shape[0]
             groups = 1 if self.noise_share == 0 else -(-B // self.noise_share)  # ceil(B / share)

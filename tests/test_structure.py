@@ -1,0 +1,137 @@
+"""The package's shape: the modules of ``src/hlbl`` import one another without a cycle.
+
+A cycle makes the import order matter (a module half-initialised when the other asks for a name)
+and is usually dodged by an import inside a function, which hides the dependency instead of
+removing it; so the graph counts imports at every level, not only the module-level ones.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = "hlbl"
+
+
+def module_files(src: Path = SRC, package: str = PACKAGE) -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, whether it is a package's ``__init__``)."""
+    out = {}
+    for path in sorted((src / package).rglob("*.py")):
+        parts = path.relative_to(src).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(nodes):
+    """Every import statement in ``nodes`` at any depth (functions, classes, try blocks), except
+    in the body of ``if TYPE_CHECKING:``, which never runs."""
+    for node in nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            yield from _import_nodes(node.orelse)
+        else:
+            yield from _import_nodes(ast.iter_child_nodes(node))
+
+
+def _known(name: str, modules) -> str | None:
+    """The longest prefix of the dotted ``name`` that is one of ``modules``."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in modules:
+            return prefix
+    return None
+
+
+def module_imports(name: str, source: str, is_package: bool, modules) -> set[str]:
+    """The modules of ``modules`` that module ``name`` imports. ``from .pkg import x`` is an edge
+    to ``pkg.x`` when that is a module, else to ``pkg``: the package's ``__init__`` gives x."""
+    here = name if is_package else name.rpartition(".")[0]  # the package relative imports start from
+    found = set()
+    for node in _import_nodes([ast.parse(source)]):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            if node.level:
+                base = ".".join(here.split(".")[: len(here.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        found |= {m for m in (_known(t, modules) for t in targets) if m is not None and m != name}
+    return found
+
+
+def import_graph(src: Path = SRC, package: str = PACKAGE) -> dict[str, set[str]]:
+    files = module_files(src, package)
+    return {
+        name: module_imports(name, path.read_text(encoding="utf-8"), is_package, files)
+        for name, (path, is_package) in files.items()
+    }
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` as ``[a, b, ..., a]``, or None. Depth-first in sorted order, so the
+    same graph always reports the same cycle."""
+    done: set[str] = set()
+    path: list[str] = []
+    on_path: set[str] = set()
+
+    def visit(node: str) -> list[str] | None:
+        path.append(node)
+        on_path.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in on_path:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in done:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        on_path.discard(path.pop())
+        done.add(node)
+        return None
+
+    for node in sorted(graph):
+        if node not in done:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    assert "hlbl.model" in graph and "hlbl.tree" in graph["hlbl.model"]  # the graph is the package's
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("from .b import thing\n")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import c\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from .. import a\n")
+    (pkg / "c.py").write_text("from .sub import thing\n")
+    graph = import_graph(tmp_path, "pkg")
+    assert graph == {
+        "pkg": set(),
+        "pkg.a": set(),  # the TYPE_CHECKING import does not count
+        "pkg.c": {"pkg.sub"},
+        "pkg.sub": {"pkg.sub.b"},
+        "pkg.sub.b": {"pkg.a"},
+    }
+    assert find_cycle(graph) is None
+    (pkg / "a.py").write_text("import pkg.c\n")
+    cycle = find_cycle(import_graph(tmp_path, "pkg"))
+    assert cycle == ["pkg.a", "pkg.c", "pkg.sub", "pkg.sub.b", "pkg.a"]
