@@ -295,7 +295,7 @@ def _train(args, device: str, first: bool) -> int:
         corpus,
         cfg,
         out,
-        resume=resuming,
+        resume=bool(args.resume),  # a --resume of a start killed before its run.json clears its leftovers
         corpus_spec=corpus_record(args.data),
         log=log,
         options=_options(args, model),
