@@ -95,11 +95,7 @@ for memory. So:
 - The catch-up's coefficients A^gap (float64) are rounded to float32 once per row, the row being
   float32, rather than doing the row's arithmetic in float64.
 
-Alternatives that were tried and measured no faster: catching rows up inside the forward pass,
-sorting a batch by leaf, prefetching the next step's or the next block's rows, other prefetch
-distances, one record per row for parameters and momentum, stepping single-use rows inside the
-forward pass, plain stores instead of the stamps' compare-and-swap with one thread. docs/engine.md
-says what the benchmarks measure and where their results are.
+docs/engine.md says what the benchmarks measure and where their results are.
 
 Scoring (``token_log_probs``) is one parallel pass over the stream, O(K D d) per token.
 
@@ -111,6 +107,7 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable
 
 import numba
@@ -118,7 +115,7 @@ import numpy as np
 import torch
 
 from . import data
-from .data import EpochOrder, EpochReader, epoch_span
+from .data import EpochOrder, EpochReader, EpochSpan, epoch_span
 from .kernels import PHASES, OptState, Params, Workspace, _catch_up, _score, _train_steps
 from .memory import prefer_huge_pages
 from .output import TreeSoftmax
@@ -338,6 +335,137 @@ def _workspace(B: int, n: int, d: int, K: int, D: int, slot_n: np.ndarray, slot_
     )
 
 
+CHUNK_STEPS = 16  # steps per kernel call: progress updates without per-step Python overhead
+
+
+@dataclass
+class _Schedule:
+    """The steps of one epoch: positions ``span.lo .. span.hi-1`` of ``order``, ``steps``
+    minibatches of ``B`` (the last one shorter), thread r of ``T`` taking steps r+1, r+1+T, ..."""
+
+    span: EpochSpan
+    order: EpochOrder
+    size: int  # this epoch's positions: span.hi - span.lo
+    B: int  # examples per step
+    S: int  # examples per block of a step (kernels._step)
+    steps: int
+    T: int  # threads
+
+    @property
+    def seen(self) -> int:
+        """The positions the steps train on (fewer than ``size`` when stopped early)."""
+        return min(self.size, self.steps * self.B)
+
+
+def _schedule(n: int, cfg, epoch: int, threads: int | None, max_batches: int | None, block: int) -> _Schedule:
+    """The steps of epoch ``epoch`` over a stream of ``n`` positions (train_epoch's arguments)."""
+    T = max(1, int(threads or getattr(cfg, "hogwild", 1)))
+    B = int(cfg.batch_size)
+    span = epoch_span(n, epoch, getattr(cfg, "epoch_tokens", 0), B)
+    order = EpochOrder(cfg.seed, span.pass_, n)  # whole, or a window at a time for long streams
+    size = span.hi - span.lo
+    if block < 1:
+        raise ValueError(f"block must be at least 1, got {block}")
+    steps = (size + B - 1) // B
+    if max_batches is not None:
+        steps = min(steps, max_batches)
+    return _Schedule(span, order, size, B, min(int(block), B), steps, min(T, steps) or 1)
+
+
+@dataclass
+class _Shared:
+    """What the threads' kernels work on during an epoch: the parameters and optimiser state
+    (shared, written without locks), and each thread's own scratch arrays and phase clocks."""
+
+    opt: _Optim
+    params: Params
+    state: OptState
+    paths: np.ndarray  # (V, K, W) int32 (_word_paths)
+    works: list[Workspace]  # (T,) one per thread
+    clocks: np.ndarray  # (T, len(PHASES)) int64: each thread's cycles per phase
+
+    def kernel_args(self, r: int) -> tuple:
+        """Thread r's arguments of ``_train_steps`` between ``pad`` and ``S``."""
+        return self.params, self.paths, self.state, self.works[r]
+
+
+def _shared(model, optimizer: torch.optim.Optimizer, sched: _Schedule) -> _Shared:
+    """Numpy views of the model's parameters and the optimiser's buffers, the A^k powers for the
+    epoch's steps, and the per-row records and per-thread workspaces the kernels need."""
+    T = sched.T
+    opt = _Optim(model, optimizer)
+    P = opt.powers(sched.steps)
+    R, C, Q, qb = _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias)
+    _huge_pages_once(model, R, Q, *(opt.buf[k] for k in ("R", "Q") if opt.hyper[k][1] != 0.0))
+    paths = _word_paths(model.out)
+    V, d = R.shape
+    N, n = Q.shape[0], C.shape[0]
+    # last_*: the step each row is up to date with (0 = start of epoch); the node biases and their
+    # momentum live beside the nodes' stamps during the epoch (_row_records) and are copied back
+    # at its end (_keep_biases).
+    last_w, slots_w, _ = _row_records(V, T, 0)
+    last_n, slots_n, (bias, bias_buf) = _row_records(N, T, 2)
+    bias[:] = qb
+    if opt.hyper["qb"][1] != 0.0:
+        bias_buf[:] = opt.buf["qb"]
+    params = Params(R=R, Rbuf=opt.buf["R"], C=C, Cbuf=opt.buf["C"], Q=Q, Qbuf=opt.buf["Q"], qb=bias, qbbuf=bias_buf)
+    state = OptState(hyper=opt.matrix, P_words=P["R"], P_other=P["Q"], P_bias=P["qb"], last_w=last_w, last_n=last_n)
+    K, D = paths.shape[1], int(model.out.tree.leaf_depth.max())
+    works = [_workspace(sched.B, n, d, K, D, slots_n[r], slots_w[r]) for r in range(T)]
+    return _Shared(opt, params, state, paths, works, np.zeros((T, len(PHASES)), np.int64))
+
+
+def _keep_biases(model, shared: _Shared) -> None:
+    """Copies the node biases (and their momentum) from the node records back to the model and
+    the optimiser."""
+    _np(model.out.bias)[:] = shared.params.qb
+    if shared.opt.hyper["qb"][1] != 0.0:
+        shared.opt.buf["qb"][:] = shared.params.qbbuf
+
+
+def _thread_steps(r: int, sched: _Schedule, shared: _Shared, reader: EpochReader, pad: int, bar) -> float:
+    """Thread r's steps of the epoch, CHUNK_STEPS per kernel call; returns their summed NLL."""
+    B, size = sched.B, sched.size
+    mine = np.arange(r + 1, sched.steps + 1, sched.T, dtype=np.int64)
+    total = 0.0
+    for c0 in range(0, len(mine), CHUNK_STEPS):
+        part = mine[c0 : c0 + CHUNK_STEPS]
+        lo = (int(part[0]) - 1) * B  # the epoch's positions these steps read: lo .. hi-1
+        hi = min(int(part[-1]) * B, size)
+        tokens, win = reader.window(sched.span.lo + lo, sched.span.lo + hi)
+        total += _train_steps(part, win, lo, B, tokens, pad, *shared.kernel_args(r), sched.S, shared.clocks[r])
+        bar.update(int(sum(min(B, size - (t - 1) * B) for t in part)))
+    return total
+
+
+def _catch_up_share(r: int, sched: _Schedule, shared: _Shared) -> None:
+    """Thread r's share of the end-of-epoch catch-up of every row to the last step (rows are
+    independent), after which parameters and momentum buffers are exact."""
+    p, st, hyper, T = shared.params, shared.state, shared.opt.hyper, sched.T
+    V, N = p.R.shape[0], p.Q.shape[0]
+    empty = shared.works[0].empty
+    rows_w = np.arange(r * V // T, (r + 1) * V // T)
+    _catch_up(rows_w, p.R, p.Rbuf, empty, empty, st.last_w, sched.steps, st.P_words, hyper["R"][1], st.P_bias, 0.0)
+    rows_n = np.arange(r * N // T, (r + 1) * N // T)
+    _catch_up(
+        rows_n, p.Q, p.Qbuf, p.qb, p.qbbuf, st.last_n, sched.steps, st.P_other, hyper["Q"][1], st.P_bias, hyper["qb"][1]
+    )
+
+
+def _record_stats(stats: dict, shared: _Shared, sched: _Schedule, steps_s: float, catch_up_s: float) -> None:
+    """train_epoch's ``stats``: seconds in steps and catch-up, the steps' seconds by phase (in
+    proportion to each phase's cycles over all threads) and the mean rows a step touches."""
+    cycles = shared.clocks.sum(axis=0)
+    spent = max(int(cycles[:-1].sum()), 1)
+    stats.update(
+        steps_s=steps_s,
+        catch_up_s=catch_up_s,
+        threads=sched.T,
+        phases_s={p: steps_s * int(c) / spent for p, c in zip(PHASES, cycles[:-1])},
+        rows_per_step=int(cycles[-1]) / max(sched.steps, 1),
+    )
+
+
 def train_epoch(
     model,
     optimizer: torch.optim.Optimizer,
@@ -368,120 +496,37 @@ def train_epoch(
     why = unsupported(model, optimizer, cfg)
     if why:
         raise ValueError(f"the fast engine cannot train this model: {why}")
-    T = max(1, int(threads or getattr(cfg, "hogwild", 1)))
     stream = _check_stream(stream, pad, model.config.vocab_size)
-    B = int(cfg.batch_size)
-    span = epoch_span(len(stream), epoch, getattr(cfg, "epoch_tokens", 0), B)
-    order = EpochOrder(cfg.seed, span.pass_, len(stream))  # whole, or a window at a time for long streams
-    size = span.hi - span.lo  # this epoch's positions: the order's span.lo .. span.hi-1
-    if block < 1:
-        raise ValueError(f"block must be at least 1, got {block}")
-    S = min(int(block), B)
-    steps = (size + B - 1) // B
-    if max_batches is not None:
-        steps = min(steps, max_batches)
-    T = min(T, steps) or 1
-    opt = _Optim(model, optimizer)
-    P = opt.powers(steps)
-    R, C, Q, qb = _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias)
-    _huge_pages_once(model, R, Q, *(opt.buf[k] for k in ("R", "Q") if opt.hyper[k][1] != 0.0))
-    paths = _word_paths(model.out)
-    V, d = R.shape
-    N, n = Q.shape[0], C.shape[0]
-    # last_*: the step each row is up to date with (0 = start of epoch); the node biases and their
-    # momentum live beside the nodes' stamps during the epoch (_row_records).
-    last_w, slots_w, _ = _row_records(V, T, 0)
-    last_n, slots_n, (bias, bias_buf) = _row_records(N, T, 2)
-    bias[:] = qb
-    bias_mu = opt.hyper["qb"][1] != 0.0
-    if bias_mu:
-        bias_buf[:] = opt.buf["qb"]
-    params = Params(R=R, Rbuf=opt.buf["R"], C=C, Cbuf=opt.buf["C"], Q=Q, Qbuf=opt.buf["Q"], qb=bias, qbbuf=bias_buf)
-    state = OptState(hyper=opt.matrix, P_words=P["R"], P_other=P["Q"], P_bias=P["qb"], last_w=last_w, last_n=last_n)
-    K, D = paths.shape[1], int(model.out.tree.leaf_depth.max())
-    works = [_workspace(B, n, d, K, D, slots_n[r], slots_w[r]) for r in range(T)]
-    clocks = np.zeros((T, len(PHASES)), np.int64)
+    sched = _schedule(len(stream), cfg, epoch, threads, max_batches, block)
+    shared = _shared(model, optimizer, sched)
+    T, B, n = sched.T, sched.B, shared.params.C.shape[0]
+    # Each thread reads its windows (CHUNK_STEPS steps, T apart) through its own reader: the stream
+    # itself, or for a long one its current groups of blocks in a bounded buffer (data.EpochReader).
+    readers = [EpochReader(stream, sched.order, n, pad, max_window=T * CHUNK_STEPS * B) for _ in range(T)]
     # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
     # cache before the progress bar and the clock start, so neither counts compilation.
-    chunk = 16  # steps per kernel call: progress updates without per-step Python overhead
-    # Each thread reads its windows (chunk steps, T apart) through its own reader: the stream
-    # itself, or for a long one its current groups of blocks in a bounded buffer (data.EpochReader).
-    readers = [EpochReader(stream, order, n, pad, max_window=T * chunk * B) for _ in range(T)]
     tokens, none = readers[0].window(0, 0)
-    _train_steps(np.empty(0, np.int64), none, 0, B, tokens, pad, params, paths, state, works[0], S, clocks[0])
-    bar = progress(min(size, steps * B), f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
+    _train_steps(np.empty(0, np.int64), none, 0, B, tokens, pad, *shared.kernel_args(0), sched.S, shared.clocks[0])
+    bar = progress(sched.seen, f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
 
     def run(r: int) -> float:
-        mine = np.arange(r + 1, steps + 1, T, dtype=np.int64)
-        total = 0.0
-        for c0 in range(0, len(mine), chunk):
-            part = mine[c0 : c0 + chunk]
-            lo = (int(part[0]) - 1) * B  # the epoch's positions these steps read: lo .. hi-1
-            hi = min(int(part[-1]) * B, size)
-            tokens, win = readers[r].window(span.lo + lo, span.lo + hi)
-            total += _train_steps(part, win, lo, B, tokens, pad, params, paths, state, works[r], S, clocks[r])
-            bar.update(int(sum(min(B, size - (t - 1) * B) for t in part)))
-        return total
-
-    empty = works[0].empty
-
-    def catch_up_all(r: int) -> None:
-        """Thread r's share of the end-of-epoch catch-up (rows are independent)."""
-        _catch_up(
-            np.arange(r * V // T, (r + 1) * V // T),
-            R,
-            opt.buf["R"],
-            empty,
-            empty,
-            last_w,
-            steps,
-            P["R"],
-            opt.hyper["R"][1],
-            P["qb"],
-            0.0,
-        )
-        _catch_up(
-            np.arange(r * N // T, (r + 1) * N // T),
-            Q,
-            opt.buf["Q"],
-            bias,
-            bias_buf,
-            last_n,
-            steps,
-            P["Q"],
-            opt.hyper["Q"][1],
-            P["qb"],
-            opt.hyper["qb"][1],
-        )
+        return _thread_steps(r, sched, shared, readers[r], pad, bar)
 
     begin = time.perf_counter()
     try:
         with torch.no_grad(), ThreadPoolExecutor(T) as pool:
             total = run(0) if T == 1 else sum(pool.map(run, range(T)))
             steps_done = time.perf_counter()
-            # Catch every row up to the last step: parameters and momentum buffers are now exact.
-            list(pool.map(catch_up_all, range(T)))
+            list(pool.map(lambda r: _catch_up_share(r, sched, shared), range(T)))
     finally:  # (after an interruption too: the biases' progress is not lost)
-        qb[:] = bias
-        if bias_mu:
-            opt.buf["qb"][:] = bias_buf
+        _keep_biases(model, shared)
     elapsed = time.perf_counter() - begin
     if stats is not None:
-        cycles = clocks.sum(axis=0)
-        spent = max(int(cycles[:-1].sum()), 1)
-        stats.update(
-            steps_s=steps_done - begin,
-            catch_up_s=elapsed - (steps_done - begin),
-            threads=T,
-            # the steps' time split in proportion to each phase's cycles (all threads)
-            phases_s={p: (steps_done - begin) * int(c) / spent for p, c in zip(PHASES, cycles[:-1])},
-            rows_per_step=int(cycles[-1]) / max(steps, 1),
-        )
+        _record_stats(stats, shared, sched, steps_done - begin, elapsed - (steps_done - begin))
     bar.close()
-    seen = min(size, steps * B)
     if not math.isfinite(total):
         total = math.inf
-    return total / max(seen, 1), seen / elapsed
+    return total / max(sched.seen, 1), sched.seen / elapsed
 
 
 SCORE_CHUNK = 1 << 19  # positions per scoring call (a progress update each)

@@ -24,23 +24,23 @@ words against that class's members: O(sampled occurrences x candidates x class s
 sqrt(V) per occurrence and candidate, never V^2.
 
 A frequent word's own term is estimated from its sampled occurrences, and taking the best of
-thousands of noisy estimates picks the overestimated ones (on PTB, with 32 occurrences a word, the
-500 moves chosen raised the training NLL instead of lowering it). So each estimate carries its
+thousands of noisy estimates picks the overestimated ones: with few occurrences a word, the moves
+chosen can raise the training NLL instead of lowering it. So each estimate carries its
 standard error (sampling without replacement), and moves are ranked by the gain less ``sigmas``
 standard errors; words seen at most ``per_word`` times are scored on every occurrence, exactly.
 
 Moves are then taken greedily by that cautious gain: one per word, at most ``max_moves``, no class
 left empty, and at most ``into_class`` moves into any one class. The gains are measured against the
-classes before the sweep, so moves into one class interact through its softmax: on PTB a sweep
-whose 500 moves sent dozens of verbs into the class that the previous sweep had emptied of verbs
-(its root entry still predicted verb contexts) was estimated to gain 11,309 nats and lost 24,466.
+classes before the sweep, so moves into one class interact through its softmax: dozens of words
+sent into one class (say verbs into a class whose root entry still predicts verb contexts) each
+take probability from the others, and together lose what each was estimated to gain.
 The exchange algorithm proper moves one word at a time; one move into each class per sweep keeps
 that property where it matters, and several sweeps (``sweeps``) make up the count.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -119,28 +119,81 @@ def sample_positions(stream: np.ndarray, num_words: int, per_word: int, seed: in
     return keep, counts[w] / taken[w]
 
 
-@torch.no_grad()
-def exchange_sweep(model, stream: np.ndarray, pad: int, cfg: RefineConfig = RefineConfig(), log=None) -> Sweep:
-    """One sweep of exchange moves over the class memberships of ``model`` (``classes`` output)."""
-    out = model.out
-    cl = getattr(out, "classes", None)
+@dataclass
+class _Sample:
+    """The sampled occurrences of the training targets (P of them, ordered by word) and what the
+    model computes at each; the sweep's sums run over these rows."""
+
+    tgt: np.ndarray  # (P,) int64 target word
+    wt: torch.Tensor  # (P,) float64 weight: the word's count / its sampled occurrences
+    H: torch.Tensor  # (P, d) context vector
+    total: torch.Tensor  # (P,) float64 log P(target | h) now
+    root_lp: torch.Tensor  # (P, S + C) log-softmax of the root (shortlist words, then classes)
+    n_w: np.ndarray  # (V,) sampled occurrences of each word
+    counts: np.ndarray  # (V,) all occurrences of each word as a target
+    w_start: np.ndarray = field(init=False)  # (V + 1,) each word's first row
+
+    def __post_init__(self):
+        self.w_start = np.concatenate([[0], np.cumsum(self.n_w)])
+
+    def rows_of(self, words: np.ndarray) -> np.ndarray:
+        """The rows of ``words``' occurrences, word after word."""
+        if len(words) == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([np.arange(self.w_start[w], self.w_start[w + 1]) for w in words])
+
+
+@dataclass
+class _Within:
+    """Pass 1's results: what each class's own members' occurrences say about moves out of it."""
+
+    leave: torch.Tensor  # (M,) float64 the leave term of each membership
+    mem_lp: dict[int, torch.Tensor]  # membership -> (n_w,) its log-prob at its word's rows
+    pools: dict[int, tuple]  # class -> its members' rows, their log Z_c (n,) and rho (n,) (pass 2's join)
+
+
+@dataclass
+class _Best:
+    """Each membership's best move so far (M,), ranked by gain - sigmas x its standard error."""
+
+    gain: np.ndarray
+    score: np.ndarray
+    se: np.ndarray
+    dest: np.ndarray
+
+    @classmethod
+    def empty(cls, M: int) -> "_Best":
+        return cls(np.full(M, -np.inf), np.full(M, -np.inf), np.zeros(M), np.full(M, -1, dtype=np.int64))
+
+    def offer(self, movers: np.ndarray, gains: np.ndarray, se: np.ndarray, sigmas: float, c: int) -> None:
+        """Moves of ``movers`` into class ``c``: kept where their score beats the best so far."""
+        score = gains - sigmas * se
+        better = score > self.score[movers]
+        self.score[movers[better]] = score[better]
+        self.gain[movers[better]] = gains[better]
+        self.se[movers[better]] = se[better]
+        self.dest[movers[better]] = c
+
+
+def _classes_of(model, stream: np.ndarray) -> WordClasses:
+    """The model's word classes, or a one-line TreeError where there are none to refine."""
+    cl = getattr(model.out, "classes", None)
     if not isinstance(cl, WordClasses):
         raise TreeError("exchange moves need a model with --output classes")
     if len(stream) == 0:
         raise TreeError("exchange moves need a non-empty training stream")
-    S, C, V = cl.num_shortlist, cl.num_classes, cl.num_words
-    starts = cl.class_start
-    W = out.word_weight.detach()  # (M, d)
-    b = out.word_bias.detach()  # (M,)
-    dt = W.dtype
+    return cl
 
+
+def _sample(model, stream: np.ndarray, pad: int, cl: WordClasses, cfg: RefineConfig, log) -> _Sample:
+    """Samples the occurrences (:func:`sample_positions`) and runs the model at each, in batches."""
+    out, V = model.out, cl.num_words
     pos, wts = sample_positions(stream, V, cfg.per_word, cfg.seed)
-    counts = np.bincount(np.asarray(stream), minlength=V)  # (V,) occurrences of each word as a target
     tgt = np.asarray(stream, dtype=np.int64)[pos]
-    P = len(pos)
+    P, dt = len(pos), out.word_weight.dtype
     H = torch.empty(P, model.config.dim, dtype=dt)
-    total = torch.empty(P, dtype=torch.float64)  # log P(target | h) now
-    root_lp = torch.empty(P, S + C, dtype=dt)
+    total = torch.empty(P, dtype=torch.float64)
+    root_lp = torch.empty(P, cl.num_shortlist + cl.num_classes, dtype=dt)
     bar = progress(P, "refine: contexts", "w") if log else None
     for i in range(0, P, cfg.batch_size):
         j = min(i + cfg.batch_size, P)
@@ -154,39 +207,40 @@ def exchange_sweep(model, stream: np.ndarray, pad: int, cfg: RefineConfig = Refi
             bar.update(j - i)
     if bar:
         bar.close()
-    wt = torch.from_numpy(wts)
-    # positions of each word: pos is ordered by word
-    n_w = np.bincount(tgt, minlength=V)
-    w_start = np.concatenate([[0], np.cumsum(n_w)])
+    counts = np.bincount(np.asarray(stream), minlength=V)
+    return _Sample(tgt, torch.from_numpy(wts), H, total, root_lp, np.bincount(tgt, minlength=V), counts)
 
-    def rows_of(words: np.ndarray) -> np.ndarray:
-        if len(words) == 0:
-            return np.zeros(0, dtype=np.int64)
-        return np.concatenate([np.arange(w_start[w], w_start[w + 1]) for w in words])
 
-    # Candidates: for each class membership, the classes with the highest mean root log-probability
-    # over its word's occurrences, other than the word's own classes.
-    class_lp = torch.zeros(V, C, dtype=torch.float64).index_add_(0, torch.from_numpy(tgt), root_lp[:, S:].double())
-    class_lp /= torch.from_numpy(np.maximum(n_w, 1)).double()[:, None]
+def _candidates(sample: _Sample, cl: WordClasses, candidates: int) -> tuple[np.ndarray, np.ndarray]:
+    """(cand (M, K), ok (M, K)): for each class membership, the classes with the highest mean root
+    log-probability over its word's occurrences, other than the word's own classes; ``ok`` is False
+    where there are fewer such classes (a word in every class has none)."""
+    S, C, V = cl.num_shortlist, cl.num_classes, cl.num_words
+    class_lp = torch.zeros(V, C, dtype=torch.float64).index_add_(
+        0, torch.from_numpy(sample.tgt), sample.root_lp[:, S:].double()
+    )
+    class_lp /= torch.from_numpy(np.maximum(sample.n_w, 1)).double()[:, None]
     M = cl.num_leaves - S
     member_word = cl.leaf_word[S:]  # (M,)
-    member_class = cl.leaf_root[S:] - S  # (M,)
     own = np.zeros((V, C), dtype=bool)
-    own[member_word, member_class] = True
+    own[member_word, cl.leaf_root[S:] - S] = True
     scored = class_lp[member_word].masked_fill(torch.from_numpy(own[member_word]), float("-inf"))  # (M, C)
-    K = min(cfg.candidates, C - 1)
+    K = min(candidates, C - 1)
     cand = torch.topk(scored, K, dim=1).indices.numpy() if K > 0 else np.zeros((M, 0), dtype=np.int64)
-    cand_ok = np.isfinite(np.take_along_axis(scored.numpy(), cand, 1))  # a word in every class has none
+    return cand, np.isfinite(np.take_along_axis(scored.numpy(), cand, 1))
 
-    # Pass 1, class by class: the log-probability of each sampled occurrence's membership in the
-    # class (for rho and for the own term's "rest"), and the leave term of each member.
-    leave = torch.zeros(M, dtype=torch.float64)
-    mem_lp: dict[int, torch.Tensor] = {}  # member row -> (n_w,) log-prob of that membership at w's rows
-    pools: dict[int, tuple] = {}  # class -> its members' sampled rows, their log Z_c and rho (pass 2's join)
-    for c in range(C):
+
+def _within_classes(sample: _Sample, cl: WordClasses, W: torch.Tensor, b: torch.Tensor) -> _Within:
+    """Pass 1, class by class: the log-probability of each sampled occurrence's membership in the
+    class (for rho and for the own term's "rest"), and the leave term of each member."""
+    S, starts = cl.num_shortlist, cl.class_start
+    member_word = cl.leaf_word[S:]
+    H, tgt, wt, n_w = sample.H, sample.tgt, sample.wt, sample.n_w
+    found = _Within(torch.zeros(cl.num_leaves - S, dtype=torch.float64), {}, {})
+    for c in range(cl.num_classes):
         a, e = int(starts[c]), int(starts[c + 1])
         words = member_word[a:e]
-        rows = torch.from_numpy(rows_of(words))
+        rows = torch.from_numpy(sample.rows_of(words))
         if len(rows) == 0:
             continue
         s = H[rows] @ W[a:e].T + b[a:e]  # (n, |c|)
@@ -194,88 +248,79 @@ def exchange_sweep(model, stream: np.ndarray, pad: int, cfg: RefineConfig = Refi
         p = torch.exp(s - logZ)  # (n, |c|) within-class softmax
         col_word = torch.from_numpy(words)
         is_tgt = col_word[None, :] == torch.from_numpy(tgt)[rows][:, None]  # (n, |c|) the target's own column
-        lp_c = (torch.log((p * is_tgt).sum(1)) + root_lp[rows, S + c]).double()  # (n,) membership log-prob
-        rho = torch.exp(lp_c - total[rows]).clamp(max=1.0)
-        pools[c] = (rows, logZ[:, 0], rho)
+        lp_c = (torch.log((p * is_tgt).sum(1)) + sample.root_lp[rows, S + c]).double()  # (n,) membership log-prob
+        rho = torch.exp(lp_c - sample.total[rows]).clamp(max=1.0)
+        found.pools[c] = (rows, logZ[:, 0], rho)
         pd = p.double().clamp(max=1 - 1e-12)
         gain = torch.log1p(rho[:, None] * pd / (1 - pd)).masked_fill(is_tgt, 0.0)  # (n, |c|)
-        leave[a:e] = (wt[rows][:, None] * gain).sum(0)
+        found.leave[a:e] = (wt[rows][:, None] * gain).sum(0)
         off = 0
         for m, w in zip(range(a, e), words):
             n = int(n_w[w])
-            mem_lp[m] = lp_c[off : off + n]
+            found.mem_lp[m] = lp_c[off : off + n]
             off += n
+    return found
 
-    # Pass 2, class by class: the own and join terms of every membership that has c as a candidate.
-    best_gain = np.full(M, -np.inf)
-    best_score = np.full(M, -np.inf)  # gain - sigmas x its standard error: what moves are ranked by
-    best_se = np.zeros(M)
-    best_dest = np.full(M, -1, dtype=np.int64)
-    pairs_by_class: list[list[int]] = [[] for _ in range(C)]
-    for m in range(M):
-        for k in range(K):
-            if cand_ok[m, k]:
-                pairs_by_class[int(cand[m, k])].append(m)
-    bar = progress(C, "refine: classes", "classes") if log else None
-    for c in range(C):
-        movers = np.asarray(pairs_by_class[c], dtype=np.int64)
-        if bar:
-            bar.update(1)
-        if len(movers) == 0:
-            continue
-        a, e = int(starts[c]), int(starts[c + 1])
-        mv = torch.from_numpy(movers)
-        # join: the class's members' occurrences (none sampled: no term), their normaliser grows by x = exp(s_m)
-        join = torch.zeros(len(movers), dtype=torch.float64)
-        if c in pools:
-            rows, logZ, rho = pools[c]
-            x = torch.exp((H[rows] @ W[mv].T + b[mv]) - logZ[:, None]).double()  # (n, movers)
-            join = (wt[rows][:, None] * torch.log1p(-rho[:, None] * x / (1 + x))).sum(0)  # (movers,)
-        # own: each mover's occurrences with the membership under c, all movers at once
-        word_of = member_word[movers]
-        seg = torch.repeat_interleave(torch.arange(len(movers)), torch.from_numpy(n_w[word_of]))  # mover of each row
-        r = torch.from_numpy(rows_of(word_of))
-        hs = H[r]
-        z = torch.logsumexp(hs @ W[a:e].T + b[a:e], dim=1).double()  # log Z_c at the movers' occurrences
-        sm = ((hs * W[mv][seg]).sum(1) + b[mv][seg]).double()  # the mover's own score
-        new_m = root_lp[r, S + c].double() + sm - torch.logaddexp(z, sm)  # its membership's log-prob under c
-        tot = total[r]
-        ratio = torch.exp(torch.cat([mem_lp[int(m)] for m in movers]) - tot).clamp(max=1.0)
-        rest = tot + torch.log1p(-ratio.clamp(max=1 - 1e-12))  # log-prob of the word's other memberships
-        rest = torch.where(ratio >= 1 - 1e-9, torch.full_like(rest, float("-inf")), rest)
-        x = torch.logaddexp(rest, new_m) - tot  # (rows,) change of each sampled occurrence's log-prob
-        own_gain = torch.zeros(len(movers), dtype=torch.float64).index_add_(0, seg, wt[r] * x)
-        # The own term's standard error (sampling without replacement from the word's N occurrences):
-        # a frequent word's estimate from a few occurrences is noisy, and taking the best of many
-        # noisy estimates favours the overestimated ones.
-        n = torch.from_numpy(n_w[word_of]).double()  # sampled occurrences
-        N = torch.from_numpy(counts[word_of]).double()  # all occurrences
-        mean = torch.zeros(len(movers), dtype=torch.float64).index_add_(0, seg, x) / n.clamp(min=1)
-        ss = torch.zeros(len(movers), dtype=torch.float64).index_add_(0, seg, (x - mean[seg]) ** 2)
-        var = ss / (n - 1).clamp(min=1)
-        se = (N * torch.sqrt(var / n.clamp(min=1) * (1 - n / N.clamp(min=1)).clamp(min=0))).numpy()
-        gains = (own_gain + join + leave[mv]).numpy()
-        score = gains - cfg.sigmas * se
-        better = score > best_score[movers]
-        best_score[movers[better]] = score[better]
-        best_gain[movers[better]] = gains[better]
-        best_se[movers[better]] = se[better]
-        best_dest[movers[better]] = c
-    if bar:
-        bar.close()
 
-    # Greedy choice: best (cautious) gains first, one move per word, no class emptied.
-    order = np.argsort(-best_score, kind="stable")
+def _gains_into(
+    c: int, movers: np.ndarray, sample: _Sample, within: _Within, cl: WordClasses, W: torch.Tensor, b: torch.Tensor
+) -> tuple[np.ndarray, np.ndarray]:
+    """(gains (movers,), se (movers,)): the estimated gain of moving each of ``movers`` (membership
+    rows) into class ``c`` (own + join + leave terms, module docstring), and the standard error of
+    its own term."""
+    S = cl.num_shortlist
+    a, e = int(cl.class_start[c]), int(cl.class_start[c + 1])
+    H, wt, n_w = sample.H, sample.wt, sample.n_w
+    mv = torch.from_numpy(movers)
+    # join: the class's members' occurrences (none sampled: no term), their normaliser grows by x = exp(s_m)
+    join = torch.zeros(len(movers), dtype=torch.float64)
+    if c in within.pools:
+        rows, logZ, rho = within.pools[c]
+        x = torch.exp((H[rows] @ W[mv].T + b[mv]) - logZ[:, None]).double()  # (n, movers)
+        join = (wt[rows][:, None] * torch.log1p(-rho[:, None] * x / (1 + x))).sum(0)  # (movers,)
+    # own: each mover's occurrences with the membership under c, all movers at once
+    word_of = cl.leaf_word[S:][movers]
+    seg = torch.repeat_interleave(torch.arange(len(movers)), torch.from_numpy(n_w[word_of]))  # mover of each row
+    r = torch.from_numpy(sample.rows_of(word_of))
+    hs = H[r]
+    z = torch.logsumexp(hs @ W[a:e].T + b[a:e], dim=1).double()  # log Z_c at the movers' occurrences
+    sm = ((hs * W[mv][seg]).sum(1) + b[mv][seg]).double()  # the mover's own score
+    new_m = sample.root_lp[r, S + c].double() + sm - torch.logaddexp(z, sm)  # its membership's log-prob under c
+    tot = sample.total[r]
+    ratio = torch.exp(torch.cat([within.mem_lp[int(m)] for m in movers]) - tot).clamp(max=1.0)
+    rest = tot + torch.log1p(-ratio.clamp(max=1 - 1e-12))  # log-prob of the word's other memberships
+    rest = torch.where(ratio >= 1 - 1e-9, torch.full_like(rest, float("-inf")), rest)
+    x = torch.logaddexp(rest, new_m) - tot  # (rows,) change of each sampled occurrence's log-prob
+    own_gain = torch.zeros(len(movers), dtype=torch.float64).index_add_(0, seg, wt[r] * x)
+    # The own term's standard error (sampling without replacement from the word's N occurrences):
+    # a frequent word's estimate from a few occurrences is noisy, and taking the best of many
+    # noisy estimates favours the overestimated ones.
+    n = torch.from_numpy(n_w[word_of]).double()  # sampled occurrences
+    N = torch.from_numpy(sample.counts[word_of]).double()  # all occurrences
+    mean = torch.zeros(len(movers), dtype=torch.float64).index_add_(0, seg, x) / n.clamp(min=1)
+    ss = torch.zeros(len(movers), dtype=torch.float64).index_add_(0, seg, (x - mean[seg]) ** 2)
+    var = ss / (n - 1).clamp(min=1)
+    se = (N * torch.sqrt(var / n.clamp(min=1) * (1 - n / N.clamp(min=1)).clamp(min=0))).numpy()
+    return (own_gain + join + within.leave[mv]).numpy(), se
+
+
+def _choose(cl: WordClasses, best: _Best, cfg: RefineConfig) -> list[Move]:
+    """Greedy choice: best (cautious) gains first, one move per word, no class emptied, at most
+    ``cfg.into_class`` moves into a class and ``cfg.max_moves`` of the memberships in all."""
+    S = cl.num_shortlist
+    M = cl.num_leaves - S
+    member_word, member_class = cl.leaf_word[S:], cl.leaf_root[S:] - S
+    order = np.argsort(-best.score, kind="stable")
     limit = max(1, int(cfg.max_moves * M))
     sizes = cl.class_sizes.copy()
-    arrivals = np.zeros(C, dtype=np.int64)
+    arrivals = np.zeros(cl.num_classes, dtype=np.int64)
     moved_words: set[int] = set()
     moves: list[Move] = []
     for m in order:
-        g = best_gain[m]
-        if not best_score[m] > cfg.min_gain or len(moves) >= limit:
+        g = best.gain[m]
+        if not best.score[m] > cfg.min_gain or len(moves) >= limit:
             break
-        w, src, dst = int(member_word[m]), int(member_class[m]), int(best_dest[m])
+        w, src, dst = int(member_word[m]), int(member_class[m]), int(best.dest[m])
         if w in moved_words or sizes[src] <= 1 or arrivals[dst] >= cfg.into_class:
             continue
         arrivals[dst] += 1
@@ -283,8 +328,38 @@ def exchange_sweep(model, stream: np.ndarray, pad: int, cfg: RefineConfig = Refi
         sizes[dst] += 1
         moved_words.add(w)
         moves.append(Move(w, S + int(m), src, dst, float(g)))
+    return moves
+
+
+@torch.no_grad()
+def exchange_sweep(model, stream: np.ndarray, pad: int, cfg: RefineConfig = RefineConfig(), log=None) -> Sweep:
+    """One sweep of exchange moves over the class memberships of ``model`` (``classes`` output)."""
+    cl = _classes_of(model, stream)
+    W = model.out.word_weight.detach()  # (M, d)
+    b = model.out.word_bias.detach()  # (M,)
+    sample = _sample(model, stream, pad, cl, cfg, log)
+    cand, cand_ok = _candidates(sample, cl, cfg.candidates)
+    within = _within_classes(sample, cl, W, b)
+    # Pass 2, class by class: the own and join terms of every membership that has c as a candidate.
+    M = cl.num_leaves - cl.num_shortlist
+    best = _Best.empty(M)
+    pairs_by_class: list[list[int]] = [[] for _ in range(cl.num_classes)]
+    for m in range(M):
+        for k in range(cand.shape[1]):
+            if cand_ok[m, k]:
+                pairs_by_class[int(cand[m, k])].append(m)
+    bar = progress(cl.num_classes, "refine: classes", "classes") if log else None
+    for c in range(cl.num_classes):
+        movers = np.asarray(pairs_by_class[c], dtype=np.int64)
+        if bar:
+            bar.update(1)
+        if len(movers):
+            best.offer(movers, *_gains_into(c, movers, sample, within, cl, W, b), cfg.sigmas, c)
+    if bar:
+        bar.close()
+    moves = _choose(cl, best, cfg)
     classes, leaf_map = apply_moves(cl, moves)
-    return Sweep(classes, leaf_map, moves, best_gain, best_se, best_dest, P)
+    return Sweep(classes, leaf_map, moves, best.gain, best.se, best.dest, len(sample.tgt))
 
 
 def refine_classes(model, stream: np.ndarray, pad: int, cfg: RefineConfig = RefineConfig(), sweeps: int = 1, log=None):

@@ -375,6 +375,121 @@ def _check_features(X: np.ndarray) -> np.ndarray:
     return X
 
 
+@dataclass
+class _Level:
+    """The open nodes of one depth: their (word, node) items sorted by node, and the nodes' ids."""
+
+    seg: np.ndarray  # (I,) int64 node index of each item, 0 .. n_nodes-1, non-decreasing
+    word: np.ndarray  # (I,) int64 the item's word
+    n_nodes: int
+    first_id: int  # the nodes have ids first_id .. first_id + n_nodes - 1
+
+
+def _checked_weights(weights: Sequence[float] | None, V: int) -> np.ndarray | None:
+    """(V,) float64 EM weights, or None; a zero-weight word gets a tiny one so that it still
+    belongs somewhere."""
+    if weights is None:
+        return None
+    wts = np.asarray(weights, dtype=np.float64)
+    if wts.shape != (V,) or (wts < 0).any() or not np.isfinite(wts).all():
+        raise TreeError(f"weights must be {V} finite non-negative numbers")
+    return wts + 1e-12 * max(wts.max(), 1.0)
+
+
+def _level_em(
+    X: np.ndarray,
+    level: _Level,
+    sizes: np.ndarray,
+    rng: np.random.Generator,
+    em_iters: int,
+    wts: np.ndarray | None,
+    reg: float,
+    rep: BuildReport,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(r (I,), big (I,) bool): every item's left responsibility from the EM of its node, for the
+    items of nodes of three words or more (``big``); 0.5 for the others, which get two leaves
+    without EM."""
+    seg, word = level.seg, level.word
+    big = sizes[seg] >= 3
+    r = np.full(len(seg), 0.5)
+    if big.any():
+        bseg_raw = seg[big]
+        bstarts = np.flatnonzero(np.r_[True, bseg_raw[1:] != bseg_raw[:-1]])
+        bseg = np.cumsum(np.r_[0, bseg_raw[1:] != bseg_raw[:-1]])
+        r[big] = em_responsibilities(
+            X[word[big]], bseg, bstarts, rng, em_iters, None if wts is None else wts[word[big]], reg
+        )
+        rep.em_nodes += len(bstarts)
+    return r, big
+
+
+def _sides(
+    level: _Level,
+    starts: np.ndarray,
+    sizes: np.ndarray,
+    r: np.ndarray,
+    big: np.ndarray,
+    pol: Policy,
+    room: int,
+    rep: BuildReport,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(left (I,), right (I,) bool): the side(s) each item goes to under ``pol``, with at most
+    ``room`` duplications granted (in item order) and the BALANCED fallback for a node whose split
+    leaves a child empty or gives it every word (module docstring)."""
+    seg = level.seg
+    # Balanced assignment (also the fallback): top ceil(n/2) responsibilities go left.
+    rank = _ranks_within(seg, starts, level.word, -r)
+    bal_left = rank < (sizes[seg] + 1) // 2
+    if pol.kind == "balanced":
+        left, right = bal_left, ~bal_left
+    else:
+        left = r > 0.5
+        right = ~left
+        band = big & (np.abs(r - 0.5) < pol.eps) if pol.eps > 0 else np.zeros(len(seg), bool)
+        if band.any():
+            grant = band & (np.cumsum(band) <= max(room, 0))
+            rep.denied_duplications += int(band.sum() - grant.sum())
+            left, right = left | grant, right | grant
+        nl = np.add.reduceat(left.astype(np.int64), starts)
+        nr = np.add.reduceat(right.astype(np.int64), starts)
+        bad = (nl == 0) | (nr == 0) | (nl == sizes) | (nr == sizes)
+        bad &= sizes >= 3
+        rep.fallback_nodes += int(bad.sum())
+        if bad.any():
+            b = bad[seg]
+            left, right = np.where(b, bal_left, left), np.where(b, ~bal_left, right)
+    two = sizes[seg] == 2  # pairs: first (by the balanced rank) left, second right
+    left, right = np.where(two, bal_left, left), np.where(two, ~bal_left, right)
+    rep.duplicated += int((left & right).sum())
+    return left, right
+
+
+def _children(level: _Level, starts: np.ndarray, left: np.ndarray, right: np.ndarray) -> tuple[np.ndarray, int, _Level]:
+    """(block (M, 2), leaves made, next level): the children of each node of ``level`` (a side
+    with one word is a leaf, ``-1 - word``; with more a new internal node) and the items of the
+    new internal nodes, sorted by node (stably: words keep their order)."""
+    seg, word = level.seg, level.word
+    nl = np.add.reduceat(left.astype(np.int64), starts)
+    nr = np.add.reduceat(right.astype(np.int64), starts)
+    side_sizes = np.stack([nl, nr], axis=1)  # (M, 2)
+    internal = side_sizes >= 2
+    next_first = level.first_id + level.n_nodes
+    new_ids = next_first + np.cumsum(internal.reshape(-1)) - 1  # row-major: left then right
+    block = np.where(internal.reshape(-1), new_ids, 0).reshape(-1, 2)
+    for s, mask in ((0, left), (1, right)):
+        lone = mask & (side_sizes[seg, s] == 1)
+        block[seg[lone], s] = -1 - word[lone]
+    child_local = np.cumsum(internal.reshape(-1)).reshape(-1, 2) - 1  # (M, 2) index among new nodes
+    nxt_seg, nxt_word = [], []
+    for s, mask in ((0, left), (1, right)):
+        keep = mask & internal[seg, s]
+        nxt_seg.append(child_local[seg[keep], s])
+        nxt_word.append(word[keep])
+    nseg, nword = np.concatenate(nxt_seg), np.concatenate(nxt_word)
+    order = np.argsort(nseg, kind="stable")
+    return block, int((~internal).sum()), _Level(nseg[order], nword[order], int(internal.sum()), next_first)
+
+
 def build_learned_tree(
     X: np.ndarray,
     policy: str | Policy = "adaptive",
@@ -393,91 +508,29 @@ def build_learned_tree(
     V = len(X)
     if em_iters < 0:
         raise TreeError(f"em_iters must be >= 0, got {em_iters}")
-    wts = None
-    if weights is not None:
-        wts = np.asarray(weights, dtype=np.float64)
-        if wts.shape != (V,) or (wts < 0).any() or not np.isfinite(wts).all():
-            raise TreeError(f"weights must be {V} finite non-negative numbers")
-        wts = wts + 1e-12 * max(wts.max(), 1.0)  # a zero-weight word still belongs somewhere
+    wts = _checked_weights(weights, V)
     max_leaves = DEFAULT_MAX_LEAVES_PER_WORD * V if max_leaves is None else int(max_leaves)
     rep = report if report is not None else BuildReport()
     rng = np.random.default_rng(seed)
     reg = em_reg(X)
 
     children: list[np.ndarray] = []  # one (M, 2) block per level, ids assigned level by level
-    # Items of the open nodes of the current level: node index (sorted) and word.
-    seg = np.zeros(V, dtype=np.int64)
-    word = np.arange(V, dtype=np.int64)
-    n_nodes, first_id = 1, 0  # nodes of this level have ids first_id .. first_id + n_nodes - 1
+    level = _Level(np.zeros(V, dtype=np.int64), np.arange(V, dtype=np.int64), 1, 0)
     made_leaves = 0
     bar = progress(None, "splitting", "level", heartbeat=True)  # a top level of EM on 10^5 words takes a while
-    while n_nodes:
+    while level.n_nodes:
         bar.update(1)
-        bar.set_postfix(nodes=n_nodes, refresh=False)
+        bar.set_postfix(nodes=level.n_nodes, refresh=False)
         rep.levels += 1
-        starts = np.flatnonzero(np.r_[True, seg[1:] != seg[:-1]])
-        sizes = np.diff(np.append(starts, len(seg)))
-        big = sizes[seg] >= 3  # nodes of two words get two leaves without EM
-        r = np.full(len(seg), 0.5)
-        if big.any():
-            bseg_raw = seg[big]
-            bstarts = np.flatnonzero(np.r_[True, bseg_raw[1:] != bseg_raw[:-1]])
-            bseg = np.cumsum(np.r_[0, bseg_raw[1:] != bseg_raw[:-1]])
-            r[big] = em_responsibilities(
-                X[word[big]], bseg, bstarts, rng, em_iters, None if wts is None else wts[word[big]], reg
-            )
-            rep.em_nodes += len(bstarts)
-        # Balanced assignment (also the fallback): top ceil(n/2) responsibilities go left.
-        rank = _ranks_within(seg, starts, word, -r)
-        bal_left = rank < (sizes[seg] + 1) // 2
-        if pol.kind == "balanced":
-            left, right = bal_left, ~bal_left
-        else:
-            left = r > 0.5
-            right = ~left
-            band = big & (np.abs(r - 0.5) < pol.eps) if pol.eps > 0 else np.zeros(len(seg), bool)
-            if band.any():
-                # Leaf budget: total leaves if nothing more were duplicated = made + open items.
-                room = max_leaves - made_leaves - len(seg)
-                grant = band & (np.cumsum(band) <= max(room, 0))
-                rep.denied_duplications += int(band.sum() - grant.sum())
-                left, right = left | grant, right | grant
-            nl = np.add.reduceat(left.astype(np.int64), starts)
-            nr = np.add.reduceat(right.astype(np.int64), starts)
-            bad = (nl == 0) | (nr == 0) | (nl == sizes) | (nr == sizes)
-            bad &= sizes >= 3
-            rep.fallback_nodes += int(bad.sum())
-            if bad.any():
-                b = bad[seg]
-                left, right = np.where(b, bal_left, left), np.where(b, ~bal_left, right)
-        two = sizes[seg] == 2  # pairs: first (by the balanced rank) left, second right
-        left, right = np.where(two, bal_left, left), np.where(two, ~bal_left, right)
-        rep.duplicated += int((left & right).sum())
-
-        # Children of each node: a side with one word is a leaf, with more a new internal node.
-        nl = np.add.reduceat(left.astype(np.int64), starts)
-        nr = np.add.reduceat(right.astype(np.int64), starts)
-        side_sizes = np.stack([nl, nr], axis=1)  # (M, 2)
-        internal = side_sizes >= 2
-        new_ids = first_id + n_nodes + np.cumsum(internal.reshape(-1)) - 1  # row-major: left then right
-        block = np.where(internal.reshape(-1), new_ids, 0).reshape(-1, 2)
-        for s, mask in ((0, left), (1, right)):
-            lone = mask & (side_sizes[seg, s] == 1)
-            block[seg[lone], s] = -1 - word[lone]
+        starts = np.flatnonzero(np.r_[True, level.seg[1:] != level.seg[:-1]])
+        sizes = np.diff(np.append(starts, len(level.seg)))
+        r, big = _level_em(X, level, sizes, rng, em_iters, wts, reg, rep)
+        # Leaf budget: total leaves if nothing more were duplicated = made + open items.
+        room = max_leaves - made_leaves - len(level.seg)
+        left, right = _sides(level, starts, sizes, r, big, pol, room, rep)
+        block, leaves, level = _children(level, starts, left, right)
         children.append(block)
-        made_leaves += int((~internal).sum())
-        # Items of the next level, sorted by their new node (stable: words keep their order).
-        child_local = np.cumsum(internal.reshape(-1)).reshape(-1, 2) - 1  # (M, 2) index among new nodes
-        nxt_seg, nxt_word = [], []
-        for s, mask in ((0, left), (1, right)):
-            keep = mask & internal[seg, s]
-            nxt_seg.append(child_local[seg[keep], s])
-            nxt_word.append(word[keep])
-        nseg, nword = np.concatenate(nxt_seg), np.concatenate(nxt_word)
-        order = np.argsort(nseg, kind="stable")
-        seg, word = nseg[order], nword[order]
-        first_id += n_nodes
-        n_nodes = int(internal.sum())
+        made_leaves += leaves
     bar.close()
     return WordTree(np.concatenate(children).astype(np.int64), V)
 

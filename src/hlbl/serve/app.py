@@ -9,12 +9,12 @@ once, at start; no request names a file.
 Concurrent ``/v1/predict`` requests are answered in batches: a request puts its context on a
 queue and waits; the first one schedules the start of a batch on the event loop, which runs after
 every request already read in that turn of the loop has queued its own, and one exact top-k call
-answers them all (a batch of 8 contexts costs about twice one; bench/serve_load.py). The search is
-short and bounded (``k`` is), so by default it runs on the loop itself. ``predict_thread`` computes
-each batch in a worker thread instead, while the loop reads the requests of the next one (the numba
-search releases the GIL); on the busy 2-core machine of results/serve.json that was not reliably
-faster and took more CPU per request, so it is an option. Scoring, sampling and tree queries can
-take longer and run in other worker threads, a few at a time.
+answers them all (a batch of contexts costs far less than as many calls; bench/serve_load.py). The
+search is short and bounded (``k`` is), so by default it runs on the loop itself. ``predict_thread``
+computes each batch in a worker thread instead, while the loop reads the requests of the next one
+(the numba search releases the GIL); the hand-off costs CPU per request and pays only where a core
+is free for the thread, so it is an option. Scoring, sampling and tree queries can take longer and
+run in other worker threads, a few at a time.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -342,47 +343,66 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
-def create_app(
-    service: Service, allowed_hosts: tuple[str, ...] | None = None, jobs: int = 2, predict_thread: bool = False
-):
-    """The ASGI application answering for ``service``. ``allowed_hosts``: Host header names to
-    accept (None: any); ``jobs``: how many score, generate and tree requests are computed at once (others wait);
-    ``predict_thread``: compute predictions in a worker thread (see :class:`PredictBatcher`)."""
-    import anyio
+class Endpoints:
+    """The routed endpoints over one service (``POST /v1/predict`` is answered before the router,
+    by :class:`Predict`). ``jobs``: how many score, generate and tree requests are computed at once
+    in worker threads (others wait), so that long requests cannot take every thread."""
 
-    limits: Limits = service.limits
-    files = _static_files()
-    batcher = PredictBatcher(service, threaded=predict_thread)
-    limiter = anyio.CapacityLimiter(jobs)
+    def __init__(self, service: Service, batcher: PredictBatcher, jobs: int):
+        self.service = service
+        self.limits: Limits = service.limits
+        self.batcher = batcher
+        self.files = _static_files()
+        self.limiter = anyio.CapacityLimiter(jobs)
 
-    async def in_thread(fn, *args):
-        return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+    def routes(self) -> list[Route]:
+        return [
+            Route("/", self.page, methods=["GET"]),
+            Route("/static/{name}", self.static, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/v1/model", self.model, methods=["GET"]),
+            # POST is answered by Predict
+            Route("/v1/predict", self.method_not_allowed, methods=["GET", "HEAD", "PUT", "PATCH", "DELETE"]),
+            Route("/v1/score", self.score, methods=["POST"]),
+            Route("/v1/generate", self.generate, methods=["POST"]),
+            Route("/v1/tree", self.tree, methods=["GET"]),
+            Route("/v1/tree/node/{node}", self.node, methods=["GET"]),
+            Route("/v1/tree/node/{node}/words", self.node_words, methods=["GET"]),
+            Route("/v1/tree/word/{word:path}", self.word, methods=["GET"]),
+            Route("/v1/tree/path", self.path, methods=["POST"]),
+            Route("/v1/tree/decisions", self.decisions, methods=["POST"]),
+        ]
 
-    async def page(request: Request) -> Response:
-        return Response(files["index.html"], media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
+    async def in_thread(self, fn, *args):
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
-    async def static(request: Request) -> Response:
+    async def page(self, request: Request) -> Response:
+        return Response(self.files["index.html"], media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
+
+    async def static(self, request: Request) -> Response:
         name = request.path_params["name"]
         if name not in STATIC:
             raise ApiError(404, f"no file {name[:60]!r}")
-        return Response(files[name], media_type=STATIC[name], headers=PAGE_HEADERS)
+        return Response(self.files[name], media_type=STATIC[name], headers=PAGE_HEADERS)
 
-    async def health(request: Request) -> Response:
+    async def health(self, request: Request) -> Response:
         # How many predictions were answered in how many batches (their ratio: the mean batch size).
-        return JSONResponse({"status": "ok", "predictions": batcher.answered, "batches": batcher.batches})
+        return JSONResponse({"status": "ok", "predictions": self.batcher.answered, "batches": self.batcher.batches})
 
-    async def model(request: Request) -> Response:
-        return JSONResponse(service.model_info)
+    async def model(self, request: Request) -> Response:
+        return JSONResponse(self.service.model_info)
 
-    async def method_not_allowed(request: Request) -> Response:
+    async def method_not_allowed(self, request: Request) -> Response:
         raise HTTPException(405, headers={"Allow": "POST"})
 
-    async def score(request: Request) -> Response:
+    async def score(self, request: Request) -> Response:
+        limits = self.limits
         f = Fields(await json_body(request, limits.max_body), ("sentences",))
         sentences = f.strings("sentences", limits.max_sentences, limits.max_body)
-        return JSONResponse(await in_thread(service.score, sentences))
+        return JSONResponse(await self.in_thread(self.service.score, sentences))
 
-    async def generate(request: Request) -> Response:
+    async def generate(self, request: Request) -> Response:
+        service, limits = self.service, self.limits
         f = Fields(
             await json_body(request, limits.max_body),
             ("prompt", "tokens", "seed", "temperature", "per_node_temperature"),
@@ -396,40 +416,42 @@ def create_app(
             raise ApiError(
                 400, f"per_node_temperature needs a tree model; this one has {service.model.config.output} output"
             )
-        return JSONResponse(await in_thread(service.generate, prompt, tokens, seed, temperature, per_node))
+        return JSONResponse(await self.in_thread(service.generate, prompt, tokens, seed, temperature, per_node))
 
-    async def tree(request: Request) -> Response:
-        return JSONResponse(service.tree_summary())
+    async def tree(self, request: Request) -> Response:
+        return JSONResponse(self.service.tree_summary())
 
-    async def node(request: Request) -> Response:
+    async def node(self, request: Request) -> Response:
         node = path_node(request)
         text = request.query_params.get("context")
         context = None
         if text is not None:
-            if len(text) > limits.max_text:
-                raise ApiError(400, f"'context' is {len(text):,} characters; the limit is {limits.max_text:,}")
-            context = service.context_ids(text)[0]
-        return JSONResponse(await in_thread(service.node, node, context))
+            if len(text) > self.limits.max_text:
+                raise ApiError(400, f"'context' is {len(text):,} characters; the limit is {self.limits.max_text:,}")
+            context = self.service.context_ids(text)[0]
+        return JSONResponse(await self.in_thread(self.service.node, node, context))
 
-    async def node_words(request: Request) -> Response:
+    async def node_words(self, request: Request) -> Response:
         node = path_node(request)
         offset = query_int(request, "offset", 0, 0, 10**12)
-        limit = query_int(request, "limit", 100, 1, limits.max_page)
-        return JSONResponse(await in_thread(service.node_words, node, offset, limit))
+        limit = query_int(request, "limit", 100, 1, self.limits.max_page)
+        return JSONResponse(await self.in_thread(self.service.node_words, node, offset, limit))
 
-    async def word(request: Request) -> Response:
+    async def word(self, request: Request) -> Response:
         w = request.path_params["word"]
-        if len(w) > limits.max_text:
+        if len(w) > self.limits.max_text:
             raise ApiError(400, "word too long")
-        return JSONResponse(service.word(w))
+        return JSONResponse(self.service.word(w))
 
-    async def path(request: Request) -> Response:
+    async def path(self, request: Request) -> Response:
+        limits = self.limits
         f = Fields(await json_body(request, limits.max_body), ("context", "word"))
         text = f.text("context", limits.max_text, default="")
         w = f.text("word", limits.max_text)
-        return JSONResponse(service.path(service.context_ids(text)[0], w))
+        return JSONResponse(self.service.path(self.service.context_ids(text)[0], w))
 
-    async def decisions(request: Request) -> Response:
+    async def decisions(self, request: Request) -> Response:
+        limits = self.limits
         f = Fields(await json_body(request, limits.max_body), ("context", "nodes"))
         text = f.text("context", limits.max_text, default="")
         nodes = f.obj.get("nodes")
@@ -437,53 +459,57 @@ def create_app(
             raise ApiError(400, f"'nodes' must be a list of at most {limits.max_page} node ids")
         if not all(type(j) is int for j in nodes):
             raise ApiError(400, "'nodes' must hold whole numbers (node ids)")
-        return JSONResponse(service.decisions(service.context_ids(text)[0], nodes))
+        return JSONResponse(self.service.decisions(self.service.context_ids(text)[0], nodes))
 
-    async def api_error(request: Request, e: ApiError) -> Response:
-        return error(e.status, e.message)
 
-    async def not_found(request: Request, e: NotFound) -> Response:
-        return error(404, str(e))
+# ---- errors as JSON ----------------------------------------------------------------------------
 
-    async def library_error(request: Request, e: HlblError) -> Response:
-        return error(400, str(e))
 
-    async def http_error(request: Request, e: HTTPException) -> Response:
-        text = {
-            404: f"no such endpoint: {request.method} {request.url.path[:100]}",
-            405: f"{request.method} is not allowed on {request.url.path[:100]}",
-        }.get(e.status_code, e.detail)
-        return JSONResponse({"error": text}, status_code=e.status_code, headers=e.headers)
+async def _api_error(request: Request, e: ApiError) -> Response:
+    return error(e.status, e.message)
 
-    async def internal(request: Request, e: Exception) -> Response:
-        log.exception("error answering %s %s", request.method, request.url.path)
-        return error(500, f"internal error ({type(e).__name__}); the server log has the details")
 
-    routes = [
-        Route("/", page, methods=["GET"]),
-        Route("/static/{name}", static, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/model", model, methods=["GET"]),
-        Route("/v1/predict", method_not_allowed, methods=["GET", "HEAD", "PUT", "PATCH", "DELETE"]),  # POST: Predict
-        Route("/v1/score", score, methods=["POST"]),
-        Route("/v1/generate", generate, methods=["POST"]),
-        Route("/v1/tree", tree, methods=["GET"]),
-        Route("/v1/tree/node/{node}", node, methods=["GET"]),
-        Route("/v1/tree/node/{node}/words", node_words, methods=["GET"]),
-        Route("/v1/tree/word/{word:path}", word, methods=["GET"]),
-        Route("/v1/tree/path", path, methods=["POST"]),
-        Route("/v1/tree/decisions", decisions, methods=["POST"]),
-    ]
-    app = Starlette(
-        routes=routes,
-        exception_handlers={
-            ApiError: api_error,
-            NotFound: not_found,
-            HlblError: library_error,
-            HTTPException: http_error,
-            Exception: internal,
-        },
-    )
+async def _not_found(request: Request, e: NotFound) -> Response:
+    return error(404, str(e))
+
+
+async def _library_error(request: Request, e: HlblError) -> Response:
+    return error(400, str(e))
+
+
+async def _http_error(request: Request, e: HTTPException) -> Response:
+    text = {
+        404: f"no such endpoint: {request.method} {request.url.path[:100]}",
+        405: f"{request.method} is not allowed on {request.url.path[:100]}",
+    }.get(e.status_code, e.detail)
+    return JSONResponse({"error": text}, status_code=e.status_code, headers=e.headers)
+
+
+async def _internal(request: Request, e: Exception) -> Response:
+    log.exception("error answering %s %s", request.method, request.url.path)
+    return error(500, f"internal error ({type(e).__name__}); the server log has the details")
+
+
+def _exception_handlers() -> dict:
+    """Every error as ``{"error": message}`` with its status; anything unexpected a 500 whose
+    details go to the server log, not to the client."""
+    return {
+        ApiError: _api_error,
+        NotFound: _not_found,
+        HlblError: _library_error,
+        HTTPException: _http_error,
+        Exception: _internal,
+    }
+
+
+def create_app(
+    service: Service, allowed_hosts: tuple[str, ...] | None = None, jobs: int = 2, predict_thread: bool = False
+):
+    """The ASGI application answering for ``service``. ``allowed_hosts``: Host header names to
+    accept (None: any); ``jobs``: how many score, generate and tree requests are computed at once (others wait);
+    ``predict_thread``: compute predictions in a worker thread (see :class:`PredictBatcher`)."""
+    batcher = PredictBatcher(service, threaded=predict_thread)
+    app = Starlette(routes=Endpoints(service, batcher, jobs).routes(), exception_handlers=_exception_handlers())
     app.state.service = service
     app.state.batcher = batcher
     app = Predict(app, service, batcher)
