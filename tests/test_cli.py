@@ -303,9 +303,8 @@ def test_resume_checks_the_corpus_and_the_checkpoint(trained, tmp_path, capsys):
     assert "vocab.json: missing" in capsys.readouterr().err
 
 
-def test_resume_uses_the_runs_own_vocabulary_and_reads_old_configs(tmp_path, capsys):
-    """A run made with other vocabulary flags (or before --min-count auto) resumes with its own
-    vocabulary; an old run.json that stored max_train_tokens 0 for "all" still resumes."""
+def test_resume_uses_the_runs_own_vocabulary(tmp_path, capsys):
+    """A run made with other vocabulary flags than the defaults resumes with its own vocabulary."""
     data = tiny_corpus(tmp_path / "corpus")
     run = tmp_path / "run"
     assert (
@@ -331,9 +330,6 @@ def test_resume_uses_the_runs_own_vocabulary_and_reads_old_configs(tmp_path, cap
         )
         == 0
     )
-    info = json.loads((run / "run.json").read_text())
-    info["train"]["max_train_tokens"] = 0
-    (run / "run.json").write_text(json.dumps(info))
     assert (
         main(
             ["train", "--data", str(data), "--out", str(run), "--epochs", "2", "--quiet", "--device", "cpu", "--resume"]
@@ -637,23 +633,6 @@ def test_resume_without_data_uses_the_runs_corpus(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", "--out", str(tmp_path / "new"), "--quiet"]) == 2
     assert "--data is needed" in capsys.readouterr().err
-
-
-def test_a_run_recorded_before_epoch_tokens_resumes_with_whole_split_epochs(tmp_path, capsys):
-    """run.json without epoch_tokens (a run from before the setting) means epochs of the whole
-    split: --epoch-tokens 0 agrees with it on resume, another value is a contradiction."""
-    data = tiny_corpus(tmp_path / "corpus")
-    base = ["train", "--out", str(tmp_path / "r"), "--dim", "8", "--quiet", "--device", "cpu"]
-    assert main(base + ["--data", str(data), "--epochs", "1", "--epoch-tokens", "0"]) == 0
-    run_json = tmp_path / "r" / "run.json"
-    info = json.loads(run_json.read_text())
-    del info["train"]["epoch_tokens"]
-    run_json.write_text(json.dumps(info))
-    capsys.readouterr()
-    assert main(base + ["--resume", "--epochs", "2", "--epoch-tokens", "500"]) == 2
-    assert "--epoch-tokens 500 (the run's is 0)" in capsys.readouterr().err
-    assert main(base + ["--resume", "--epochs", "2", "--epoch-tokens", "0"]) == 0
-    assert [json.loads(x)["parts"] for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()] == [1, 1]
 
 
 @pytest.mark.parametrize(

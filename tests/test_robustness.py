@@ -518,24 +518,6 @@ def test_a_torn_metrics_line_is_reported_at_resume(trained, tmp_path, capsys):
     assert [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
-def test_a_run_written_before_checkpoint_directories_still_resumes(tmp_path, data, capsys):
-    """Top-level state.json and optimizer.safetensors, no checkpoints/: read as the checkpoint."""
-    flags = ["--data", data, *FAST]
-    assert run_cli(["train", *flags, "--out", tmp_path / "straight", "--epochs", "2"], capsys)[0] == 0
-    run = tmp_path / "old"
-    assert run_cli(["train", *flags, "--out", run, "--epochs", "1"], capsys)[0] == 0
-    inside = run / "checkpoints" / "epoch-000001"
-    (inside / "optimizer.safetensors").rename(run / "optimizer.safetensors")
-    shutil.rmtree(run / "checkpoints")
-    rc, _, err = run_cli(
-        ["train", "--resume", "--out", run, "--epochs", "2", "--device", "cpu", "--engine", "torch"], capsys
-    )
-    assert rc == 0, err
-    assert "resuming after epoch 1 from its files" in err
-    assert [p.name for p in (run / "checkpoints").iterdir()] == ["epoch-000002"]
-    assert same(tensors(run, "last.safetensors"), tensors(tmp_path / "straight", "last.safetensors"))
-
-
 # ---- run directories: a finished run is never replaced, a loaded run is checked before torch
 
 

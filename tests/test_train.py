@@ -239,9 +239,7 @@ def test_the_auto_schedule_is_two_rate_for_whole_passes_and_halving_for_a_cut_sp
         assert resolve(TrainConfig(), 3) == "halve"
         assert scripted["lr"] == {1: {1e-3}, 2: {1e-3}, 3: {1e-3}, 4: {5e-4}}
     else:
-        assert (
-            resolve(TrainConfig(), 1) == "two-rate" and resolve(TrainConfig(lr_schedule="halve"), 1) == "halve"
-        )
+        assert resolve(TrainConfig(), 1) == "two-rate" and resolve(TrainConfig(lr_schedule="halve"), 1) == "halve"
         assert scripted["lr"] == {1: {1e-3}, 2: {1e-3}, 3: {1e-3}, 4: {1e-3}}  # (epoch 4 rose: 3e-5 next)
         assert state.lr == 3e-5
 

@@ -106,7 +106,9 @@ def choose_engine(model: LBL, cfg: TrainConfig):
     if cfg.engine == "fast":
         raise ConfigError(f"engine 'fast' cannot train this model: {why}", field="engine")
     if cfg.hogwild > 1:  # auto would train on the torch engine, which has no Hogwild threads
-        raise ConfigError(f"hogwild runs threads of the fast engine, which cannot train this model: {why}", field="hogwild")
+        raise ConfigError(
+            f"hogwild runs threads of the fast engine, which cannot train this model: {why}", field="hogwild"
+        )
     return train_epoch
 
 

@@ -195,8 +195,12 @@ class Reproduction:
                     "choose another work directory, or delete it to start over"
                 )
             return
+        if self.work.is_dir() and any(self.work.iterdir()):  # config.json is the first file a reproduction writes
+            raise DataError(
+                f"{self.work} is not empty and holds no reproduction (no config.json); choose another work directory"
+            )
         self.work.mkdir(parents=True, exist_ok=True)
-        atomic.write_text(path, json.dumps(identity, indent=1))  # (a work dir from before this file: trusted)
+        atomic.write_text(path, json.dumps(identity, indent=1))
 
     def eval_stream(self, split: str) -> np.ndarray:
         s = self.corpus[split]
@@ -288,9 +292,7 @@ class Reproduction:
         digest = hashlib.sha256(best.read_bytes()).hexdigest()
         if path.is_file():
             with np.load(path, allow_pickle=False) as z:
-                if (
-                    "t1_sha256" not in z.files or str(z["t1_sha256"]) == digest
-                ):  # (files from before the digest: trusted)
+                if "t1_sha256" in z.files and str(z["t1_sha256"]) == digest:
                     return z["X"]
             self.log(
                 "[features] T1 has trained on since its features were computed: rebuilding them, the "
