@@ -413,3 +413,36 @@ def test_resume_drops_metrics_of_epochs_after_the_checkpoint(tmp_path, corpus):
     assert any("dropped 1 line(s) of epochs after the checkpoint and a torn last line" in x for x in said), said
     assert [json.loads(x)["epoch"] for x in path.read_text().splitlines()] == [1, 2]
     assert json.loads(path.read_text().splitlines()[1])["valid_ppl"] > 1.0  # the rerun's line, not the stale one
+
+
+def test_a_time_budget_stops_at_a_checkpoint_and_a_resume_goes_on(tmp_path):
+    """A spent budget ends the call after its first epoch, on a complete checkpoint, without
+    marking the run done; resuming then gives the same weights as one uninterrupted run."""
+    logs = []
+    root = tiny_corpus(tmp_path / "corpus", n_train=400)
+    corpus = load_corpus(root)
+    V = len(corpus.vocab)
+
+    def model():
+        m = LBL(LBLConfig(V, dim=8, context=3), random_tree(V, 0), torch.Generator().manual_seed(0))
+        m.init_unigram(corpus.vocab.counts)
+        return m
+
+    recipe = dict(batch_size=64, max_epochs=3, progress=False, engine="torch")
+    straight = model()
+    fit(straight, corpus, TrainConfig(**recipe), tmp_path / "straight", log=lambda *a: None)
+    cut = model()
+    cfg = TrainConfig(**recipe, time_budget=1e-9)
+    state = fit(cut, corpus, cfg, tmp_path / "cut", corpus_spec=str(root), log=logs.append)
+    assert state.epoch == 1 and not state.done
+    assert any("time budget" in line for line in logs)
+    state = hrun.Run.resume(tmp_path / "cut", log=lambda *a: None, time_budget=None)
+    assert state.epoch == 3
+    a, _, _ = hrun.load_model(tmp_path / "cut", which="last")
+    b, _, _ = hrun.load_model(tmp_path / "straight", which="last")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_a_time_budget_must_be_positive():
+    with pytest.raises(ConfigError, match="time_budget"):
+        TrainConfig(time_budget=0)

@@ -120,9 +120,12 @@ class TrainConfig:
     progress: bool = True
     engine: str = "auto"  # "fast" (hlbl.fast, CPU numba), "torch" (autograd), "auto": fast where it applies
     hogwild: int = 1  # fast engine threads; 1 is deterministic, more run lock-free (not reproducible)
+    # Seconds of training this call may spend: it stops at the first checkpoint after them (not
+    # an early stop: a resume goes on). None: no budget.
+    time_budget: float | None = None
 
     # How a run is computed, not what it learns: the only settings a resume may change.
-    RUNTIME = ("max_epochs", "device", "progress", "engine", "hogwild")
+    RUNTIME = ("max_epochs", "device", "progress", "engine", "hogwild", "time_budget")
 
     def __post_init__(self):
         _need(
@@ -165,6 +168,11 @@ class TrainConfig:
             self.max_train_tokens is None or (_is_int(self.max_train_tokens) and self.max_train_tokens >= 1),
             "max_train_tokens",
             f"must be at least 1, got {self.max_train_tokens!r}",
+        )
+        _need(
+            self.time_budget is None or (_number(self.time_budget) and 0 < self.time_budget < math.inf),
+            "time_budget",
+            f"must be a positive number of seconds, got {self.time_budget!r}",
         )
         _need(_is_int(self.seed) and 0 <= self.seed < 2**63, "seed", f"must be in 0 .. 2^63-1, got {self.seed!r}")
 

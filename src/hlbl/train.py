@@ -88,7 +88,10 @@ def train_loop(
     the newest checkpoint's best-weights file (None before the first)."""
     rank = ddp.rank()
     device = torch.device(cfg.device)
+    started, first = time.monotonic(), state.epoch
     while not state.done and state.epoch < cfg.max_epochs:
+        if state.epoch > first and _over_budget(cfg, started, loop, state):  # (each call trains an epoch)
+            break
         epoch = state.epoch + 1
         t0 = time.perf_counter()
         loss, wps = loop.engine(model, optimizer, loop.train, loop.pad, cfg, epoch, cfg.progress and rank == 0)
@@ -118,6 +121,21 @@ def train_loop(
             )
     restore_best(model, best, loop.vocab)
     return state
+
+
+def _over_budget(cfg: TrainConfig, started: float, loop: Loop, state: TrainState) -> bool:
+    """Whether this call's time budget is spent (checked after each checkpoint, so the run stops
+    on a complete one). Rank 0's clock decides for every rank."""
+    if cfg.time_budget is None:
+        return False
+    spent = time.monotonic() - started
+    (over,) = ddp.broadcast_floats([float(spent >= cfg.time_budget)], torch.device(cfg.device))
+    if over:
+        loop.log(
+            f"time budget of {cfg.time_budget:g} s spent after epoch {state.epoch} ({spent:.0f} s): "
+            "stopping at this checkpoint; a resume continues the run"
+        )
+    return bool(over)
 
 
 def _metrics_line(loop: Loop, cfg: TrainConfig, state: TrainState, epoch, loss, ppl, wps, train_time, improved) -> str:
