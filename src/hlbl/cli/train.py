@@ -21,8 +21,8 @@ from ..config import (
     TrainConfig,
     check_model_memory,
 )
-from ..errors import DataError
-from .common import corpus_args, pick_device, seed_arg, set_threads, with_oov
+from ..errors import ConfigError, DataError
+from .common import corpus_args, flag_dest, pick_device, seed_arg, set_threads, with_oov
 
 
 def cmd_train(args) -> int:
@@ -58,15 +58,21 @@ def cmd_train(args) -> int:
 
 # Flags a resume may give: the run's runtime settings (TrainConfig.RUNTIME, by their flags) and
 # flags that are no setting of the run (--data is checked by its text, --blank-lines against the
-# run's own record in _resumed_run).
-_FLAG_OF = {"max_epochs": "epochs", "progress": "quiet", "weight_decay_other": "weight_decay"}  # field -> flag dest
-RESUME_FLAGS = {"out", "resume", "data", "threads", "blank_lines"} | {_FLAG_OF.get(k, k) for k in TrainConfig.RUNTIME}
+# run's own record in _resumed_run; --quiet is the runtime setting progress).
+RESUME_FLAGS = {"out", "resume", "data", "threads", "blank_lines", "quiet"} | {
+    flag_dest(k) for k in TrainConfig.RUNTIME
+}
 
 
 def _contradictions(args, info: dict) -> list[str]:
     """The flags given with --resume that differ from the run's recipe (run.json), in words."""
-    field_of = {v: k for k, v in _FLAG_OF.items()}
-    sections = (info.get("model", {}), info.get("train", {}), info.get("options") or {})
+    field_of = {flag_dest(f.name): f.name for f in fields(TrainConfig)}  # --epochs: max_epochs
+    train = info.get("train", {})
+    try:  # with the values a run from before a setting existed implies (epoch_tokens: 0)
+        train = TrainConfig.from_json(train).to_json()
+    except ConfigError:
+        pass  # Run.prepare_resume says what is wrong with it
+    sections = (info.get("model", {}), train, info.get("options") or {})
     out = []
     for dest in sorted(getattr(args, "_given", set()) - RESUME_FLAGS):
         flag = args._flag_names.get(dest, "--" + dest.replace("_", "-"))
