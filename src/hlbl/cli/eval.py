@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..data import DataError, load_corpus, run_corpus
-from ..evaluate import evaluate, self_normalisation
-from ..run import load_model
+from ..errors import DataError
 from .common import blank_lines_arg, pick_device, run_args, set_threads, with_oov
 
 
@@ -20,6 +18,8 @@ def _check_flags(args) -> None:
 
 def _others(args, vocab, device: str) -> tuple:
     """The models of ``--with``, each checked to share the first run's vocabulary."""
+    from ..run import load_model
+
     others = []
     for run in args.ensemble or ():
         other, other_vocab, _ = load_model(run, which=args.which, device=device)
@@ -30,6 +30,10 @@ def _others(args, vocab, device: str) -> tuple:
 
 
 def cmd_eval(args) -> int:
+    from ..data import load_corpus, run_corpus
+    from ..evaluate import evaluate, self_normalisation
+    from ..run import load_model
+
     _check_flags(args)
     set_threads(args.threads)
     device = pick_device(args.device)
