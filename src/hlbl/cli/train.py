@@ -368,12 +368,19 @@ def show_sample(model, corpus, device: str, seed: int) -> None:
 
 
 def add_commands(sub) -> None:
-
-    d = TrainConfig()
-    m = {f.name: f.default for f in fields(LBLConfig) if f.name != "vocab_size"}
     t = sub.add_parser("train", help="train a model and report valid/test perplexity")
     corpus_args(t, "; with --resume, the run's own by default")
     t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
+    _model_args(t)
+    _recipe_args(t)
+    _how_to_run_args(t)
+    t.set_defaults(func=cmd_train)
+    _note_given_flags(t)
+
+
+def _model_args(t) -> None:
+    """What the model is (LBLConfig's defaults) and where it starts."""
+    m = {f.name: f.default for f in fields(LBLConfig) if f.name != "vocab_size"}
     t.add_argument(
         "--output",
         choices=OUTPUT_KINDS,
@@ -425,6 +432,11 @@ def add_commands(sub) -> None:
     t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
     t.add_argument("--full-context", action="store_true", help="full d x d context matrices C_i")
     t.add_argument("--init-std", type=float, default=m["init_std"], help="std of the Gaussian initial weights")
+
+
+def _recipe_args(t) -> None:
+    """How it learns: the training recipe (TrainConfig's defaults)."""
+    d = TrainConfig()
     t.add_argument(
         "--epochs", type=int, default=None, help=f"maximum epochs (default {d.max_epochs}; early stopping ends sooner)"
     )
@@ -482,6 +494,11 @@ def add_commands(sub) -> None:
         default=d.weight_decay_other,
         help="L2 penalty per example on the other weights (C, node vectors; never biases)",
     )
+
+
+def _how_to_run_args(t) -> None:
+    """How a run is computed (engine, threads, device), its seed and training prefix, and --resume."""
+    d = TrainConfig()
     t.add_argument(
         "--engine",
         choices=ENGINES,
@@ -505,8 +522,6 @@ def add_commands(sub) -> None:
         "checkpoint, with its own recipe (run.json); a new run if --out holds none",
     )
     t.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
-    t.set_defaults(func=cmd_train)
-    _note_given_flags(t)
 
 
 class _Given:

@@ -266,12 +266,22 @@ tb_defaults = {
 def add_commands(sub) -> None:
     tr = sub.add_parser("tree", help="word trees: statistics, builders")
     tsub = tr.add_subparsers(dest="tree_command", required=True)
+    _add_stats(tsub)
+    _add_make(tsub)
+    _add_build(tsub)
+    _add_refine(tsub)
+
+
+def _add_stats(tsub) -> None:
     ts = tsub.add_parser("stats", help="Table 1 statistics of a tree, or sizes of word classes (one JSON line)")
     ts.add_argument("tree", help="tree file (JSON or npz), or a run directory (its tree and training counts)")
     ts.add_argument("--data", default=None, help="corpus whose training counts weight the averages")
     ts.add_argument("--max-vocab", type=int, default=None, help="as for hlbl train")
     ts.add_argument("--min-count", type=min_count_arg, default="auto", help="as for hlbl train")
     ts.set_defaults(func=cmd_tree_stats)
+
+
+def _add_make(tsub) -> None:
     tm = tsub.add_parser("make", help="build a RANDOM or Huffman tree for a corpus")
     corpus_args(tm)
     tm.add_argument(
@@ -283,6 +293,9 @@ def add_commands(sub) -> None:
     tm.add_argument("--seed", type=seed_arg, default=0, help="the random tree's permutation")
     tm.add_argument("--out", required=True, help="tree file (.json or .npz)")
     tm.set_defaults(func=cmd_tree_make)
+
+
+def _add_build(tsub) -> None:
     tb = tsub.add_parser(
         "build",
         help="learned tree from a trained run's word features (paper, Section 5), or word classes (--classes)",
@@ -356,6 +369,9 @@ def add_commands(sub) -> None:
     tb.add_argument("--threads", type=int, default=None, help="CPU threads")
     tb.add_argument("--out", required=True, help="tree file (.json or .npz), or word classes file (.json)")
     tb.set_defaults(func=cmd_tree_build)
+
+
+def _add_refine(tsub) -> None:
     tf = tsub.add_parser(
         "refine",
         help="exchange moves: move words between the classes of a trained --output classes run where that "
