@@ -4,7 +4,7 @@ pipeline (:class:`ReproConfig`, run by :mod:`hlbl.reproduce`).
 
 This module imports neither torch nor numpy, so that the command line can build its parsers (and
 answer ``--help``) without loading them. Every bad value raises :class:`~hlbl.errors.ConfigError`
-whose ``field`` is the setting at fault and whose message starts with that setting's name.
+whose ``field`` is the setting at fault and whose message names it (first, for a bad value).
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ class DataError(HlblError, ValueError):
 class ConfigError(HlblError, ValueError):
     """A model, training or pipeline setting out of range or inconsistent with another.
 
-    ``field`` is the setting at fault (``"max_vocab"``), or None where no one setting is; when set,
-    ``message`` starts with it, so that a front end can put its own name for the setting there
+    ``field`` is the setting at fault (``"max_vocab"``), or None where no one setting is; the
+    message names it, mostly first, so that a front end can put its own name for the setting there
     (the CLI: ``--max-vocab must be at least 2 ...``).
     """
 

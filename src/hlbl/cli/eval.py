@@ -56,7 +56,8 @@ def cmd_eval(args) -> int:
         norm = self_normalisation(model, corpus[args.split], vocab.eos, device=device)
         if norm is not None:  # nce / sampled: log Z statistics (the perplexity above is exact)
             report["self_normalisation"] = norm
-    print(json.dumps(with_oov(report, corpus, args.split)))
+    # What was scored, so that a saved line says which split and which weights it is about.
+    print(json.dumps({**with_oov(report, corpus, args.split), "split": args.split, "which": args.which}))
     return 0
 
 

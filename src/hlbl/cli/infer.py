@@ -226,6 +226,9 @@ def cmd_predict(args) -> int:
     if args.k < 1:
         raise DataError(f"--k must be at least 1, got {args.k}")
     model, vocab, device = _load_for_inference(args)
+    if sys.stdin.isatty():  # a person at a terminal, who might otherwise take the wait for a hang
+        end = "Ctrl-Z then Enter" if os.name == "nt" else "Ctrl-D"
+        print(f"hlbl: reading contexts from standard input, one a line (end with {end})", file=sys.stderr)
     n = model.config.context
     unknown = 0
     for chunk in _stdin_chunks(long_line=lambda: _LongContext(vocab, n)):
