@@ -64,6 +64,14 @@ FLAGS = {
     "em_iters": "--em-iters",
     "skip": "--skip",
     "quick": "--quick",
+    # exchange moves (hlbl.refine.RefineConfig) and the n-gram baseline
+    "per_word": "--per-word",
+    "candidates": "--candidates",
+    "max_moves": "--max-moves",
+    "sigmas": "--sigmas",
+    "into_class": "--into-class",
+    "sweeps": "--sweeps",
+    "order": "--order",
 }
 
 
