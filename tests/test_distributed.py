@@ -25,6 +25,7 @@ from hlbl.data import Corpus, DataError, load_corpus
 from hlbl.model import LBL, LBLConfig
 from hlbl.config import TrainConfig
 from hlbl.engine import choose_engine, train_epoch
+from hlbl.errors import ConfigError
 from hlbl.run import fit
 from hlbl.tree import random_tree
 
@@ -78,7 +79,7 @@ def _worker(rank: int, root: str) -> None:
         model = make_model(corpus)
         try:
             choose_engine(model, TrainConfig(engine="fast"))
-        except DataError as e:
+        except ConfigError as e:
             out["fast_error"] = str(e)
         out["auto_is_torch"] = choose_engine(model, TrainConfig(engine="auto")) is train_epoch
 

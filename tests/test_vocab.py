@@ -7,7 +7,7 @@ from conftest import write_corpus
 from hlbl.data import vocab as vocab_module
 from hlbl.data import load_corpus
 from hlbl.data.vocab import EOS, UNK, Vocab, count_file, iter_sentences
-from hlbl.errors import DataError
+from hlbl.errors import ConfigError, DataError
 
 
 def test_vocabulary_rules(tmp_path):
@@ -74,7 +74,7 @@ def test_min_count_auto_holds_out_singletons_only_when_training_has_no_unk(tmp_p
     root2 = write_corpus(tmp_path / "p", {"train": ["b a <unk>", "c a b", "d"], "valid": ["a"], "test": ["q"]})
     kept = load_corpus(root2).vocab  # PTB-style: <unk> already in the text, every word kept
     assert {"c", "d"} <= set(kept.words) and kept.counts[kept.unk] == 1
-    with pytest.raises(DataError, match="^min_count must be a positive whole number or auto, got 0$"):
+    with pytest.raises(ConfigError, match="^min_count must be a positive whole number or auto, got 0$"):
         load_corpus(root, min_count=0)
 
 

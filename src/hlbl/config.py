@@ -1,16 +1,17 @@
 """What a run is made of: the model's settings (:class:`LBLConfig`) and the training recipe
-(:class:`TrainConfig`), with the names of the choices they take.
+(:class:`TrainConfig`), with the names of the choices they take; and the settings of the paper's
+pipeline (:class:`ReproConfig`, run by :mod:`hlbl.reproduce`).
 
 This module imports neither torch nor numpy, so that the command line can build its parsers (and
 answer ``--help``) without loading them. Every bad value raises :class:`~hlbl.errors.ConfigError`
-whose ``field`` is the setting at fault and whose message starts with that setting's name.
+whose ``field`` is the setting at fault and whose message names it (first, for a bad value).
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from numbers import Integral
 from typing import Any
 
@@ -21,6 +22,9 @@ SAMPLED_KINDS = ("nce", "sampled")  # output layers trained by sampling (hlbl.ou
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 LR_SCHEDULES = ("auto", "two-rate", "halve")
 ENGINES = ("torch", "fast", "auto")  # hlbl.engine.choose_engine
+BLANK_LINES = ("drop", "keep")  # what a blank line of a corpus file is (hlbl.data.vocab); drop is the default
+DEFAULT_EM_ITERS = 10  # hlbl.treebuild: EM iterations per split of a learned tree
+DEFAULT_MAX_LEAVES_PER_WORD = 4  # hlbl.treebuild: a learned tree's leaf budget, in units of V
 
 
 def _is_int(v: Any) -> bool:
@@ -29,20 +33,21 @@ def _is_int(v: Any) -> bool:
 
 def _need(ok: bool, field: str, message: str) -> None:
     if not ok:
-        raise ConfigError(f"{field} {message}", field=field)
+        raise ConfigError(field, f"{field} {message}")
 
 
 def _from_json(cls, obj: Any, what: str):
-    """``cls(**obj)`` for a JSON object of settings; ConfigError for unknown keys or bad values."""
+    """``cls(**obj)`` for a JSON object of settings; ConfigError for unknown, missing or bad values."""
     if not isinstance(obj, dict):
-        raise ConfigError(f"{what} must be a JSON object, not {type(obj).__name__}")
+        raise ConfigError(None, f"{what} settings must be a JSON object, not {type(obj).__name__}")
     unknown = sorted(set(obj) - {f.name for f in fields(cls)})
     if unknown:
-        raise ConfigError(f"unknown {what} setting(s) {', '.join(unknown)}", field=unknown[0])
-    try:
-        return cls(**obj)
-    except TypeError as e:  # a required setting missing
-        raise ConfigError(f"{what}: {e}") from None
+        raise ConfigError(unknown[0], f"unknown {what} setting(s) {', '.join(unknown)}")
+    missing = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [name for name in missing if name not in obj]
+    if missing:
+        raise ConfigError(missing[0], f"{what} setting(s) {', '.join(missing)} missing")
+    return cls(**obj)
 
 
 @dataclass
@@ -196,6 +201,56 @@ class TrainConfig:
         ]
 
 
+# (name, policy or "random", copies): the paper's Table 1 trees, which hlbl.reproduce builds.
+TREES = (
+    ("T1", "random", 1),
+    ("T2", "balanced", 1),
+    ("T3", "adaptive", 1),
+    ("T4", "adaptive:0.25", 1),
+    ("T5", "adaptive:0.4", 1),
+    ("T6", "adaptive:0.4", 2),
+    ("T7", "adaptive:0.4", 4),
+)
+
+
+@dataclass
+class ReproConfig:
+    """The settings of :func:`hlbl.reproduce.reproduce`, the paper's Tables 1 and 3 on a corpus."""
+
+    data: str = "ptb"
+    out: str | None = None  # tables; default results/<corpus name> (runs/reproduce-<name>-quick/tables when quick)
+    work: str | None = None  # checkpoints, features, trees; default runs/reproduce-<corpus name>[-quick]
+    epochs: int = 40  # cap for every HLBL run, as TrainConfig.max_epochs (early stopping ends sooner)
+    flat_epochs: int = 3  # cap for the flat LBL (an epoch costs O(V) per token, against O(log V) for HLBL)
+    dim: int = 100
+    context: int = 5
+    seed: int = 0
+    threads: int | None = None
+    max_train_tokens: int | None = None
+    max_eval_tokens: int | None = None  # evaluate on a prefix of valid/test (smoke tests only)
+    max_vocab: int | None = None
+    em_iters: int = DEFAULT_EM_ITERS
+    kn_order: int = 5
+    skip: tuple[str, ...] = ()  # step names to leave out: T2..T7, flat, KN5 (T1 feeds the trees)
+    quick: bool = False
+    command: str = ""  # the command line, for the table headers
+
+    def __post_init__(self):
+        if self.quick:
+            self.max_train_tokens = self.max_train_tokens or 3000
+            self.max_eval_tokens = self.max_eval_tokens or 5000
+            self.max_vocab = self.max_vocab or 2000
+            self.dim = min(self.dim, 16)
+            self.epochs = min(self.epochs, 2)
+            self.flat_epochs = min(self.flat_epochs, 1)
+        _need(self.threads is None or self.threads >= 1, "threads", f"must be at least 1, got {self.threads}")
+        _need(self.epochs >= 1, "epochs", f"must be at least 1, got {self.epochs}")
+        _need(self.flat_epochs >= 0, "flat_epochs", f"must be at least 0, got {self.flat_epochs}")
+        known = {t[0] for t in TREES[1:]} | {"flat", "KN5"}
+        bad = sorted(set(self.skip) - known)
+        _need(not bad, "skip", f"names unknown step(s) {', '.join(bad)} (known: {', '.join(sorted(known))})")
+
+
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -212,7 +267,7 @@ def check_model_memory(config: LBLConfig, what: str = "the model") -> None:
         return
     if need > have:
         raise ConfigError(
+            "dim",
             f"{what} needs about {need / 2**30:,.0f} GiB ({params:,} parameters with their gradients "
             f"and optimiser state), more than this machine's {have / 2**30:,.0f} GiB; lower the feature size (dim)",
-            field="dim",
         )

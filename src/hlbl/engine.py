@@ -95,20 +95,18 @@ def choose_engine(model: LBL, cfg: TrainConfig):
     if ddp.is_distributed():  # checked first: fast.unsupported's reasons would not be the point
         if cfg.engine == "fast":
             raise ConfigError(
+                "engine",
                 f"engine 'fast' runs in a single process; with {ddp.world_size()} processes "
                 "use the torch engine (or auto)",
-                field="engine",
             )
         return train_epoch
     why = fast.unsupported(model, cfg=cfg)
     if why is None:
         return fast.train_epoch  # threads: cfg.hogwild
     if cfg.engine == "fast":
-        raise ConfigError(f"engine 'fast' cannot train this model: {why}", field="engine")
+        raise ConfigError("engine", f"engine 'fast' cannot train this model: {why}")
     if cfg.hogwild > 1:  # auto would train on the torch engine, which has no Hogwild threads
-        raise ConfigError(
-            f"hogwild runs threads of the fast engine, which cannot train this model: {why}", field="hogwild"
-        )
+        raise ConfigError("hogwild", f"hogwild runs threads of the fast engine, which cannot train this model: {why}")
     return train_epoch
 
 
@@ -125,8 +123,8 @@ def check_memory(model: LBL, cfg: TrainConfig, tokens: int) -> None:
         return
     if need > have:
         raise ConfigError(
+            "batch_size",
             f"batch_size {cfg.batch_size} needs about {need / 2**30:,.0f} GiB for one minibatch's "
             f"buffers, more than this machine's {have / 2**30:,.0f} GiB; the training split has "
             f"{tokens:,} tokens",
-            field="batch_size",
         )

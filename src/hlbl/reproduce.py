@@ -27,7 +27,7 @@ import logging
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -38,27 +38,16 @@ from . import atomic
 from . import checkpoint as ckpt
 from . import run as hrun
 from .data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus
-from .errors import ConfigError
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
-from .config import TrainConfig
+from .config import TREES, ReproConfig, TrainConfig
 from .engine import choose_engine
 from .run import fit
 from .tree import WordTree, build_tree
-from .treebuild import DEFAULT_EM_ITERS, BuildReport, build_tree_from_features, tree_label, word_features
+from .treebuild import BuildReport, build_tree_from_features, tree_label, word_features
 
 logger = logging.getLogger(__name__)
 
-# (name, policy or "random", copies): the paper's Table 1 trees.
-TREES = (
-    ("T1", "random", 1),
-    ("T2", "balanced", 1),
-    ("T3", "adaptive", 1),
-    ("T4", "adaptive:0.25", 1),
-    ("T5", "adaptive:0.4", 1),
-    ("T6", "adaptive:0.4", 2),
-    ("T7", "adaptive:0.4", 4),
-)
 # The paper's numbers (APNews, 18k words), for the side-by-side columns.
 PAPER_TABLE1 = {
     "T1": (14.2, 1.0, 17963),
@@ -80,46 +69,6 @@ PAPER_TABLE3 = {
     "flat": 117.0,
     "KN5": 123.2,
 }
-
-
-@dataclass
-class ReproConfig:
-    data: str = "ptb"
-    out: str | None = None  # tables; default results/<corpus name> (runs/reproduce-<name>-quick/tables for --quick)
-    work: str | None = None  # checkpoints, features, trees; default runs/reproduce-<corpus name>[-quick]
-    epochs: int = 40  # cap for every HLBL run, as `hlbl train` (early stopping ends sooner)
-    flat_epochs: int = 3  # cap for the flat LBL (an epoch costs O(V) per token, against O(log V) for HLBL)
-    dim: int = 100
-    context: int = 5
-    seed: int = 0
-    threads: int | None = None
-    max_train_tokens: int | None = None
-    max_eval_tokens: int | None = None  # evaluate on a prefix of valid/test (smoke tests only)
-    max_vocab: int | None = None
-    em_iters: int = DEFAULT_EM_ITERS
-    kn_order: int = 5
-    skip: tuple[str, ...] = ()  # step names to leave out: T2..T7, flat, KN5 (T1 feeds the trees)
-    quick: bool = False
-    command: str = ""  # the command line, for the table headers
-
-    def __post_init__(self):
-        if self.quick:
-            self.max_train_tokens = self.max_train_tokens or 3000
-            self.max_eval_tokens = self.max_eval_tokens or 5000
-            self.max_vocab = self.max_vocab or 2000
-            self.dim = min(self.dim, 16)
-            self.epochs = min(self.epochs, 2)
-            self.flat_epochs = min(self.flat_epochs, 1)
-        if self.threads is not None and self.threads < 1:
-            raise ConfigError(f"threads must be at least 1, got {self.threads}", field="threads")
-        if self.epochs < 1:
-            raise ConfigError(f"epochs must be at least 1, got {self.epochs}", field="epochs")
-        if self.flat_epochs < 0:
-            raise ConfigError(f"flat_epochs must be at least 0, got {self.flat_epochs}", field="flat_epochs")
-        known = {t[0] for t in TREES[1:]} | {"flat", "KN5"}
-        bad = set(self.skip) - known
-        if bad:
-            raise ValueError(f"unknown step(s) to skip: {', '.join(sorted(bad))} (known: {', '.join(sorted(known))})")
 
 
 def git_commit() -> str:

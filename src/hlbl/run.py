@@ -119,8 +119,10 @@ class Run:
         """The run's training recipe, with ``overrides`` (of :attr:`TrainConfig.RUNTIME` only)."""
         bad = sorted(set(overrides) - set(TrainConfig.RUNTIME))
         if bad:
-            raise ConfigError(f"{bad[0]} is part of the run's recipe; a resume may change only "
-                              f"{', '.join(TrainConfig.RUNTIME)}", field=bad[0])  # fmt: skip
+            raise ConfigError(
+                bad[0],
+                f"{bad[0]} is part of the run's recipe; a resume may change only {', '.join(TrainConfig.RUNTIME)}",
+            )
         info = info if info is not None else self.info()
         try:
             return TrainConfig.from_json(info["train"], **overrides)

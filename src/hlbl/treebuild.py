@@ -81,12 +81,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .config import DEFAULT_EM_ITERS, DEFAULT_MAX_LEAVES_PER_WORD  # (defaults the CLI shows without torch)
 from .data import batches, stream_windows
 from .progress import progress
 from .tree import TreeError, WordTree
 
-DEFAULT_EM_ITERS = 10
-DEFAULT_MAX_LEAVES_PER_WORD = 4
 REG_FRACTION = 1e-6
 
 # ---- word representations -------------------------------------------------------------------

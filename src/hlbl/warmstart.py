@@ -35,13 +35,13 @@ def warm_start(
     ``name``: how messages call the source (e.g. its run directory)."""
     if list(source_vocab.words) != list(vocab.words):
         raise ConfigError(
+            "init_from",
             f"init_from {name}: its vocabulary differs from this run's (the same corpus and vocabulary rule are needed)",
-            field="init_from",
         )
     for key in ("dim", "context", "full_context"):
         mine, theirs = getattr(model.config, key), getattr(source.config, key)
         if mine != theirs:
-            raise ConfigError(f"init_from {name}: its {key} is {theirs}, this run's {mine}", field="init_from")
+            raise ConfigError("init_from", f"init_from {name}: its {key} is {theirs}, this run's {mine}")
     leaf_map, same = _output_mapping(model, source) if keep_output else (None, False)
     with torch.no_grad():
         model.R.weight.copy_(source.R.weight)
@@ -65,8 +65,8 @@ def _output_mapping(model: LBL, source: LBL):
     for word classes that differ by exchange moves; else ConfigError."""
     if model.config.output != source.config.output:
         raise ConfigError(
+            "keep_output",
             f"keep_output: the source has {source.config.output} output, this model {model.config.output}",
-            field="keep_output",
         )
     mine, theirs = model.structure, source.structure
     if (mine is None and theirs is None) or (
@@ -75,9 +75,10 @@ def _output_mapping(model: LBL, source: LBL):
         return None, True
     if model.config.output != "classes":
         raise ConfigError(
-            "keep_output needs the source's own tree (or its word classes up to moves)", field="keep_output"
+            "keep_output",
+            "keep_output needs the source's own tree (or its word classes up to moves)",
         )
     try:
         return match_leaves(theirs, mine), False
     except TreeError as e:
-        raise ConfigError(f"keep_output: {e}", field="keep_output") from None
+        raise ConfigError("keep_output", f"keep_output: {e}") from None

@@ -1,58 +1,26 @@
 """The ``hlbl`` command line: a thin layer over the library.
 
 Each command is a small function; ``build_parser`` is the one place commands are registered.
-User errors (bad data, trees, checkpoints, arguments) print one line and exit with status 2.
+User errors (bad data, trees, checkpoints, arguments) print one line and exit with status 2; a
+setting the library refuses (:class:`~hlbl.errors.ConfigError`) is named by its flag.
+
+Building the parser imports no torch, numpy or numba: each command imports what it needs when it
+runs, so that ``hlbl --help`` and an argument error answer at once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
 
 from .._version import __version__
 from ..errors import HlblError
 from . import eval as eval_cmd
 from . import infer, ngram, reproduce, serve, train, tree
-from .common import Parser
+from .common import Parser, flag_message
 
 USER_ERRORS = (HlblError, FloatingPointError)
-
-# Library parameters that messages may name as ``name=value``, and the flags that set them.
-PARAMETER_FLAGS = (
-    "max_vocab",
-    "min_count",
-    "threads",
-    "epochs",
-    "epoch_tokens",
-    "flat_epochs",
-    "engine",
-    "lr",
-    "lr_final",
-    "lr_schedule",
-    "lr_decay",
-    "lr_decays",
-    "lr_min_gain",
-    "order",
-    "hogwild",
-    "device",
-    "batch_size",
-    "optimizer",
-    "dim",
-    "context",
-)
-_PARAMETER = re.compile(r"\b(%s)=('?)([^\s',;)]*)\2" % "|".join(PARAMETER_FLAGS))
-
-
-def flag_message(e: BaseException) -> str:
-    """The library's message with its parameters named as this command line's flags:
-    ``max_vocab must be ...`` -> ``--max-vocab must be ...``, ``engine='fast'`` -> ``--engine fast``."""
-    text = str(e)
-    field = getattr(e, "field", None)
-    if field and text.startswith(field):
-        text = "--" + field.replace("_", "-") + text[len(field) :]
-    return _PARAMETER.sub(lambda m: f"--{m.group(1).replace('_', '-')} {m.group(3)}", text)
 
 
 def show_library_log(quiet: bool = False) -> None:

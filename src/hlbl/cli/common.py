@@ -1,4 +1,9 @@
-"""Pieces every command group shares: argument types, the help format, device and thread choice."""
+"""Pieces every command group shares: argument types, the help format, device and thread choice,
+and the flag of each library setting.
+
+Light on purpose: every command module imports it while the parser is built, so torch and numpy
+are imported inside the functions that need them (``hlbl --help`` answers at once).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,83 @@ import math
 import sys
 from pathlib import Path
 
-import torch
+from ..config import BLANK_LINES
+from ..errors import ConfigError, DataError
 
-from ..data import BLANK_LINES, DataError
+# The library's settings (the fields of LBLConfig, TrainConfig, ReproConfig and the parameters of
+# the functions behind the commands) -> the flag that sets each: a ConfigError's ``field`` is
+# named by its flag on the command line (flag_message).
+FLAGS = {
+    # the corpus and vocabulary
+    "data": "--data",
+    "max_vocab": "--max-vocab",
+    "min_count": "--min-count",
+    "blank_lines": "--blank-lines",
+    # the model (LBLConfig) and where it starts
+    "dim": "--dim",
+    "context": "--context",
+    "full_context": "--full-context",
+    "output": "--output",
+    "init_std": "--init-std",
+    "samples": "--samples",
+    "noise_power": "--noise-power",
+    "noise_share": "--noise-share",
+    "init_from": "--init-from",
+    "keep_output": "--keep-output",
+    # the recipe (TrainConfig)
+    "lr": "--lr",
+    "lr_final": "--lr-final",
+    "lr_schedule": "--lr-schedule",
+    "lr_decay": "--lr-decay",
+    "lr_decays": "--lr-decays",
+    "lr_min_gain": "--lr-min-gain",
+    "batch_size": "--batch-size",
+    "max_epochs": "--epochs",
+    "epoch_tokens": "--epoch-tokens",
+    "optimizer": "--optimizer",
+    "momentum": "--momentum",
+    "weight_decay_words": "--weight-decay-words",
+    "weight_decay_other": "--weight-decay",
+    "seed": "--seed",
+    "max_train_tokens": "--max-train-tokens",
+    # how a run is computed
+    "device": "--device",
+    "engine": "--engine",
+    "hogwild": "--hogwild",
+    "threads": "--threads",
+    # the paper's pipeline (ReproConfig)
+    "out": "--out",
+    "work": "--work",
+    "epochs": "--epochs",
+    "flat_epochs": "--flat-epochs",
+    "em_iters": "--em-iters",
+    "skip": "--skip",
+    "quick": "--quick",
+    # exchange moves (hlbl.refine.RefineConfig) and the n-gram baseline
+    "per_word": "--per-word",
+    "candidates": "--candidates",
+    "max_moves": "--max-moves",
+    "sigmas": "--sigmas",
+    "into_class": "--into-class",
+    "sweeps": "--sweeps",
+    "order": "--order",
+}
+
+
+def flag_message(e: BaseException) -> str:
+    """The error's message for this command line: a :class:`ConfigError` whose message starts with
+    its field starts with that field's flag instead (``max_vocab must be ...`` -> ``--max-vocab
+    must be ...``); any other message is the library's as it is."""
+    text = str(e)
+    field = e.field if isinstance(e, ConfigError) else None
+    if field in FLAGS and text.startswith(field):
+        return FLAGS[field] + text[len(field) :]
+    return text
+
+
+def flag_dest(field: str) -> str:
+    """The argparse destination of ``field``'s flag (``max_epochs`` -> ``epochs``)."""
+    return FLAGS.get(field, "--" + field)[2:].replace("-", "_")
 
 
 DATA_HELP = (
@@ -32,6 +111,8 @@ def min_count_arg(text: str) -> int | str:
 
 
 def pick_device(name: str) -> str:
+    import torch
+
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:

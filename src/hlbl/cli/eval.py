@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..data import DataError, load_corpus, run_corpus
-from ..evaluate import evaluate, self_normalisation
-from ..run import load_model
+from ..errors import DataError
 from .common import blank_lines_arg, pick_device, run_args, set_threads, with_oov
 
 
@@ -20,6 +18,8 @@ def _check_flags(args) -> None:
 
 def _others(args, vocab, device: str) -> tuple:
     """The models of ``--with``, each checked to share the first run's vocabulary."""
+    from ..run import load_model
+
     others = []
     for run in args.ensemble or ():
         other, other_vocab, _ = load_model(run, which=args.which, device=device)
@@ -30,6 +30,10 @@ def _others(args, vocab, device: str) -> tuple:
 
 
 def cmd_eval(args) -> int:
+    from ..data import load_corpus, run_corpus
+    from ..evaluate import evaluate, self_normalisation
+    from ..run import load_model
+
     _check_flags(args)
     set_threads(args.threads)
     device = pick_device(args.device)
@@ -52,7 +56,8 @@ def cmd_eval(args) -> int:
         norm = self_normalisation(model, corpus[args.split], vocab.eos, device=device)
         if norm is not None:  # nce / sampled: log Z statistics (the perplexity above is exact)
             report["self_normalisation"] = norm
-    print(json.dumps(with_oov(report, corpus, args.split)))
+    # What was scored, so that a saved line says which split and which weights it is about.
+    print(json.dumps({**with_oov(report, corpus, args.split), "split": args.split, "which": args.which}))
     return 0
 
 

@@ -8,15 +8,13 @@ import os
 import sys
 from typing import Callable
 
-import torch
-
-from ..run import load_model, read_run
-from ..data import DataError
-from ..output import takes_structure
+from ..errors import DataError
 from .common import blank_lines_arg, pick_device, run_args, seed_arg, set_threads
 
 
 def _load_for_inference(args):
+    from ..run import load_model
+
     set_threads(args.threads)
     device = pick_device(args.device)
     model, vocab, _ = load_model(args.run, which=args.which, device=device)
@@ -170,7 +168,10 @@ class _LongSentence:
 
 
 def cmd_generate(args) -> int:
+    import torch
+
     from ..data import text_lines
+    from ..output import takes_structure
 
     if args.tokens < 0:
         raise DataError(f"--tokens must be at least 0, got {args.tokens}")
@@ -191,6 +192,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_score(args) -> int:
+    from ..run import read_run
     from ..scoring import score_report, score_sentences
 
     model, vocab, device = _load_for_inference(args)
@@ -217,11 +219,16 @@ def cmd_score(args) -> int:
 
 
 def cmd_predict(args) -> int:
+    import torch
+
     from ..scoring import encode_context
 
     if args.k < 1:
         raise DataError(f"--k must be at least 1, got {args.k}")
     model, vocab, device = _load_for_inference(args)
+    if sys.stdin.isatty():  # a person at a terminal, who might otherwise take the wait for a hang
+        end = "Ctrl-Z then Enter" if os.name == "nt" else "Ctrl-D"
+        print(f"hlbl: reading contexts from standard input, one a line (end with {end})", file=sys.stderr)
     n = model.config.context
     unknown = 0
     for chunk in _stdin_chunks(long_line=lambda: _LongContext(vocab, n)):

@@ -1,6 +1,7 @@
 """``hlbl ngram train`` and ``hlbl ngram eval``, and ``hlbl eval --interpolate``: registered on the main parser by ``hlbl.cli``.
 
 Errors are :class:`hlbl.data.DataError` (``ArpaError`` is one), which the CLI prints as one line.
+numpy and the n-gram modules are imported by the commands, not while the parser is built.
 """
 
 from __future__ import annotations
@@ -10,17 +11,16 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ..data import BLANK_LINES, EOS, UNK, DataError, Vocab, load_corpus
-from ..ngram import token_log_probs
-from ..ngram.arpa import read_arpa, write_arpa
-from ..ngram.binary import write_binary
-from ..ngram.kneser_ney import train_kneser_ney
-from ..ngram.mixture import interpolate, interpolate_many, tune_weight, tune_weights
-from ..ngram.model import BOS_WORD, EOS_WORD
+from ..config import BLANK_LINES
+from ..errors import DataError
 from .common import DATA_HELP, min_count_arg
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..data import Vocab
 
 SPLITS = ("train", "valid", "test")
 BLANK_HELP = (
@@ -30,6 +30,11 @@ BLANK_HELP = (
 
 
 def cmd_ngram_train(args) -> int:
+    from ..data import load_corpus
+    from ..ngram.arpa import write_arpa
+    from ..ngram.binary import write_binary
+    from ..ngram.kneser_ney import train_kneser_ney
+
     if args.order < 1:
         raise DataError(f"--order must be at least 1, got {args.order}")
     t0 = time.perf_counter()
@@ -64,12 +69,18 @@ def arpa_vocab(model) -> Vocab:
     """The ARPA model's own vocabulary as one of ours (``</s>`` is our ``<eos>``; ``<s>`` is no
     word of a stream), so that every word the model knows is scored as itself, as KenLM's
     ``query`` does, whatever vocabulary flags built it. Counts are unknown: zero."""
+    from ..data import EOS, UNK, Vocab
+    from ..ngram.model import BOS_WORD, EOS_WORD
+
     words = [EOS, UNK] + [w for w in model.words if w not in (BOS_WORD, EOS_WORD, UNK, EOS)]
     return Vocab(tuple(words), (0,) * len(words))
 
 
 def cmd_ngram_eval(args) -> int:
+    from ..data import load_corpus
     from ..evaluate import perplexity_report  # the same JSON line as ``hlbl eval``
+    from ..ngram import token_log_probs
+    from ..ngram.arpa import read_arpa
 
     model = read_arpa(args.arpa)
     vocab = arpa_vocab(model)
@@ -87,6 +98,8 @@ def cmd_ngram_eval(args) -> int:
 def _refuse_zero_probabilities(lp: np.ndarray, stream, vocab: Vocab, arpa, split: str, why: str = "") -> None:
     """An n-gram model that gives a token probability 0 (an ARPA log10 probability of -inf) has an
     infinite perplexity, which JSON cannot hold: say so in one line, naming the model and a token."""
+    import numpy as np
+
     zero = np.flatnonzero(~np.isfinite(lp))
     if len(zero):
         first = int(zero[0])
@@ -126,8 +139,12 @@ def interpolated_report(
     """
     if others:
         return _ensemble_report([model, *others], corpus, split, arpa, weight, device)
+    import numpy as np
+
     from ..evaluate import perplexity_report
     from ..evaluate import token_log_probs as neural_log_probs
+    from ..ngram import token_log_probs
+    from ..ngram.mixture import interpolate, tune_weight
 
     w = parse_weight(str(weight))
     auto = w is None
@@ -180,6 +197,10 @@ def _mixable_ngram(arpa, vocab: Vocab):
     A word of ours the n-gram model lacks would get its <unk> probability: several such words
     would share <unk>'s mass, the n-gram side would sum to more than 1 over our vocabulary, and
     the mixture's perplexity would mean nothing (it can even beat both models)."""
+    import numpy as np
+
+    from ..ngram.arpa import read_arpa
+
     ngram = read_arpa(arpa)
     as_unk = ngram.vocab_map(vocab.words) == ngram.unk
     as_unk[vocab.unk] = False
@@ -196,8 +217,12 @@ def _mixable_ngram(arpa, vocab: Vocab):
 
 def _ensemble_report(models: list, corpus, split: str, arpa, weight, device) -> dict:
     """:func:`interpolated_report` for several neural models and one n-gram model."""
+    import numpy as np
+
     from ..evaluate import perplexity_report
     from ..evaluate import token_log_probs as neural_log_probs
+    from ..ngram import token_log_probs
+    from ..ngram.mixture import interpolate_many, tune_weights
 
     if parse_weight(str(weight)) is not None:
         raise DataError("--with mixes several models with weights tuned on valid: leave --weight at auto")

@@ -6,7 +6,7 @@ import ipaddress
 import socket
 import sys
 
-from ..data import DataError
+from ..errors import DataError
 from .common import pick_device, set_threads
 
 

@@ -21,8 +21,8 @@ from ..config import (
     TrainConfig,
     check_model_memory,
 )
-from ..errors import DataError
-from .common import corpus_args, pick_device, seed_arg, set_threads, with_oov
+from ..errors import ConfigError, DataError
+from .common import corpus_args, flag_dest, pick_device, seed_arg, set_threads, with_oov
 
 
 def cmd_train(args) -> int:
@@ -58,15 +58,21 @@ def cmd_train(args) -> int:
 
 # Flags a resume may give: the run's runtime settings (TrainConfig.RUNTIME, by their flags) and
 # flags that are no setting of the run (--data is checked by its text, --blank-lines against the
-# run's own record in _resumed_run).
-_FLAG_OF = {"max_epochs": "epochs", "progress": "quiet", "weight_decay_other": "weight_decay"}  # field -> flag dest
-RESUME_FLAGS = {"out", "resume", "data", "threads", "blank_lines"} | {_FLAG_OF.get(k, k) for k in TrainConfig.RUNTIME}
+# run's own record in _resumed_run; --quiet is the runtime setting progress).
+RESUME_FLAGS = {"out", "resume", "data", "threads", "blank_lines", "quiet"} | {
+    flag_dest(k) for k in TrainConfig.RUNTIME
+}
 
 
 def _contradictions(args, info: dict) -> list[str]:
     """The flags given with --resume that differ from the run's recipe (run.json), in words."""
-    field_of = {v: k for k, v in _FLAG_OF.items()}
-    sections = (info.get("model", {}), info.get("train", {}), info.get("options") or {})
+    field_of = {flag_dest(f.name): f.name for f in fields(TrainConfig)}  # --epochs: max_epochs
+    train = info.get("train", {})
+    try:  # with the values a run from before a setting existed implies (epoch_tokens: 0)
+        train = TrainConfig.from_json(train).to_json()
+    except ConfigError:
+        pass  # Run.prepare_resume says what is wrong with it
+    sections = (info.get("model", {}), train, info.get("options") or {})
     out = []
     for dest in sorted(getattr(args, "_given", set()) - RESUME_FLAGS):
         flag = args._flag_names.get(dest, "--" + dest.replace("_", "-"))
@@ -362,12 +368,19 @@ def show_sample(model, corpus, device: str, seed: int) -> None:
 
 
 def add_commands(sub) -> None:
-
-    d = TrainConfig()
-    m = {f.name: f.default for f in fields(LBLConfig) if f.name != "vocab_size"}
     t = sub.add_parser("train", help="train a model and report valid/test perplexity")
     corpus_args(t, "; with --resume, the run's own by default")
     t.add_argument("--out", required=True, help="run directory (checkpoints, metrics.jsonl)")
+    _model_args(t)
+    _recipe_args(t)
+    _how_to_run_args(t)
+    t.set_defaults(func=cmd_train)
+    _note_given_flags(t)
+
+
+def _model_args(t) -> None:
+    """What the model is (LBLConfig's defaults) and where it starts."""
+    m = {f.name: f.default for f in fields(LBLConfig) if f.name != "vocab_size"}
     t.add_argument(
         "--output",
         choices=OUTPUT_KINDS,
@@ -419,6 +432,11 @@ def add_commands(sub) -> None:
     t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
     t.add_argument("--full-context", action="store_true", help="full d x d context matrices C_i")
     t.add_argument("--init-std", type=float, default=m["init_std"], help="std of the Gaussian initial weights")
+
+
+def _recipe_args(t) -> None:
+    """How it learns: the training recipe (TrainConfig's defaults)."""
+    d = TrainConfig()
     t.add_argument(
         "--epochs", type=int, default=None, help=f"maximum epochs (default {d.max_epochs}; early stopping ends sooner)"
     )
@@ -476,6 +494,11 @@ def add_commands(sub) -> None:
         default=d.weight_decay_other,
         help="L2 penalty per example on the other weights (C, node vectors; never biases)",
     )
+
+
+def _how_to_run_args(t) -> None:
+    """How a run is computed (engine, threads, device), its seed and training prefix, and --resume."""
+    d = TrainConfig()
     t.add_argument(
         "--engine",
         choices=ENGINES,
@@ -499,8 +522,6 @@ def add_commands(sub) -> None:
         "checkpoint, with its own recipe (run.json); a new run if --out holds none",
     )
     t.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
-    t.set_defaults(func=cmd_train)
-    _note_given_flags(t)
 
 
 class _Given:

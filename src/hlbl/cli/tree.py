@@ -1,28 +1,28 @@
-"""``hlbl tree stats|make|build|refine``."""
+"""``hlbl tree stats|make|build|refine``. The library's tree modules (numpy, torch) are imported by
+the commands, not while the parser is built."""
 
 from __future__ import annotations
 
 import json
 import sys
-
-import numpy as np
 from pathlib import Path
 
-from ..run import read_run, read_vocab
-from ..data import DataError, load_corpus, run_corpus
-from ..tree import TreeError, WordTree, build_tree
-from ..treebuild import DEFAULT_EM_ITERS, DEFAULT_MAX_LEAVES_PER_WORD
+from ..config import DEFAULT_EM_ITERS, DEFAULT_MAX_LEAVES_PER_WORD
+from ..errors import DataError, TreeError
 from .common import corpus_args, make_parent, min_count_arg, seed_arg, set_threads
 
 
 def cmd_tree_stats(args) -> int:
+    from ..classes import WordClasses, is_classes_file
+    from ..data import load_corpus
+    from ..run import read_vocab
+    from ..tree import WordTree
+
     path = Path(args.tree)
     if path.is_dir():  # a run directory: its own tree (and, without --data, its own counts)
         if not (path / "tree.json").is_file():
             raise TreeError(f"{path} is a directory without a tree.json; give a tree file or a run directory")
         path = path / "tree.json"
-    from ..classes import WordClasses, is_classes_file
-
     tree = WordClasses.load(path) if is_classes_file(path) else WordTree.load(path)
     counts = None
     if args.data:
@@ -42,6 +42,9 @@ def cmd_tree_stats(args) -> int:
 
 
 def cmd_tree_make(args) -> int:
+    from ..data import load_corpus
+    from ..tree import build_tree
+
     corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",), blank_lines=args.blank_lines)
     tree = build_tree(args.kind, len(corpus.vocab), corpus.vocab.counts, args.seed)
     make_parent(args.out)
@@ -56,6 +59,8 @@ def _classes_build(args) -> int:
     import time
 
     from ..classes import frequency_classes, kmeans_classes
+    from ..data import load_corpus, run_corpus
+    from ..run import read_run, read_vocab
     from ..treebuild import features_from_run
 
     for flag, value in (("--copies", args.copies), ("--policy", args.policy), ("--em-iters", args.em_iters)):
@@ -111,7 +116,10 @@ def cmd_tree_build(args) -> int:
     """A learned tree (the paper's Section 5) from the word features of a trained run."""
     import time
 
-    from ..run import load_model
+    import numpy as np
+
+    from ..data import load_corpus, run_corpus
+    from ..run import load_model, read_run, read_vocab
     from ..treebuild import (
         BuildReport,
         SenseReport,
@@ -199,8 +207,9 @@ def cmd_tree_refine(args) -> int:
     classes; train on them with ``--init-from RUN --keep-output``."""
     import time
 
-    from ..run import load_model
+    from ..data import load_corpus, run_corpus
     from ..refine import RefineConfig, refine_classes
+    from ..run import load_model
 
     set_threads(args.threads)
     try:
@@ -257,12 +266,22 @@ tb_defaults = {
 def add_commands(sub) -> None:
     tr = sub.add_parser("tree", help="word trees: statistics, builders")
     tsub = tr.add_subparsers(dest="tree_command", required=True)
+    _add_stats(tsub)
+    _add_make(tsub)
+    _add_build(tsub)
+    _add_refine(tsub)
+
+
+def _add_stats(tsub) -> None:
     ts = tsub.add_parser("stats", help="Table 1 statistics of a tree, or sizes of word classes (one JSON line)")
     ts.add_argument("tree", help="tree file (JSON or npz), or a run directory (its tree and training counts)")
     ts.add_argument("--data", default=None, help="corpus whose training counts weight the averages")
     ts.add_argument("--max-vocab", type=int, default=None, help="as for hlbl train")
     ts.add_argument("--min-count", type=min_count_arg, default="auto", help="as for hlbl train")
     ts.set_defaults(func=cmd_tree_stats)
+
+
+def _add_make(tsub) -> None:
     tm = tsub.add_parser("make", help="build a RANDOM or Huffman tree for a corpus")
     corpus_args(tm)
     tm.add_argument(
@@ -274,6 +293,9 @@ def add_commands(sub) -> None:
     tm.add_argument("--seed", type=seed_arg, default=0, help="the random tree's permutation")
     tm.add_argument("--out", required=True, help="tree file (.json or .npz)")
     tm.set_defaults(func=cmd_tree_make)
+
+
+def _add_build(tsub) -> None:
     tb = tsub.add_parser(
         "build",
         help="learned tree from a trained run's word features (paper, Section 5), or word classes (--classes)",
@@ -347,6 +369,9 @@ def add_commands(sub) -> None:
     tb.add_argument("--threads", type=int, default=None, help="CPU threads")
     tb.add_argument("--out", required=True, help="tree file (.json or .npz), or word classes file (.json)")
     tb.set_defaults(func=cmd_tree_build)
+
+
+def _add_refine(tsub) -> None:
     tf = tsub.add_parser(
         "refine",
         help="exchange moves: move words between the classes of a trained --output classes run where that "

