@@ -892,3 +892,33 @@ def test_fetching_ptb_says_where_it_goes(tmp_path, monkeypatch, capsys):
         == f"fetching Penn Treebank into {tmp_path / 'cache' / 'data' / 'ptb'} (once: later commands find it there)"
     )
     assert err[1].startswith("hlbl: error: fetched PTB") and len(err) == 2
+
+
+@pytest.mark.parametrize(
+    "text, seconds", [("5400", 5400), ("90m", 5400), ("1.5h", 5400), ("1h30m", 5400), ("2d", 172800)]
+)
+def test_a_time_budget_reads_as_a_duration(text, seconds):
+    from hlbl.cli.common import duration_arg
+
+    assert duration_arg(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "1x", "h", "1h30", "-5m"])
+def test_a_bad_time_budget_is_an_argument_error(text):
+    import argparse
+
+    from hlbl.cli.common import duration_arg
+
+    with pytest.raises(argparse.ArgumentTypeError):
+        duration_arg(text)
+
+
+def test_a_time_budget_stops_the_run_reports_it_and_resume_continues(tmp_path, capsys):
+    data = tiny_corpus(tmp_path / "corpus")
+    base = ["train", "--out", str(tmp_path / "r"), "--dim", "8", "--device", "cpu", "--engine", "torch"]
+    assert main(base + ["--data", str(data), "--epochs", "3", "--time-budget", "0.001s"]) == 0
+    out, err = capsys.readouterr()
+    assert "time budget" in err and "test_perplexity" in out
+    assert len((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()) == 1
+    assert main(base + ["--resume", "--epochs", "3", "--quiet"]) == 0
+    assert len((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()) == 3

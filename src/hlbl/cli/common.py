@@ -55,6 +55,7 @@ FLAGS = {
     "device": "--device",
     "engine": "--engine",
     "hogwild": "--hogwild",
+    "time_budget": "--time-budget",
     "threads": "--threads",
     # the paper's pipeline (ReproConfig)
     "out": "--out",
@@ -241,3 +242,20 @@ def run_args(c: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     c.add_argument("--threads", type=int, default=None, help="CPU threads")
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_arg(text: str) -> float:
+    """Seconds of a duration: ``5400``, ``90m``, ``1.5h``, ``1h30m``, ``2d``."""
+    import re  # (argparse types run at parse time; re is cheap)
+
+    parts = re.fullmatch(r"\s*((\d+(\.\d+)?[smhd]?)\s*)+", text or "")
+    pieces = re.findall(r"(\d+(?:\.\d+)?)([smhd]?)", text or "")
+    if not parts or not pieces or (len(pieces) > 1 and not all(u for _, u in pieces)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (e.g. 5400, 90m, 1.5h, 1h30m)")
+    seconds = sum(float(n) * _UNITS[u or "s"] for n, u in pieces)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a time budget must be positive")
+    return seconds

@@ -22,7 +22,7 @@ from ..config import (
     check_model_memory,
 )
 from ..errors import ConfigError, DataError
-from .common import corpus_args, flag_dest, pick_device, seed_arg, set_threads, with_oov
+from .common import corpus_args, duration_arg, flag_dest, pick_device, seed_arg, set_threads, with_oov
 
 
 def cmd_train(args) -> int:
@@ -142,7 +142,7 @@ def _say_where_resuming(run, cfg) -> None:
     )
     print(
         f"resuming {run.path} {where}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
-        "--hogwild, --device and --threads apply)",
+        "--hogwild, --device, --threads and --time-budget apply)",
         file=sys.stderr,
     )
 
@@ -279,6 +279,7 @@ def _train(args, device: str, first: bool) -> int:
     splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
     model, corpus, cfg = _resumed_run(args, out, first) if resuming else _new_run(args, splits, device)
     cfg.device, cfg.engine, cfg.hogwild = device, args.engine, args.hogwild  # how to run, not what is learned
+    cfg.time_budget = args.time_budget  # this call's budget, never a recorded one
     n_train = min(len(corpus["train"]), cfg.max_train_tokens or len(corpus["train"]))
     if first:
         print(
@@ -514,6 +515,14 @@ def _how_to_run_args(t) -> None:
     t.add_argument("--seed", type=seed_arg, default=0, help="initial weights and example order")
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     t.add_argument("--threads", type=int, default=None, help="CPU threads (PyTorch and numba)")
+    t.add_argument(
+        "--time-budget",
+        type=duration_arg,
+        default=None,
+        metavar="DURATION",
+        help="stop at the first checkpoint after this much training (5400, 90m, 1.5h, 1h30m), report "
+        "valid and test as at an early stop; --resume continues the run",
+    )
     t.add_argument("--max-train-tokens", type=int, default=None, help="train on this many tokens only")
     t.add_argument(
         "--resume",
