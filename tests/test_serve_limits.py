@@ -132,6 +132,21 @@ def test_keep_alive_goes_on_after_a_body_read_whole(app):
         assert s.recv(65536).count(b"HTTP/1.1 200 OK") == 2  # (pipelined)
 
 
+def test_an_upgrade_is_answered_as_plain_http(app):
+    """No endpoint takes WebSockets or h2c: the Upgrade header is ignored, the connection kept."""
+    with serving(app) as port:
+        s = connect(port)
+        for upgrade in (
+            b"websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13",
+            b"h2c",
+        ):
+            s.sendall(
+                b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\nUpgrade: " + upgrade + b"\r\n\r\n"
+            )
+            status, headers, body = split(s.recv(65536))
+            assert status == 200 and json.loads(body)["status"] == "ok" and "connection" not in headers
+
+
 # ---- deadlines ------------------------------------------------------------------------------------------
 
 

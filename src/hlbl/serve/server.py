@@ -133,7 +133,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._unsupported_upgrade_warning()  # (no WebSocket protocol: answered as plain HTTP)
+            pass  # a server may ignore Upgrade (RFC 9110 7.8): answered as plain HTTP, and not logged
         except httptools.HttpParserError as e:  # (after a refusal in a callback, refuse() does nothing)
             self.refuse(400, f"malformed HTTP request ({str(e).rstrip('.').lower() or type(e).__name__})")
             return
@@ -141,8 +141,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # What the parser still holds (a header line it has not delivered) grows by reads
             # in which it delivered nothing.
             self.unparsed = 0 if self.delivered else self.unparsed + len(data)
-            if self.unparsed > self.limits.max_line or self.head_bytes + self.unparsed > self.limits.max_head:
+            if self.unparsed > self.limits.max_line:
                 self.refuse(431, f"a request header line is over {self.limits.max_line:,} bytes")
+                return
+            if self.head_bytes + self.unparsed > self.limits.max_head:
+                self.refuse(431, f"a request head is at most {self.limits.max_head:,} bytes")
                 return
         if self.body_open and self.timer is None:
             self._arm(self.limits.body_timeout, self._body_late)
