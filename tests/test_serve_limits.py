@@ -115,6 +115,31 @@ def test_a_body_over_the_limit_sent_with_connection_close_gets_the_413(app):
         assert health(port) == 200
 
 
+def test_the_staged_close_is_bounded(app):
+    """A client that goes on sending after the answer is read from, then cut off at the linger
+    time; one that stops sending without closing, after the linger silence."""
+    with serving(app, linger_time=1.5, linger_idle=0.5) as port:
+        s = connect(port)
+        s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n")
+        t, sent = time.monotonic(), 0
+        with contextlib.suppress(OSError):
+            while time.monotonic() - t < 10:  # an endless body, 1 KiB every 10 ms
+                s.sendall(b"400\r\n" + b"a" * 1024 + b"\r\n")
+                sent += 1
+                time.sleep(0.01)
+        assert 1.2 < time.monotonic() - t < 5 and sent > 50
+        s = connect(port)
+        s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5000\r\n\r\n")
+        t = time.monotonic()
+        assert split(read_all(s))[0] == 413  # (the FIN follows the answer at once ...)
+        s.settimeout(3)
+        with pytest.raises(OSError):  # (... and the connection is closed 0.5 s on, reset as data arrives)
+            time.sleep(1)
+            s.sendall(b"x" * 5000)
+            time.sleep(0.2)
+            s.sendall(b"x" * 5000)
+
+
 def test_keep_alive_goes_on_after_a_body_read_whole(app):
     """A body in several reads: the connection is kept once it has all arrived."""
     with serving(app) as port:
@@ -244,6 +269,19 @@ def test_heads_within_the_caps_are_answered(app):
         lines = b"".join(b"X-%d: %s\r\n" % (i, b"v" * 240) for i in range(98))  # 99 lines, ~30.6 KiB in all
         s.sendall(b"GET /health?" + b"q" * 7000 + b" HTTP/1.1\r\nHost: localhost\r\n" + lines + b"\r\n")
         assert split(s.recv(65536))[0] == 200
+
+
+def test_request_trailers_are_capped_as_heads_are(app):
+    body = b'{"sentences": ["the cat"]}'
+    with serving(app) as port:
+        s = connect(port)
+        s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n")
+        s.sendall(b"%x\r\n%s\r\n0\r\nX-Trailer: " % (len(body), body))
+        with contextlib.suppress(OSError):
+            for _ in range(64):
+                s.sendall(b"t" * 4096)
+                time.sleep(0.005)
+        assert_json_error(read_all(s), 431, "trailers")
 
 
 def test_a_flood_of_header_bytes_costs_the_server_a_bounded_memory(app):
