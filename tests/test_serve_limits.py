@@ -318,6 +318,16 @@ def test_a_flood_of_header_bytes_costs_the_server_a_bounded_memory(app):
         assert health(port) == 200
 
 
+def test_stopping_does_not_wait_for_idle_or_slow_connections(app):
+    with serving(app, keep_alive=30, header_timeout=30) as port:
+        idle, slow = connect(port), connect(port)
+        slow.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
+        time.sleep(0.2)
+        t = time.monotonic()
+    assert time.monotonic() - t < 3
+    assert read_all(idle) == b"" and read_all(slow) == b""
+
+
 def test_malformed_http_gets_a_json_400(app):
     with serving(app) as port:
         for junk in (b"GARBAGE\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n", b"GET /health HTTP/1.1\r\nBad Header\r\n\r\n"):

@@ -125,8 +125,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def shutdown(self) -> None:
         self.stopping = True  # (the answer in progress closes the connection; keep it so)
-        if self.lingering:
-            self.raw.close()
+        if self.lingering or self.idle():
+            self.raw.close()  # (not staged: the server is stopping, and waits for every connection)
         else:
             super().shutdown()
 
