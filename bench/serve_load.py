@@ -93,9 +93,12 @@ async def floor_app(scope, receive, send):
 
 
 def serve_floor(port: int) -> None:
+    """The floor on the connections ``hlbl serve`` has (its protocol and limits), without hlbl's app."""
     import uvicorn
 
-    uvicorn.run(floor_app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    from hlbl.serve.server import ConnectionLimits, uvicorn_config
+
+    uvicorn.Server(uvicorn_config(floor_app, "127.0.0.1", port, 256, ConnectionLimits())).run()
 
 
 def start_server(run: Path | None, port: int, extra: list[str]) -> subprocess.Popen:

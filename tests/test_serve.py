@@ -314,6 +314,14 @@ BAD = [
     ("GET", "/v1/tree/node/0/words?limit=0", None, 400, "'limit'"),
     ("GET", "/v1/tree/node/0/words?limit=1001", None, 400, "'limit'"),
     ("GET", "/v1/tree/node/0/words?offset=x", None, 400, "'offset'"),
+    # Characters str.isdigit() takes that int() refuses (superscript two, circled one), and
+    # digits int() reads but HTTP does not mean (fullwidth one): none is a number here.
+    ("GET", "/v1/tree/node/0/words?offset=%C2%B2", None, 400, "'offset'"),
+    ("GET", "/v1/tree/node/0/words?offset=%E2%91%A0", None, 400, "'offset'"),
+    ("GET", "/v1/tree/node/0/words?limit=%EF%BC%91", None, 400, "'limit'"),
+    ("GET", "/v1/tree/node/%C2%B2", None, 404, "no internal node '²'"),
+    ("GET", "/v1/tree/node/%E2%91%A0/words", None, 404, "no internal node '①'"),
+    ("GET", "/v1/tree/node/%EF%BC%91", None, 404, "no internal node '１'"),
     ("GET", "/v1/tree/node/0?context=" + "a" * 10_001, None, 400, "limit is 10,000"),
     ("GET", "/v1/tree/word/zebra", None, 404, "not in the vocabulary"),
     ("GET", "/v1/tree/word/..%2F..%2Fetc%2Fpasswd", None, 404, "not in the vocabulary"),

@@ -24,6 +24,7 @@ def cmd_serve(args) -> int:
         import uvicorn
 
         from ..serve.app import LOOPBACK_HOSTS, create_app
+        from ..serve.server import ConnectionLimits, uvicorn_config
     except ImportError as e:
         raise DataError(f"hlbl serve needs the web stack ({e.name} is missing): pip install 'hlbl[serve]'") from None
     from ..serve.service import Limits, Service
@@ -33,6 +34,9 @@ def cmd_serve(args) -> int:
     for name in ("jobs", "max_body", "max_connections"):
         if getattr(args, name) < 1:
             raise DataError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    for name in ("header_timeout", "body_timeout", "keep_alive"):
+        if not getattr(args, name) > 0:
+            raise DataError(f"--{name.replace('_', '-')} must be above 0 seconds, got {getattr(args, name)}")
     set_threads(args.threads)
     # The socket is bound here rather than by uvicorn, and first: a port in use is a one-line error
     # before the model is loaded, and --port 0 can say which port the system chose.
@@ -56,16 +60,10 @@ def cmd_serve(args) -> int:
                 f"hlbl: note: serving on {args.host}: anyone who can reach this address can query the model",
                 file=sys.stderr,
             )
-        # uvicorn's "auto" picks httptools and uvloop when installed (the serve extra installs them).
-        config = uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            access_log=False,
-            limit_concurrency=args.max_connections,
-            timeout_keep_alive=5,
+        limits = ConnectionLimits(
+            header_timeout=args.header_timeout, body_timeout=args.body_timeout, keep_alive=args.keep_alive
         )
+        config = uvicorn_config(app, args.host, args.port, args.max_connections, limits)
         sock.listen(2048)  # connections wait from now on, while uvicorn starts
         shown = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
         print(
@@ -111,8 +109,22 @@ def add_commands(sub) -> None:
         "--max-connections",
         type=int,
         default=256,
-        help="open connections and requests at once; beyond, requests get 503",
+        help="open connections and requests at once; beyond, the longest idle connections are closed, "
+        "and requests get 503 when none is idle",
     )
+    s.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds from connecting (or the last answer) to a complete request head (else 408)",
+    )
+    s.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="seconds from a request's head to the end of its body (else 408)",
+    )
+    s.add_argument("--keep-alive", type=float, default=5.0, help="seconds a connection may stay idle before a request")
     s.add_argument(
         "--predict-thread",
         action="store_true",

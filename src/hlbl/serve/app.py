@@ -163,13 +163,24 @@ class Fields:
         return v
 
 
+def ascii_int(raw: str, max_digits: int = 12) -> int | None:
+    """``raw`` as a whole number when it is 1..``max_digits`` ASCII digits, else None.
+
+    ``str.isdigit`` alone is not the test: it takes superscripts and circled digits, which
+    ``int`` refuses (a 500), and ``int`` reads other scripts' digits (fullwidth, Arabic-Indic),
+    which no client means as a number in a URL."""
+    if 0 < len(raw) <= max_digits and raw.isascii() and raw.isdigit():
+        return int(raw)
+    return None
+
+
 def query_int(request: Request, key: str, default: int, lo: int, hi: int) -> int:
     raw = request.query_params.get(key)
     if raw is None:
         return default
-    if not raw.isdigit() or len(raw) > 12:
+    v = ascii_int(raw)
+    if v is None:
         raise ApiError(400, f"query parameter {key!r} must be a whole number in {lo}..{hi}")
-    v = int(raw)
     if not lo <= v <= hi:
         raise ApiError(400, f"query parameter {key!r} must be in {lo}..{hi}, got {v}")
     return v
@@ -177,9 +188,10 @@ def query_int(request: Request, key: str, default: int, lo: int, hi: int) -> int
 
 def path_node(request: Request) -> int:
     raw = request.path_params["node"]
-    if not raw.isdigit() or len(raw) > 12:
+    v = ascii_int(raw)
+    if v is None:
         raise ApiError(404, f"no internal node {raw[:40]!r}")
-    return int(raw)
+    return v
 
 
 # ---- batching predictions --------------------------------------------------------------------
