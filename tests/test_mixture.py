@@ -245,3 +245,53 @@ def test_mixture_mistakes_are_one_line(parts, tmp_path, capsys):
     ):
         rc, _, err = _cli(argv, capsys, "a\n")
         assert rc == 2 and err.count("\n") == 1 and err.startswith("hlbl: error: ") and words in err, (argv, err)
+
+
+def test_the_mixtures_next_word_distribution_is_its_sentence_scores(parts):
+    from hlbl.scoring import encode_context
+
+    data, (run, run2), arpa = parts
+    mix = Mixture.load([run, run2], arpa, weights=[0.3, 0.2, 0.5])
+    vocab = mix.vocab
+    m = mix.context_size
+    assert m == 2  # context 2; KN3 reads 2 words too
+    for words in (["the", "big"], ["the"], ["a", "dog", "sees", "the"]):
+        lp = mix.next_log_probs([encode_context(vocab, words, m)[0]])[0]
+        # p(w | the sentence so far) is the last token's score of the sentence "words w"
+        # (<eos>: of the sentence "words"), under the sentence protocol of every model
+        nxt = [" ".join(words + [w]) if w != "<eos>" else " ".join(words) for w in vocab.words]
+        scores = mix.token_scores(nxt)
+        ends = np.cumsum(scores.lengths)
+        want = np.where(np.asarray(vocab.words) == "<eos>", scores.log_probs[ends - 1], scores.log_probs[ends - 2])
+        keep = np.asarray([w != "<unk>" for w in vocab.words])  # "<unk>" in text is the vocabulary's <unk>
+        np.testing.assert_allclose(lp[keep], want[keep], rtol=1e-6)
+        assert np.exp(lp).sum() == pytest.approx(1.0, abs=0.02)  # KN3 leaves <s> and words outside the runs'
+    lp, ids = mix.topk([encode_context(vocab, ["the", "big"], m)[0]] * 2, 3)
+    full = mix.next_log_probs([encode_context(vocab, ["the", "big"], m)[0]])[0]
+    assert ids.shape == (2, 3) and (ids[0] == ids[1]).all()
+    np.testing.assert_array_equal(ids[0], np.argsort(-full, kind="stable")[:3])
+    np.testing.assert_allclose(lp[0], full[ids[0]])
+
+
+def test_hlbl_serve_answers_with_a_mixture(parts, tmp_path):
+    from starlette.testclient import TestClient
+
+    from hlbl.serve import Service, create_app
+
+    data, (run, run2), arpa = parts
+    mix = Mixture.load([run, run2], arpa).fit(load_corpus(data, vocab=load_model(run)[1], splits=("valid",)))
+    service = Service.from_mixture(mix)
+    service.warm_up()
+    with TestClient(create_app(service)) as client:
+        info = client.get("/v1/model").json()
+        assert [c["model"] for c in info["mixture"]["components"]] == [str(run), str(run2), str(arpa)]
+        assert info["mixture"]["valid_perplexity"] == pytest.approx(mix.fitted_on["perplexity"])
+        got = client.post("/v1/score", json={"sentences": SENTENCES}).json()
+        want = mix.score(SENTENCES)
+        assert [s["log10_prob"] for s in got["sentences"]] == pytest.approx([s.log10_prob for s in want], rel=1e-9)
+        got = client.post("/v1/predict", json={"context": "a dog sees the", "k": 4}).json()
+        lp, ids = mix.topk([service.context("a dog sees the")[0]], 4)
+        assert got["words"] == [mix.vocab.words[i] for i in ids[0]]
+        assert got["probs"] == pytest.approx(np.exp(lp[0]).tolist(), rel=1e-9)
+        # the tree explorer and samples are the first run's
+        assert client.post("/v1/generate", json={"prompt": "the", "tokens": 3, "seed": 1}).status_code == 200

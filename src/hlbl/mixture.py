@@ -119,6 +119,7 @@ class Mixture:
         self.device = device
         self.weights: np.ndarray | None = None
         self.source: Path | None = None  # the mixture file the weights were read from
+        self._ngram_ids: np.ndarray | None = None  # the vocabulary's ids in the n-gram model (next_log_probs)
         if weights is not None:
             self.set_weights(weights)
         self.fitted_on = fitted_on  # where the weights were fitted: split, data, tokens, perplexity
@@ -291,6 +292,59 @@ class Mixture:
         """:func:`hlbl.scoring.score_sentences` for the mixture: each sentence's log10
         probability, tokens (words + ``<eos>``) and out-of-vocabulary words."""
         return self.token_scores(sentences, batch_size).sentences()
+
+    # ---- next words -------------------------------------------------------------------------
+
+    @property
+    def context_size(self) -> int:
+        """Words of history the mixture reads: the longest run context, or the n-gram order - 1."""
+        sizes = [c.model.config.context for c in self.components if c.kind == "run"]
+        sizes += [c.model.model.order - 1 for c in self.components if c.kind == "ngram"]
+        return max(sizes)
+
+    def next_log_probs(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
+        """(B, V) natural-log probability of every word after each context: the last
+        :attr:`context_size` word ids of the start of a sentence, left-padded with ``<eos>``
+        (:func:`hlbl.scoring.encode_context`). The runs read their last ``n`` ids; the n-gram
+        model reads the words after the last ``<eos>`` with ``<s>`` before them (a context with
+        no ``<eos>`` starts further back than it can see), and is looked up once per word: V
+        lookups a context, which is what bounds the speed on a large vocabulary."""
+        import torch
+
+        ctx = np.asarray(contexts, dtype=np.int64).reshape(len(contexts), -1)
+        rows = []
+        for c in self.components:
+            if c.kind == "run":
+                n = c.model.config.context
+                with torch.no_grad():
+                    h = c.model.context_vector(torch.as_tensor(ctx[:, ctx.shape[1] - n :], device=self.device))
+                    rows.append(c.model.out.log_prob(h).double().cpu().numpy())
+            else:
+                rows.append(np.stack([self._ngram_next(c.model.model, row) for row in ctx]))
+        with np.errstate(divide="ignore"):
+            return np.logaddexp.reduce(np.log(self._weights())[:, None, None] + np.stack(rows), axis=0)
+
+    def _ngram_next(self, ngram, row: np.ndarray) -> np.ndarray:
+        """(V,) natural-log p(w | the sentence start in ``row``) under the n-gram model."""
+        if self._ngram_ids is None:  # our word ids -> the model's (<eos> -> </s>), once
+            self._ngram_ids = ngram.vocab_map(self.vocab.words)
+        targets = self._ngram_ids
+        ends = np.flatnonzero(row == self.vocab.eos)
+        history = ([ngram.bos] if len(ends) else []) + list(targets[row[ends[-1] + 1 :] if len(ends) else row])
+        history = history[-(ngram.order - 1) :] if ngram.order > 1 else []
+        windows = np.full((len(targets), ngram.order), -1, dtype=np.int64)
+        if history:
+            windows[:, ngram.order - 1 - len(history) : ngram.order - 1] = history
+        windows[:, -1] = targets
+        return ngram.score_windows(windows) * math.log(10.0)
+
+    def topk(self, contexts: Sequence[Sequence[int]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k most probable next words of the mixture after each context (as
+        :meth:`next_log_probs` reads them): (B, k) log-probabilities and word ids, best first,
+        ties to the lower word id; exact, from the full distribution."""
+        lp = self.next_log_probs(contexts)
+        idx = np.argsort(-lp, axis=1, kind="stable")[:, : max(1, min(int(k), lp.shape[1]))]
+        return np.take_along_axis(lp, idx, axis=1), idx
 
     # ---- saving ----------------------------------------------------------------------------
 

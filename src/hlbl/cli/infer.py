@@ -10,7 +10,7 @@ from typing import Callable
 
 from ..errors import DataError
 from .common import blank_lines_arg, pick_device, run_args, score_output_args, seed_arg, set_threads
-from .mix import add_mixture_args, check_mixture_flags, load_mixture, mixing
+from .mix import add_mixture_args, check_mixture_flags, mixing, ready_mixture
 
 
 def _load_for_inference(args):
@@ -200,7 +200,7 @@ def cmd_score(args) -> int:
     extra = {}
     if mixing(args):
         set_threads(args.threads)
-        mix = _score_mixture(args, pick_device(args.device))
+        mix = ready_mixture(args, pick_device(args.device))
         run, scorer, long_line = mix.components[0].path, mix.token_scores, None  # long lines held whole
         extra = {"components": mix.describe()}
     else:
@@ -211,27 +211,6 @@ def cmd_score(args) -> int:
         long_line = None if args.per_token else (lambda: _LongSentence(model, vocab, device))
     protocol = args.blank_lines or read_run(run).get("blank_lines", "drop")  # the run's by default
     return print_scores(scorer, args, protocol, long_line, extra)
-
-
-def _score_mixture(args, device):
-    """The mixture of ``hlbl score``, its weights given, read from a file, or fitted (``--weight
-    auto``) on the valid split of the first run's corpus, as ``hlbl eval`` fits them."""
-    from ..data import load_corpus, run_corpus
-    from ..run import read_run
-
-    mix = load_mixture(args, device)
-    if mix.weights is None:
-        info = read_run(mix.components[0].path)
-        corpus = load_corpus(
-            args.data or run_corpus(info),
-            vocab=mix.vocab,
-            splits=("valid",),
-            blank_lines=info.get("blank_lines", "drop"),
-        )
-        mix.fit(corpus)
-    if args.save_mixture:
-        mix.save(args.save_mixture)
-    return mix
 
 
 def print_scores(scorer: Callable, args, protocol: str, long_line=None, extra: dict | None = None) -> int:

@@ -120,6 +120,28 @@ def _two(w: float, k: int) -> list[float]:
     return [w, 1.0 - w]
 
 
+def ready_mixture(args, device: str) -> Mixture:
+    """The mixture of ``hlbl score`` and ``hlbl serve``, its weights given, read from a file, or
+    fitted (``--weight auto``) on the valid split of the first run's corpus (``--data``: another
+    corpus's), as ``hlbl eval`` fits them; written to ``--save-mixture`` if asked."""
+    from ..data import load_corpus, run_corpus
+    from ..run import read_run
+
+    mix = load_mixture(args, device)
+    if mix.weights is None:
+        info = read_run(mix.components[0].path)
+        corpus = load_corpus(
+            args.data or run_corpus(info),
+            vocab=mix.vocab,
+            splits=("valid",),
+            blank_lines=info.get("blank_lines", "drop"),
+        )
+        mix.fit(corpus)
+    if args.save_mixture:
+        mix.save(args.save_mixture)
+    return mix
+
+
 def fit_weights(mix: Mixture, corpus) -> None:
     """Under ``--weight auto`` (weights not given), fit them on ``corpus``'s valid split."""
     if mix.weights is None:
