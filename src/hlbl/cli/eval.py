@@ -38,7 +38,8 @@ def cmd_eval(args) -> int:
         if norm is not None:  # nce / sampled: log Z statistics (the perplexity above is exact)
             report["self_normalisation"] = norm
     # What was scored, so that a saved line says which split and which weights it is about.
-    print(json.dumps({**with_oov(report, corpus, args.split), "split": args.split, "which": args.which}))
+    which = mix.components[0].which if mix is not None else args.which  # a mixture file's own
+    print(json.dumps({**with_oov(report, corpus, args.split), "split": args.split, "which": which}))
     return 0
 
 
