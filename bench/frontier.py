@@ -108,7 +108,7 @@ def mix(args) -> None:
             "weight": got.get("weight"),
             "epochs": None,
             "converged": None,
-            "weights": got.get("weights"),
+            "weights": [c["weight"] for c in got.get("components", [])] or None,  # the runs', then the n-gram's
             "command": f"hlbl eval {args.run_name} --interpolate {args.arpa_name} --split test"
             + "".join(f" --with {o}" for o in args.ensemble),
             "note": args.note,

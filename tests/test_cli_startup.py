@@ -19,6 +19,8 @@ ARGVS = [
     ["train", "--data", "x", "--out", "r", "--dim", "many"],
     ["tree"],
     ["eval"],
+    ["score"],
+    ["eval", "--mixture", "m.json", "--with", "R"],
 ] + [
     [*command, "--help"]
     for command in (
@@ -35,6 +37,7 @@ ARGVS = [
         ["serve"],
         ["ngram", "train"],
         ["ngram", "eval"],
+        ["ngram", "score"],
     )
 ]
 

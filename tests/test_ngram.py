@@ -596,13 +596,38 @@ def test_cli_train_and_eval(tmp_path, monkeypatch, capsys):
     assert len(lines) == 1
     rep = json.loads(lines[0])
     corpus = load_corpus(data)
-    assert set(rep) == {"perplexity", "tokens", "nll", "oov", "unk_in_text", "blank_lines", "blank_lines_dropped"}
-    assert rep["tokens"] == len(corpus["valid"]) and rep["blank_lines"] == "drop"
+    assert set(rep) == {
+        "perplexity",
+        "tokens",
+        "nll",
+        "oov",
+        "unk_in_text",
+        "blank_lines",
+        "blank_lines_dropped",
+        "split",
+    }
+    assert rep["tokens"] == len(corpus["valid"]) and rep["blank_lines"] == "drop" and rep["split"] == "valid"
     assert rep["unk_in_text"] == (data / "valid.txt").read_text().split().count("<unk>")
     assert rep["oov"] + rep["unk_in_text"] == int((corpus["valid"] == corpus.vocab.unk).sum())
     assert rep["perplexity"] == pytest.approx(math.exp(rep["nll"]))
     lp = token_log_probs(read_arpa(out), corpus["valid"], corpus.vocab)
     assert rep["nll"] == pytest.approx(-lp.mean(), rel=1e-12)
+    # Several splits in one call, the model read once: the lines of separate calls, in the order asked.
+    import hlbl.ngram.arpa as arpa_module
+
+    reads = []
+    monkeypatch.setattr(
+        arpa_module, "read_arpa", lambda path, real=arpa_module.read_arpa: reads.append(path) or real(path)
+    )
+    for flags in (["--split", "test,valid"], ["--split", "test", "--split", "valid,test"]):
+        assert cli.main(["ngram", "eval", str(out), "--data", str(data), *flags]) == 0
+        both = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()]
+        assert [r["split"] for r in both] == ["test", "valid"] and both[1] == rep
+        assert both[0]["tokens"] == len(corpus["test"])
+    assert len(reads) == 2  # once a call
+    with pytest.raises(SystemExit) as e:  # an argument error: usage, exit status 2
+        cli.main(["ngram", "eval", str(out), "--data", str(data), "--split", "valid,dev"])
+    assert e.value.code == 2 and "'valid,dev'" in capsys.readouterr().err
     # A broken ARPA file: exit status 2 and one line naming the line.
     bad = tmp_path / "bad.arpa"
     bad.write_text(corrupt(12, "-0.1\t<s> zzz"))
@@ -634,8 +659,14 @@ def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
         mix = interpolate(a["test"], b["test"], expect_w)
         assert rep["nll"] == pytest.approx(-mix.mean(), rel=1e-6)
         assert rep["perplexity"] == pytest.approx(math.exp(rep["nll"]))
-        assert rep["ngram_perplexity"] == pytest.approx(math.exp(-b["test"].mean()), rel=1e-9)
-    assert rep["perplexity"] == pytest.approx(rep["model_perplexity"], rel=1e-9)  # weight 1: the model alone
+        # each model named, with its weight and its own perplexity
+        assert [c["model"] for c in rep["components"]] == [str(run), str(arpa)]
+        assert [c["weight"] for c in rep["components"]] == pytest.approx([expect_w, 1 - expect_w], abs=1e-12)
+        assert rep["components"][1]["perplexity"] == pytest.approx(math.exp(-b["test"].mean()), rel=1e-9)
+        assert rep["weight_tuned_on"] == ("valid" if weight == "auto" else None)
+        valid_ppl = math.exp(-interpolate(a["valid"], b["valid"], expect_w).mean())
+        assert rep["valid_perplexity"] == (pytest.approx(valid_ppl, rel=1e-6) if weight == "auto" else None)
+    assert rep["perplexity"] == pytest.approx(rep["components"][0]["perplexity"], rel=1e-9)  # weight 1: the model alone
     assert 0 < tune_weight(a["valid"], b["valid"]) < 1
     assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--weight", "2"]) == 2
     assert "--weight" in capsys.readouterr().err
@@ -650,11 +681,25 @@ def test_cli_eval_interpolate(tmp_path, monkeypatch, capsys):
     assert cli.main(["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--with", str(run2)]) == 0
     rep = json.loads(capsys.readouterr().out.strip())
     w = tune_weights(np.stack([a["valid"], a2["valid"], b["valid"]]))
-    np.testing.assert_allclose(rep["weights"], w, rtol=1e-9)
+    assert [c["model"] for c in rep["components"]] == [str(run), str(run2), str(arpa)]
+    np.testing.assert_allclose([c["weight"] for c in rep["components"]], w, rtol=1e-9)
+    assert rep["weight"] == pytest.approx(w[0] + w[1], rel=1e-9)  # the runs' share
     mix = interpolate_many(np.stack([a["test"], a2["test"], b["test"]]), w)
     assert rep["nll"] == pytest.approx(-mix.mean(), rel=1e-6)
-    assert cli.main(["eval", str(run), "--device", "cpu", "--with", str(run2)]) == 2  # --with needs --interpolate
-    assert "--interpolate" in capsys.readouterr().err
+    assert rep["valid_perplexity"] == pytest.approx(
+        math.exp(-interpolate_many(np.stack([a["valid"], a2["valid"], b["valid"]]), w).mean()), rel=1e-9
+    )
+    # --with alone: two runs mixed, no n-gram model (no "weight": there is no n-gram share)
+    assert cli.main(["eval", str(run), "--device", "cpu", "--with", str(run2)]) == 0
+    rep = json.loads(capsys.readouterr().out.strip())
+    w2 = tune_weight(a["valid"], a2["valid"])
+    np.testing.assert_allclose([c["weight"] for c in rep["components"]], [w2, 1 - w2], rtol=1e-9)
+    assert rep["nll"] == pytest.approx(-interpolate(a["test"], a2["test"], w2).mean(), rel=1e-6)
+    assert "weight" not in rep and rep["weight_tuned_on"] == "valid"
+    # one number is the first run's share of two models, not of three
+    argv = ["eval", str(run), "--device", "cpu", "--interpolate", str(arpa), "--with", str(run2), "--weight", "0.5"]
+    assert cli.main(argv) == 2
+    assert "mixture of two" in capsys.readouterr().err
 
 
 def test_cli_eval_scores_with_the_arpa_vocabulary(tmp_path, monkeypatch, capsys):

@@ -57,6 +57,7 @@ _LAZY = {
     "token_log_probs": "evaluate",
     "score_sentences": "scoring",
     "score_report": "scoring",
+    "Mixture": "mixture",
     "load_model": "run",
 }
 
@@ -96,6 +97,7 @@ __all__ = [  # the errors and __version__, then every name of _LAZY
     "token_log_probs",
     "score_sentences",
     "score_report",
+    "Mixture",
     "load_model",
 ]
 
@@ -117,6 +119,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .classes import WordClasses, frequency_classes, kmeans_classes
     from .data import Corpus, Vocab, load_corpus, resolve_corpus
     from .evaluate import evaluate, token_log_probs
+    from .mixture import Mixture
     from .config import LBLConfig, TrainConfig
     from .model import LBL
     from .output import AdaptiveSoftmax, ClassSoftmax, FlatSoftmax, TreeSoftmax, make_output_layer

@@ -11,16 +11,91 @@ KenLM's ``query`` does; perplexity is ``10 ** (-total log10 prob / tokens)``, wi
 from __future__ import annotations
 
 import math
-from typing import Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Sequence
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SentenceScore(NamedTuple):
     log10_prob: float  # log10 P(tokens + <eos>) from an all-<eos> context
     tokens: int  # words + 1 for <eos>
     oov: int  # words not in the vocabulary (scored as <unk>)
+
+
+class TokenScores(NamedTuple):
+    """Per-token scores of sentences under the protocol of :func:`score_sentences`."""
+
+    log_probs: np.ndarray  # (T,) natural-log probability of each scored token, sentence after sentence
+    lengths: np.ndarray  # (S,) tokens of each sentence: its words + 1 for <eos>
+    oov: np.ndarray  # (S,) words of each sentence not in the vocabulary (scored as <unk>)
+
+    def sentences(self) -> list[SentenceScore]:
+        """Each sentence's total (log10), tokens and out-of-vocabulary count."""
+        owner = np.repeat(np.arange(len(self.lengths)), self.lengths)
+        per_sent = np.bincount(owner, weights=self.log_probs, minlength=len(self.lengths)) / math.log(10.0)
+        return [SentenceScore(float(p), int(n), int(o)) for p, n, o in zip(per_sent, self.lengths, self.oov)]
+
+    def log10_per_sentence(self) -> list[np.ndarray]:
+        """Each sentence's per-token log10 probabilities: its words, then ``<eos>``."""
+        return np.split(self.log_probs / math.log(10.0), np.cumsum(self.lengths)[:-1]) if len(self.lengths) else []
+
+
+def encode_sentences(vocab, sentences: Iterable[str | Sequence[str]]) -> tuple[list[list[int]], np.ndarray]:
+    """Each sentence's word ids (strings split on whitespace; unknown words as ``<unk>``) and
+    its number of out-of-vocabulary words."""
+    ids, oov = [], []
+    for sent in sentences:
+        toks = sent.split() if isinstance(sent, str) else list(sent)
+        i, o = vocab.encode_counting_oov(toks)
+        ids.append(i)
+        oov.append(o)
+    return ids, np.asarray(oov, dtype=np.int64)
+
+
+def token_scores(
+    model,
+    vocab,
+    sentences: Iterable[str | Sequence[str]],
+    batch_size: int = 4096,
+    device: str | torch.device | None = None,
+) -> TokenScores:
+    """Every token's log-probability under the protocol of :func:`score_sentences`."""
+    from .evaluate import token_log_probs
+
+    eos = vocab.eos
+    n = model.config.context
+    device = device if device is not None else next(model.parameters()).device
+    encoded, oov = encode_sentences(vocab, sentences)
+    lengths = np.asarray([len(ids) + 1 for ids in encoded], dtype=np.int64)
+    if not encoded:
+        return TokenScores(np.zeros(0), lengths, oov)
+    # One stream for all sentences, each behind n <eos> that are not scored: the stream scorer
+    # (the numba one on the CPU, as for `hlbl eval`) then sees every sentence from an all-<eos>
+    # context, as if it stood alone.  [eos]*n w1 .. wk eos  [eos]*n w1 ..
+    stream = np.fromiter((w for ids in encoded for w in [eos] * n + ids + [eos]), dtype=np.int32)
+    scored = np.ones(len(stream), dtype=bool)  # False on the n padding tokens before each sentence
+    starts = np.concatenate([[0], np.cumsum(lengths + n)[:-1]])
+    scored[(starts[:, None] + np.arange(n)).reshape(-1)] = False
+    return TokenScores(token_log_probs(model, stream, eos, batch_size, device)[scored], lengths, oov)
+
+
+def ngram_token_scores(ngram, vocab, sentences: Iterable[str | Sequence[str]]) -> TokenScores:
+    """The same for a back-off n-gram model (:class:`hlbl.ngram.NgramModel`), as KenLM's
+    ``query`` scores a line: each sentence from ``<s>``, its ``<eos>`` predicted as ``</s>``.
+
+    Words are read through ``vocab`` (one of ours: the model's own, :meth:`NgramModel.as_vocab`,
+    scores every word the model knows as itself); a word of ``vocab`` the model lacks gets its
+    ``<unk>`` probability."""
+    from .ngram.model import LN10, stream_log10
+
+    encoded, oov = encode_sentences(vocab, sentences)
+    lengths = np.asarray([len(ids) + 1 for ids in encoded], dtype=np.int64)
+    # Each sentence's ids then <eos>: the stream scorer cuts sentences at <eos> and starts each from <s>.
+    stream = np.fromiter((w for ids in encoded for w in ids + [vocab.eos]), dtype=np.int64)
+    return TokenScores(stream_log10(ngram, stream, vocab.words, vocab.eos) * LN10, lengths, oov)
 
 
 def score_sentences(
@@ -33,34 +108,10 @@ def score_sentences(
     """Score each sentence independently: its tokens, then ``<eos>``, context padded with ``<eos>``.
 
     ``sentences`` are strings (split on whitespace) or token lists. Blank sentences are scored
-    too (just ``<eos>``); the CLI skips blank lines, as corpus loading does.
+    too (just ``<eos>``); the CLI skips blank lines, as corpus loading does. A mixture of runs and
+    an n-gram model scores the same way: :meth:`hlbl.mixture.Mixture.score`.
     """
-    from .evaluate import token_log_probs
-
-    eos = vocab.eos
-    n = model.config.context
-    device = device if device is not None else next(model.parameters()).device
-    # One stream for all sentences, each behind n <eos> that are not scored: the stream scorer
-    # (the numba one on the CPU, as for `hlbl eval`) then sees every sentence from an all-<eos>
-    # context, as if it stood alone.  [eos]*n w1 .. wk eos  [eos]*n w1 ..
-    pieces, lengths, result_oov = [], [], []
-    for sent in sentences:
-        toks = sent.split() if isinstance(sent, str) else list(sent)
-        ids, oov = vocab.encode_counting_oov(toks)
-        result_oov.append(oov)
-        pieces.append([eos] * n + ids + [eos])
-        lengths.append(len(ids) + 1)
-    if not pieces:
-        return []
-    stream = np.fromiter((w for p in pieces for w in p), dtype=np.int32)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    scored = np.ones(len(stream), dtype=bool)  # False on the n padding tokens before each sentence
-    starts = np.concatenate([[0], np.cumsum(lengths + n)[:-1]])
-    scored[(starts[:, None] + np.arange(n)).reshape(-1)] = False
-    lp = token_log_probs(model, stream, eos, batch_size, device)[scored]
-    owner = np.repeat(np.arange(len(lengths)), lengths)
-    per_sent = np.bincount(owner, weights=lp, minlength=len(lengths)) / math.log(10.0)
-    return [SentenceScore(float(per_sent[i]), int(lengths[i]), int(result_oov[i])) for i in range(len(lengths))]
+    return token_scores(model, vocab, sentences, batch_size, device).sentences()
 
 
 def score_report(scores: Sequence[SentenceScore]) -> dict:
@@ -85,4 +136,13 @@ def encode_context(vocab, tokens: Sequence[str], n: int) -> tuple[list[int], int
     return ([vocab.eos] * n + ids)[-n:] if n > 0 else [], oov
 
 
-__all__ = ["SentenceScore", "score_sentences", "score_report", "encode_context"]
+__all__ = [
+    "SentenceScore",
+    "TokenScores",
+    "encode_context",
+    "encode_sentences",
+    "ngram_token_scores",
+    "score_report",
+    "score_sentences",
+    "token_scores",
+]

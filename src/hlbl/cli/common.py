@@ -73,6 +73,9 @@ FLAGS = {
     "into_class": "--into-class",
     "sweeps": "--sweeps",
     "order": "--order",
+    # mixtures (hlbl.mixture)
+    "weights": "--weight",
+    "mixture": "--mixture",
 }
 
 
@@ -231,9 +234,13 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def run_args(c: argparse.ArgumentParser) -> None:
-    """The arguments of every command that loads a trained run."""
-    c.add_argument("run", help="run directory")
+def run_args(c: argparse.ArgumentParser, mixture: bool = False) -> None:
+    """The arguments of every command that loads a trained run (``mixture``: or the runs a
+    mixture file names, given with --mixture instead of RUN)."""
+    if mixture:
+        c.add_argument("run", nargs="?", default=None, help="run directory (none with --mixture)")
+    else:
+        c.add_argument("run", help="run directory")
     c.add_argument(
         "--which",
         choices=("best", "last"),
@@ -242,6 +249,17 @@ def run_args(c: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     c.add_argument("--threads", type=int, default=None, help="CPU threads")
+
+
+def score_output_args(c: argparse.ArgumentParser) -> None:
+    """How ``hlbl score`` and ``hlbl ngram score`` print each sentence."""
+    c.add_argument("--json", "--jsonl", dest="json", action="store_true", help="one JSON object per sentence")
+    c.add_argument(
+        "--per-token",
+        action="store_true",
+        help="also each token's log10 probability: 'word=log10prob' after the sentence's columns "
+        "(<eos> last), or words and log10_probs in JSON",
+    )
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -9,7 +9,8 @@ import sys
 from typing import Callable
 
 from ..errors import DataError
-from .common import blank_lines_arg, pick_device, run_args, seed_arg, set_threads
+from .common import blank_lines_arg, pick_device, run_args, score_output_args, seed_arg, set_threads
+from .mix import add_mixture_args, check_mixture_flags, mixing, ready_mixture
 
 
 def _load_for_inference(args):
@@ -192,30 +193,68 @@ def cmd_generate(args) -> int:
 
 
 def cmd_score(args) -> int:
+    check_mixture_flags(args)  # before the heavy imports: a usage mistake answers at once
     from ..run import read_run
-    from ..scoring import score_report, score_sentences
+    from ..scoring import token_scores
 
-    model, vocab, device = _load_for_inference(args)
-    protocol = args.blank_lines or read_run(args.run).get("blank_lines", "drop")  # the run's by default
+    extra = {}
+    if mixing(args):
+        set_threads(args.threads)
+        mix = ready_mixture(args, pick_device(args.device))
+        run, scorer, long_line = mix.components[0].path, mix.token_scores, None  # long lines held whole
+        extra = {"components": mix.describe()}
+    else:
+        model, vocab, device = _load_for_inference(args)
+        run = args.run
+        scorer = lambda lines: token_scores(model, vocab, lines, device=device)  # noqa: E731
+        # A line too long to hold is scored piece by piece, as a total (no per-token scores).
+        long_line = None if args.per_token else (lambda: _LongSentence(model, vocab, device))
+    protocol = args.blank_lines or read_run(run).get("blank_lines", "drop")  # the run's by default
+    return print_scores(scorer, args, protocol, long_line, extra)
+
+
+def print_scores(scorer: Callable, args, protocol: str, long_line=None, extra: dict | None = None) -> int:
+    """Score stdin's sentences as they come and print each (``args.json``, ``args.per_token``),
+    then the totals: ``scorer(lines)`` gives the :class:`hlbl.scoring.TokenScores` of a list of
+    lines; a long line (``long_line``, see :func:`_stdin_chunks`) comes already scored."""
+    from ..scoring import score_report
+
     scores, dropped = [], 0
-    for chunk in _stdin_chunks(long_line=lambda: _LongSentence(model, vocab, device)):
+    for chunk in _stdin_chunks(long_line=long_line):
         # drop: blank lines are not sentences; keep: each is an empty sentence, scored as <eos>.
-        # A long line comes already scored (not a str).
         kept = [line for line in chunk if not isinstance(line, str) or protocol == "keep" or line.strip()]
         dropped += len(chunk) - len(kept)
-        scored = iter(score_sentences(model, vocab, [line for line in kept if isinstance(line, str)], device=device))
+        texts = [line for line in kept if isinstance(line, str)]
+        scored = scorer(texts) if texts else None
+        totals = iter(scored.sentences() if texts else ())
+        tokens = iter(scored.log10_per_sentence() if texts and args.per_token else ())
         for line in kept:
-            s = next(scored) if isinstance(line, str) else line
+            s = next(totals) if isinstance(line, str) else line
             scores.append(s)
-            if args.json:
-                print(json.dumps({"log10_prob": s.log10_prob, "tokens": s.tokens, "oov": s.oov}))
-            else:
-                print(f"{s.log10_prob:.6f}\t{s.tokens}\t{s.oov}")
+            per_token = next(tokens) if isinstance(line, str) and args.per_token else None
+            print(_sentence_line(s, line, per_token, args.json))
         sys.stdout.flush()  # a program reading our answers line by line gets them now
     if not scores:
         raise DataError("no sentences on standard input")
-    print(json.dumps({**score_report(scores), "blank_lines": protocol, "blank_lines_dropped": dropped}))
+    print(
+        json.dumps({**score_report(scores), "blank_lines": protocol, "blank_lines_dropped": dropped, **(extra or {})})
+    )
     return 0
+
+
+def _sentence_line(s, line, per_token, as_json: bool) -> str:
+    """One sentence's answer: 'log10prob<TAB>tokens<TAB>oov' (then 'word=log10prob ...' with
+    ``per_token``), or its JSON object."""
+    words = line.split() + ["<eos>"] if per_token is not None else None  # hlbl.data.EOS: no numpy at import
+    if as_json:
+        obj = {"log10_prob": s.log10_prob, "tokens": s.tokens, "oov": s.oov}
+        if per_token is not None:
+            obj.update(words=words, log10_probs=[float(x) for x in per_token])
+        return json.dumps(obj)
+    text = f"{s.log10_prob:.6f}\t{s.tokens}\t{s.oov}"
+    if per_token is not None:
+        text += "\t" + " ".join(f"{w}={x:.6f}" for w, x in zip(words, per_token))
+    return text
 
 
 def cmd_predict(args) -> int:
@@ -280,16 +319,20 @@ def add_commands(sub) -> None:
 
     s = sub.add_parser(
         "score",
-        help="log10 probability of each sentence on stdin, then perplexity (JSON)",
+        help="log10 probability of each sentence on stdin, then perplexity (JSON); of a mixture too",
         description="Each non-blank stdin line is a sentence (each line, blank or not, with "
         "--blank-lines keep), scored independently as its words "
         "plus <eos> from an all-<eos> context; words outside the vocabulary are scored "
         "as <unk> and counted. Prints 'log10prob<TAB>tokens<TAB>oov' per sentence "
-        "(tokens include <eos>), then one JSON line with the totals and perplexity.",
+        "(tokens include <eos>), then one JSON line with the totals and perplexity. With --interpolate "
+        "and/or --with (or --mixture), the per-token mixture of the runs and the n-gram model, the "
+        "n-gram model scoring each sentence from <s>.",
     )
-    run_args(s)
+    run_args(s, mixture=True)
     blank_lines_arg(s, None, "the run's own")
-    s.add_argument("--json", action="store_true", help="one JSON object per sentence")
+    score_output_args(s)
+    add_mixture_args(s)
+    s.add_argument("--data", default=None, help="corpus whose valid split fits --weight auto (default: the run's)")
     s.set_defaults(func=cmd_score)
 
     pr = sub.add_parser(

@@ -1,4 +1,6 @@
-"""``hlbl ngram train`` and ``hlbl ngram eval``, and ``hlbl eval --interpolate``: registered on the main parser by ``hlbl.cli``.
+"""``hlbl ngram train``, ``hlbl ngram eval`` and ``hlbl ngram score``: registered on the main parser by ``hlbl.cli``.
+
+Mixtures with trained runs (``hlbl eval --interpolate``) are :mod:`hlbl.mixture`, their flags :mod:`.mix`.
 
 Errors are :class:`hlbl.data.DataError` (``ArpaError`` is one), which the CLI prints as one line.
 numpy and the n-gram modules are imported by the commands, not while the parser is built.
@@ -7,15 +9,13 @@ numpy and the n-gram modules are imported by the commands, not while the parser 
 from __future__ import annotations
 
 import json
-import math
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import BLANK_LINES
 from ..errors import DataError
-from .common import DATA_HELP, min_count_arg
+from .common import DATA_HELP, min_count_arg, score_output_args
 
 if TYPE_CHECKING:
     import numpy as np
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..data import Vocab
 
 SPLITS = ("train", "valid", "test")
+NGRAM_HELP = "ARPA file (from hlbl ngram train, KenLM, SRILM, ...) or hlbl's binary form"
 BLANK_HELP = (
     "drop: a blank line is no sentence; keep: every line, blank or not, is a sentence ending in </s> "
     "(as KenLM reads a file); use the same for train and eval"
@@ -66,33 +67,51 @@ def cmd_ngram_train(args) -> int:
 
 
 def arpa_vocab(model) -> Vocab:
-    """The ARPA model's own vocabulary as one of ours (``</s>`` is our ``<eos>``; ``<s>`` is no
-    word of a stream), so that every word the model knows is scored as itself, as KenLM's
-    ``query`` does, whatever vocabulary flags built it. Counts are unknown: zero."""
-    from ..data import EOS, UNK, Vocab
-    from ..ngram.model import BOS_WORD, EOS_WORD
+    """The n-gram model's own vocabulary (:meth:`hlbl.ngram.NgramModel.as_vocab`)."""
+    from ..ngram.model import NgramModel
 
-    words = [EOS, UNK] + [w for w in model.words if w not in (BOS_WORD, EOS_WORD, UNK, EOS)]
-    return Vocab(tuple(words), (0,) * len(words))
+    return NgramModel.as_vocab(model)
 
 
 def cmd_ngram_eval(args) -> int:
     from ..data import load_corpus
     from ..evaluate import perplexity_report  # the same JSON line as ``hlbl eval``
-    from ..ngram import token_log_probs
-    from ..ngram.arpa import read_arpa
+    from ..ngram.cache import NgramFile
+    from ..ngram.model import LN10
 
-    model = read_arpa(args.arpa)
-    vocab = arpa_vocab(model)
-    corpus = load_corpus(args.data, vocab=vocab, splits=(args.split,), blank_lines=args.blank_lines)
-    stream = corpus[args.split]
-    lp = token_log_probs(model, stream, vocab)
-    _refuse_zero_probabilities(lp, stream, vocab, args.arpa, args.split)
-    report = perplexity_report(lp)
-    # oov: words the model scores as its <unk>; unk_in_text: the text's own <unk> tokens; the blank-line protocol
-    report.update(corpus.token_counts(args.split))
-    print(json.dumps(report))
+    splits = list(dict.fromkeys(s for group in (args.split or [["test"]]) for s in group))  # in order, once each
+    source = NgramFile(args.arpa)
+    vocab = source.model.as_vocab()  # read once for every split
+    corpus = load_corpus(args.data, vocab=vocab, splits=tuple(splits), blank_lines=args.blank_lines)
+    for split in splits:
+        stream = corpus[split]
+        lp = source.stream_log10(stream, vocab.words, vocab.eos)[0] * LN10
+        _refuse_zero_probabilities(lp, stream, vocab, args.arpa, split)
+        report = perplexity_report(lp)
+        # oov: words the model scores as its <unk>; unk_in_text: the text's own <unk> tokens; the blank-line protocol
+        print(json.dumps({**report, **corpus.token_counts(split), "split": split}))
     return 0
+
+
+def split_list(text: str) -> list[str]:
+    """``--split valid,test``: split names, comma-separated."""
+    import argparse
+
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in SPLITS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose splits from {', '.join(SPLITS)} (comma-separated)")
+    return names
+
+
+def cmd_ngram_score(args) -> int:
+    from ..ngram.cache import NgramFile
+    from ..scoring import ngram_token_scores
+    from .infer import print_scores
+
+    model = NgramFile(args.arpa).model
+    vocab = model.as_vocab()  # every word the model knows scored as itself, as KenLM's query does
+    return print_scores(lambda lines: ngram_token_scores(model, vocab, lines), args, args.blank_lines)
 
 
 def _refuse_zero_probabilities(lp: np.ndarray, stream, vocab: Vocab, arpa, split: str, why: str = "") -> None:
@@ -108,147 +127,6 @@ def _refuse_zero_probabilities(lp: np.ndarray, stream, vocab: Vocab, arpa, split
             f"the first {vocab.words[int(stream[first])]!r} (token {first + 1:,}){why}: its perplexity "
             "is infinite; the ARPA file's probabilities (or backoff weights) for these words are -inf"
         )
-
-
-def parse_weight(text: str) -> float | None:
-    """``--weight``: a number in [0, 1], or ``auto`` (None: tune on the valid split)."""
-    if str(text).strip().lower() == "auto":
-        return None
-    try:
-        w = float(text)
-    except ValueError:
-        w = float("nan")
-    if not 0.0 <= w <= 1.0:
-        raise DataError(f"--weight must be a number in [0, 1] or auto, got {text!r}")
-    return w
-
-
-def interpolated_report(
-    model, corpus, split: str, arpa, weight: str | float = "auto", device="cpu", others: tuple = ()
-) -> dict:
-    """``hlbl eval RUN --interpolate ARPA --weight W|auto``: perplexity of the linear mixture
-    ``W p_model + (1 - W) p_ngram`` on ``split``, per token under the stream protocol.
-
-    ``auto`` picks W maximising the likelihood of the valid split (:func:`tune_weight`). The
-    JSON has ``hlbl eval``'s keys for the mixture, plus ``weight`` and both models' own
-    perplexities. ``corpus`` is encoded with the neural model's vocabulary.
-
-    ``others``: more neural models over the same vocabulary (``hlbl eval RUN --with RUN2``); then
-    the mixture has one weight per model, all tuned on valid together (:func:`tune_weights`), and
-    ``weight`` is the neural models' total.
-    """
-    if others:
-        return _ensemble_report([model, *others], corpus, split, arpa, weight, device)
-    import numpy as np
-
-    from ..evaluate import perplexity_report
-    from ..evaluate import token_log_probs as neural_log_probs
-    from ..ngram import token_log_probs
-    from ..ngram.mixture import interpolate, tune_weight
-
-    w = parse_weight(str(weight))
-    auto = w is None
-    ngram = _mixable_ngram(arpa, corpus.vocab)
-    vocab = corpus.vocab
-    scored = {}
-    for s in {split, "valid"} if auto else {split}:
-        scored[s] = (
-            neural_log_probs(model, corpus[s], vocab.eos, device=device),
-            token_log_probs(ngram, corpus[s], vocab),
-        )
-    # An n-gram probability of 0 (log -inf) is a valid mixture component: the mixture is then the
-    # neural share alone for that token (no warning); log(0) below is meant.
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        if auto:
-            w = tune_weight(*scored["valid"])
-        a, b = scored[split]
-        mixed = interpolate(a, b, w)
-    if not np.isfinite(mixed).all():  # only where both give 0: with weight 0, the n-gram model's zeros
-        _refuse_zero_probabilities(
-            b if w == 0 else mixed,
-            corpus[split],
-            vocab,
-            arpa,
-            split,
-            f" and the mixture weight is {w}" if w == 0 else "",
-        )
-    report = perplexity_report(mixed)
-    ngram_ppl = math.exp(-float(b.mean())) if np.isfinite(b).all() else None
-    if ngram_ppl is None:
-        print(
-            f"note: {arpa} gives {int((~np.isfinite(b)).sum()):,} {split} tokens probability 0: its own perplexity "
-            "is infinite (ngram_perplexity null); the mixture's is finite",
-            file=sys.stderr,
-        )
-    report.update(
-        {
-            "weight": w,
-            "weight_tuned_on": "valid" if auto else None,
-            "model_perplexity": math.exp(-float(a.mean())),
-            "ngram_perplexity": ngram_ppl,
-        }
-    )
-    return report
-
-
-def _mixable_ngram(arpa, vocab: Vocab):
-    """The n-gram model in ``arpa``, refused when some of ``vocab``'s words are not in it.
-
-    A word of ours the n-gram model lacks would get its <unk> probability: several such words
-    would share <unk>'s mass, the n-gram side would sum to more than 1 over our vocabulary, and
-    the mixture's perplexity would mean nothing (it can even beat both models)."""
-    import numpy as np
-
-    from ..ngram.arpa import read_arpa
-
-    ngram = read_arpa(arpa)
-    as_unk = ngram.vocab_map(vocab.words) == ngram.unk
-    as_unk[vocab.unk] = False
-    missing = int(as_unk.sum())
-    if missing:
-        example = vocab.words[int(np.flatnonzero(as_unk)[0])]
-        raise DataError(
-            f"{missing:,} of the model's {len(vocab):,} words (e.g. {example!r}) are not in {arpa}, so the "
-            "mixture would not be a distribution; build the n-gram model on the same training data "
-            "and vocabulary (hlbl ngram train --data ... with the run's --min-count / --max-vocab)"
-        )
-    return ngram
-
-
-def _ensemble_report(models: list, corpus, split: str, arpa, weight, device) -> dict:
-    """:func:`interpolated_report` for several neural models and one n-gram model."""
-    import numpy as np
-
-    from ..evaluate import perplexity_report
-    from ..evaluate import token_log_probs as neural_log_probs
-    from ..ngram import token_log_probs
-    from ..ngram.mixture import interpolate_many, tune_weights
-
-    if parse_weight(str(weight)) is not None:
-        raise DataError("--with mixes several models with weights tuned on valid: leave --weight at auto")
-    ngram = _mixable_ngram(arpa, corpus.vocab)
-    vocab = corpus.vocab
-    scored = {}
-    for s in {split, "valid"}:
-        lps = [neural_log_probs(m, corpus[s], vocab.eos, device=device) for m in models]
-        scored[s] = np.stack(lps + [token_log_probs(ngram, corpus[s], vocab)])  # (K + 1, N)
-    w = tune_weights(scored["valid"])
-    mixed = interpolate_many(scored[split], w)
-    if not np.isfinite(mixed).all():
-        raise DataError(f"{split} has tokens that every model of the mixture gives probability 0")
-    report = perplexity_report(mixed)
-    report.update(
-        {
-            "weight": float(w[:-1].sum()),
-            "weights": [float(x) for x in w],
-            "weight_tuned_on": "valid",
-            "model_perplexities": [math.exp(-float(a.mean())) for a in scored[split][:-1]],
-            "ngram_perplexity": math.exp(-float(scored[split][-1].mean()))
-            if np.isfinite(scored[split][-1]).all()
-            else None,
-        }
-    )
-    return report
 
 
 def add_subcommands(subparsers) -> None:
@@ -267,9 +145,28 @@ def add_subcommands(subparsers) -> None:
     t.add_argument("--blank-lines", choices=BLANK_LINES, default="drop", help=BLANK_HELP)
     t.set_defaults(func=cmd_ngram_train)
 
-    e = nsub.add_parser("eval", help="perplexity of an ARPA model on a split (one JSON line, as hlbl eval)")
-    e.add_argument("arpa", help="ARPA file (from hlbl ngram train, KenLM, SRILM, ...) or hlbl's binary form")
+    e = nsub.add_parser("eval", help="perplexity of an ARPA model on splits (one JSON line a split, as hlbl eval)")
+    e.add_argument("arpa", help=NGRAM_HELP)
     e.add_argument("--data", required=True, help=DATA_HELP)
-    e.add_argument("--split", choices=SPLITS, default="test", help="split to score")
+    e.add_argument(
+        "--split",
+        type=split_list,
+        action="append",
+        default=None,
+        help="split(s) to score, comma-separated or repeated (valid,test), the model read once (default: test)",
+    )
     e.add_argument("--blank-lines", choices=BLANK_LINES, default="drop", help=BLANK_HELP)
     e.set_defaults(func=cmd_ngram_eval)
+
+    s = nsub.add_parser(
+        "score",
+        help="log10 probability of each sentence on stdin under an n-gram model, then perplexity (JSON)",
+        description="As KenLM's query: each non-blank stdin line (each line with --blank-lines keep) is "
+        "a sentence, scored from <s> with its </s>; words the model lacks are scored as <unk> and "
+        "counted. Prints 'log10prob<TAB>tokens<TAB>oov' per sentence (tokens include </s>), then one "
+        "JSON line with the totals and perplexity, as hlbl score does.",
+    )
+    s.add_argument("arpa", help=NGRAM_HELP)
+    s.add_argument("--blank-lines", choices=BLANK_LINES, default="drop", help=BLANK_HELP)
+    score_output_args(s)
+    s.set_defaults(func=cmd_ngram_score)

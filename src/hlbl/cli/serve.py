@@ -8,6 +8,7 @@ import sys
 
 from ..errors import DataError
 from .common import pick_device, set_threads
+from .mix import add_mixture_args, check_mixture_flags, mixing, ready_mixture
 
 
 def _loopback(host: str) -> bool:
@@ -20,6 +21,7 @@ def _loopback(host: str) -> bool:
 
 
 def cmd_serve(args) -> int:
+    check_mixture_flags(args)
     try:
         import uvicorn
 
@@ -47,9 +49,11 @@ def cmd_serve(args) -> int:
             sock.bind((args.host.strip("[]"), args.port))
         except OSError as e:
             raise DataError(f"cannot listen on {args.host} port {args.port}: {e.strerror or e}") from None
-        service = Service.load(
-            args.run, which=args.which, device=pick_device(args.device), limits=Limits(max_body=args.max_body)
-        )
+        limits = Limits(max_body=args.max_body)
+        if mixing(args):  # scores and next words of a mixture (docs/serve.md)
+            service = Service.from_mixture(ready_mixture(args, pick_device(args.device)), limits)
+        else:
+            service = Service.load(args.run, which=args.which, device=pick_device(args.device), limits=limits)
         service.warm_up()
         local = _loopback(args.host)
         app = create_app(
@@ -67,7 +71,8 @@ def cmd_serve(args) -> int:
         sock.listen(2048)  # connections wait from now on, while uvicorn starts
         shown = f"[{args.host.strip('[]')}]" if ":" in args.host else args.host
         print(
-            f"hlbl: serving {args.run} ({service.model_info['vocab_size']:,} words) at "
+            f"hlbl: serving {service.run}{' in a mixture' if service.mixture else ''} "
+            f"({service.model_info['vocab_size']:,} words) at "
             f"http://{shown}:{sock.getsockname()[1]}/ (Ctrl-C stops)",
             file=sys.stderr,
             flush=True,
@@ -84,7 +89,7 @@ def add_commands(sub) -> None:
         "generate, tree); a page at / shows live next-word predictions and the learned "
         "tree. Needs the serve extra: pip install 'hlbl[serve]'.",
     )
-    s.add_argument("run", help="run directory")
+    s.add_argument("run", nargs="?", default=None, help="run directory (none with --mixture)")
     s.add_argument(
         "--which",
         choices=("best", "last"),
@@ -131,4 +136,6 @@ def add_commands(sub) -> None:
         help="compute each batch of predictions in a worker thread while the event loop reads the next "
         "requests (may help with cores to spare; see docs/serve.md)",
     )
+    add_mixture_args(s)
+    s.add_argument("--data", default=None, help="corpus whose valid split fits --weight auto (default: the run's)")
     s.set_defaults(func=cmd_serve)

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..data import EOS, UNK, DataError
+from ..data import EOS, UNK, DataError, Vocab
 from ..progress import progress
 
 BOS_WORD = "<s>"
@@ -94,6 +94,13 @@ class NgramModel:
     def sizes(self) -> list[int]:
         """Number of n-grams of each order."""
         return [len(k) for k in self.keys]
+
+    def as_vocab(self) -> Vocab:
+        """The model's own vocabulary as one of ours (``</s>`` is our ``<eos>``; ``<s>`` is no
+        word of a stream), so that every word the model knows is scored as itself, as KenLM's
+        ``query`` does, whatever vocabulary options built it. Counts are unknown: zero."""
+        words = [EOS, UNK] + [w for w in self.words if w not in (BOS_WORD, EOS_WORD, UNK, EOS)]
+        return Vocab(tuple(words), (0,) * len(words))
 
     def word_ids(self, tokens: Sequence[str]) -> np.ndarray:
         """ARPA-spelled tokens -> model ids (unknown words -> ``<unk>``)."""

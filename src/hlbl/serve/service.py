@@ -106,16 +106,32 @@ class TreeIndex:
 
 
 class Service:
-    """A trained run, loaded once, answering the API's queries."""
+    """A trained run, loaded once, answering the API's queries.
 
-    def __init__(self, model, vocab, info: dict, run: Path, which: str = "best", limits: Limits = Limits()):
+    With a ``mixture`` (:class:`hlbl.mixture.Mixture`, whose first run is ``model``), scores and
+    next words are the mixture's: a prediction reads the mixture's longer history
+    (:attr:`n_read` words) and ranks its full distribution, V n-gram lookups a context; samples
+    and the tree explorer stay the first run's."""
+
+    def __init__(
+        self,
+        model,
+        vocab,
+        info: dict,
+        run: Path,
+        which: str = "best",
+        limits: Limits = Limits(),
+        mixture=None,
+    ):
         self.model = model.eval()
+        self.mixture = mixture
         self.vocab = vocab
         self.info = info
         self.run = Path(run)
         self.which = which
         self.limits = limits
         self.n = model.config.context
+        self.n_read = mixture.context_size if mixture is not None else self.n  # words a prediction reads
         self.device = next(model.parameters()).device
         self.counts = np.asarray(vocab.counts, dtype=np.int64)
         tree = model.tree
@@ -133,7 +149,7 @@ class Service:
         """Run each kind of query once, so that the numba kernels are compiled (or loaded from their
         cache) before the first request, which would otherwise wait seconds for them."""
         start = [self.vocab.eos] * self.n
-        self.topk([start], 10)
+        self.topk([[self.vocab.eos] * self.n_read], 10)
         self.score([""])
         self.model.generate([], 1, self.vocab.eos, torch.Generator().manual_seed(0))
         if self.index is not None:
@@ -143,6 +159,14 @@ class Service:
     def load(cls, run, which: str = "best", device: str = "cpu", limits: Limits = Limits()) -> Service:
         model, vocab, info = load_model(run, which=which, device=device)
         return cls(model, vocab, info, Path(run), which, limits)
+
+    @classmethod
+    def from_mixture(cls, mixture, limits: Limits = Limits()) -> Service:
+        """A service answering with a mixture whose weights are set (hlbl.mixture)."""
+        from ..run import read_run
+
+        first = mixture.components[0]
+        return cls(first.model, mixture.vocab, read_run(first.path), first.path, first.which, limits, mixture)
 
     # ---- model description ----------------------------------------------------------------
 
@@ -170,6 +194,9 @@ class Service:
             "test_perplexity": test[-1] if test else None,
             "tree": None,
         }
+        if self.mixture is not None:  # predictions and scores are the mixture's; the rest is the run's
+            fitted = self.mixture.fitted_on or {}
+            out["mixture"] = {"components": self.mixture.describe(), "valid_perplexity": fitted.get("perplexity")}
         if tree is not None:
             out["tree"] = {
                 "kind": info.get("tree", train.get("tree")),
@@ -183,15 +210,20 @@ class Service:
     def context_ids(self, text: str) -> tuple[list[int], int, list[str]]:
         """The model's context for ``text`` (the start of a sentence): the last n words' ids,
         <eos>-padded; how many of those words are out of the vocabulary; and the words as read."""
-        ids, oov = self.context(text)
+        ids, oov = encode_context(self.vocab, text.split()[-self.n :] if self.n else [], self.n)
         return ids, oov, self.vocab.decode(ids)
 
     def context(self, text: str) -> tuple[list[int], int]:
-        """:meth:`context_ids` without the words."""
-        return encode_context(self.vocab, text.split()[-self.n :] if self.n else [], self.n)
+        """What a prediction reads of ``text``: :meth:`context_ids` of the last :attr:`n_read` words
+        (a mixture's n-gram model may read more words than the run), without the words."""
+        m = self.n_read
+        return encode_context(self.vocab, text.split()[-m:] if m else [], m)
 
     def topk(self, contexts: list[list[int]], k: int) -> tuple[list[list[float]], list[list[int]]]:
         """Exact top-k (probabilities, word ids) for a batch of encoded contexts: ``model.topk``'s."""
+        if self.mixture is not None:
+            lp, idx = self.mixture.topk(contexts, k)
+            return np.exp(lp).tolist(), idx.tolist()
         ctx = torch.tensor(contexts, dtype=torch.int64, device=self.device).view(len(contexts), self.n)
         if self.search is None:
             values, idx = self.model.topk(ctx, k)
@@ -228,13 +260,16 @@ class Service:
         )
 
     def predict(self, text: str, k: int) -> dict:
-        ids, oov, words = self.context_ids(text)
+        ids, oov = self.context(text)
         probs, idx = self.topk([ids], k)
-        return self.prediction(words, oov, probs[0], idx[0])
+        return self.prediction(self.vocab.decode(ids), oov, probs[0], idx[0])
 
     def score(self, sentences: list[str]) -> dict:
         """The ``hlbl score`` protocol: each sentence alone, its words then <eos>, from an all-<eos> context."""
-        scores = score_sentences(self.model, self.vocab, sentences, device=self.device)
+        if self.mixture is not None:
+            scores = self.mixture.score(sentences)
+        else:
+            scores = score_sentences(self.model, self.vocab, sentences, device=self.device)
         return {"sentences": [s._asdict() for s in scores], "total": score_report(scores)}
 
     def generate(self, prompt: str, tokens: int, seed: int, temperature: float, per_node: bool) -> dict:
