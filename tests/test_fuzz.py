@@ -270,6 +270,83 @@ def test_arpa():
     check()
 
 
+def _lines_as_read(data: bytes, monkeypatch) -> list:
+    """Tokens of each line of ``data`` as ``hlbl score`` reads standard input (a too long token: None)."""
+    import io
+
+    from hlbl import lines
+
+    class Tokens:
+        def __init__(self):
+            self.tokens = []
+
+        def feed(self, text):
+            self.tokens += text.split()
+
+        def unknown(self):
+            self.tokens.append(None)
+
+        def finish(self):
+            return self.tokens
+
+    stream = io.BufferedReader(io.BytesIO(data), buffer_size=max(1, lines.READ_BYTES))
+    return [x.split() if isinstance(x, str) else x for chunk in lines.read_lines(stream, Tokens) for x in chunk]
+
+
+def _lines_of_a_corpus_file(path) -> list:
+    """Tokens of each line of a corpus file (the text rules), a token over MAX_TOKEN_BYTES as None."""
+    from hlbl import lines
+    from hlbl.data import iter_sentences
+
+    out, line = [], []
+    for tokens, ends_line in iter_sentences(path, blank_lines="keep"):
+        line += [t if len(t.encode()) <= lines.MAX_TOKEN_BYTES else None for t in tokens]
+        if ends_line:
+            out.append(line)
+            line = []
+    return out
+
+
+def test_stdin_lines_are_read_by_the_corpus_rules(tmp_path, monkeypatch):
+    """Standard input, read in bounded memory (long lines in pieces, too long tokens dropped), gives
+    the lines and tokens a corpus file of the same bytes gives; bad UTF-8 is a one-line error in both.
+    Bounds and reads are made tiny so that every case (a \\r\\n across two reads, a token across
+    many, a long line of blanks) comes up."""
+    from hlbl import lines
+
+    piece = st.sampled_from(
+        [
+            b"a",
+            b"bc",
+            "\u00e9".encode(),
+            b"x" * 9,
+            b" ",
+            b"\t",
+            b"\x0b",
+            b"\x0c",
+            b"\r",
+            b"\n",
+            b"\r\n",
+            b"\xff",
+            b"\xc3",
+        ]
+    )
+    path = tmp_path / "text.txt"
+
+    @settings(FUZZ, max_examples=500)  # cheap, and the cases are many
+    @given(st.lists(piece, max_size=40).map(b"".join), st.integers(1, 7), st.integers(2, 12), st.integers(0, 6))
+    def check(data, read, long_line, more):
+        monkeypatch.setattr(lines, "READ_BYTES", read)
+        monkeypatch.setattr(lines, "LONG_LINE_BYTES", long_line)
+        monkeypatch.setattr(lines, "MAX_TOKEN_BYTES", long_line + more)  # (a longer token is in a long line)
+        path.write_bytes(data)
+        want = loads_or_one_line_error(_lines_of_a_corpus_file, path)
+        got = loads_or_one_line_error(_lines_as_read, data, monkeypatch)
+        assert got == want, (got, want)
+
+    check()
+
+
 def test_the_fuzzer_sees_a_traceback():
     """The property can fail: a reader raising anything but HlblError is caught."""
     with pytest.raises(AssertionError):

@@ -374,7 +374,7 @@ def test_a_long_line_scores_as_the_whole_line_would(trained, monkeypatch, capsys
     from hlbl.cli import infer
     from hlbl.scoring import score_sentences
 
-    monkeypatch.setattr(infer, "LONG_LINE_BYTES", 1000)
+    monkeypatch.setattr("hlbl.lines.LONG_LINE_BYTES", 1000)
     feeds = []
     real_feed = infer._LongSentence.feed
     monkeypatch.setattr(
@@ -607,3 +607,53 @@ def test_a_checkpoint_of_another_tree_is_named_as_such(tmp_path, data, capsys):
     shutil.copy(b / "checkpoints" / "epoch-000002" / "last.safetensors", a / "checkpoints" / "epoch-000001")
     rc, _, err = run_cli(["train", "--resume", "--out", a, "--epochs", "2", "--quiet", "--engine", "torch"], capsys)
     one_line_error(rc, err, "another word tree")
+
+
+# ---- fault sweep: readers of standard input, ARPA files and trees
+
+
+def _stdin(monkeypatch, data: bytes) -> None:
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+@pytest.mark.parametrize("command", ["score", "predict"])
+def test_a_stdin_token_without_whitespace_is_one_unknown_word_read_in_bounded_memory(
+    trained, monkeypatch, capsys, command
+):
+    """12 MB without a space: held whole and joined again at every read, it took quadratic time
+    and twice its size; no word of any vocabulary is that long."""
+    import tracemalloc
+
+    from hlbl.scoring import score_sentences
+
+    _stdin(monkeypatch, b"the cat " + b"x" * (12 << 20) + b" a\nthe dog\n")
+    tracemalloc.start()
+    try:
+        rc, out, err = run_cli([command, trained, "--device", "cpu", "--json"], capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rc == 0, err
+    assert peak < 6 << 20, peak
+    rows = [json.loads(x) for x in out.splitlines()]
+    if command == "score":
+        model, vocab, _ = hrun.load_model(trained)
+        want = score_sentences(model, vocab, ["the cat xyzzy a", "the dog"])
+        assert [(r["tokens"], r["oov"]) for r in rows[:2]] == [(5, 1), (3, 0)]
+        assert rows[0]["log10_prob"] == pytest.approx(want[0].log10_prob, abs=1e-5)
+    else:
+        assert rows[0]["context"].endswith(" cat <unk> a") and rows[0]["oov"] == 1 and len(rows) == 2
+
+
+def test_lone_cr_line_ends_split_a_large_input_as_a_small_one(trained, monkeypatch, capsys):
+    """Over 1 MiB with only \r line ends was one sentence; the corpus reader's rule is the same at any size."""
+    text = ["the cat sees a dog " * 25 + str(i) for i in range(2400)]
+    runs = {}
+    for end in ("\n", "\r"):
+        _stdin(monkeypatch, end.join(text).encode())
+        rc, out, err = run_cli(["score", trained, "--device", "cpu"], capsys)
+        assert rc == 0, err
+        runs[end] = json.loads(out.splitlines()[-1])
+    assert runs["\r"] == runs["\n"] and runs["\n"]["sentences"] == 2400
