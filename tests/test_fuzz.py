@@ -8,6 +8,8 @@ import json
 import math
 import shutil
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -248,24 +250,49 @@ def test_arpa():
             "ngram 2=-1",
             "\x00",
             "é",
+            "1e30",  # a back-off no model has
+            "-101",
+            "5",
+            "0",  # unigrams summing to more than 1
+            "-1_0",  # numbers Python reads and ARPA has not
+            "NaN",
+            "-Infinity",
+            "+.5e1",
         ]
     )
-    edit = st.tuples(st.integers(0, len(base) - 1), st.lists(token, max_size=4).map("\t".join), st.booleans())
+    line_edit = st.tuples(st.integers(0, len(base) - 1), st.lists(token, max_size=4).map("\t".join), st.booleans())
+    number = st.sampled_from(["1e30", "-101", "5", "0", "-0", "-1_0", "NaN", "-Infinity", "+.5e1", "-inf", "-0.5"])
+    field_edit = st.tuples(st.integers(5, 12), number, st.integers(0, 2))  # a number of an n-gram line
 
     def apply(edits):
         lines = list(base)
-        for i, text, insert in edits:
+        for i, text, how in edits:
             i = min(i, len(lines))
-            if insert:
+            if how is True:
                 lines.insert(i, text)
-            elif lines:
+            elif how is False and lines:
                 lines[i % len(lines)] = text
+            elif lines:
+                fields = lines[i % len(lines)].split("\t")
+                fields[min(how, len(fields) - 1)] = text
+                lines[i % len(lines)] = "\t".join(fields)
         return "\n".join(lines).encode()
 
+    def read_and_score(data):
+        """What loads is a model: values in range, and sentences scored as probabilities (<= 1)."""
+        from hlbl.ngram.model import MAX_LOG10_BACKOFF, UNIGRAM_MASS_SLACK, unigram_mass
+
+        model = parse_arpa(data, "lm.arpa")
+        for lp, bo in zip(model.log10_prob, model.log10_backoff):
+            assert np.all((lp <= 0) | np.isneginf(lp)) and np.all(np.abs(bo) <= MAX_LOG10_BACKOFF)
+        assert unigram_mass(model.log10_prob[0]) <= 1 + UNIGRAM_MASS_SLACK
+        scores = model.score_sentences([["cat"], ["cat", "cat"], ["x"], []])
+        assert np.all((scores <= 0) | np.isneginf(scores)), scores
+
     @FUZZ
-    @given(st.one_of(st.lists(edit, min_size=1, max_size=3).map(apply), st.binary(max_size=200)))
+    @given(st.one_of(st.lists(line_edit | field_edit, min_size=1, max_size=3).map(apply), st.binary(max_size=200)))
     def check(data):
-        loads_or_one_line_error(parse_arpa, data, "lm.arpa")
+        loads_or_one_line_error(read_and_score, data)
 
     check()
 

@@ -657,3 +657,51 @@ def test_lone_cr_line_ends_split_a_large_input_as_a_small_one(trained, monkeypat
         assert rc == 0, err
         runs[end] = json.loads(out.splitlines()[-1])
     assert runs["\r"] == runs["\n"] and runs["\n"]["sentences"] == 2400
+
+
+def _edited_arpa(tmp_path: Path, data: Path, edit) -> Path:
+    """A bigram model of ``data`` with ``edit(fields)`` applied to each unigram line's fields."""
+    lm = tmp_path / "lm.arpa"
+    assert main(["ngram", "train", "--data", str(data), "--order", "2", "--out", str(lm)]) == 0
+    lines, section = [], ""
+    for x in lm.read_text().splitlines():
+        section = x if x.startswith("\\") else section
+        fields = x.split("\t")
+        lines.append("\t".join(edit(fields) if section == "\\1-grams:" and len(fields) > 1 else fields))
+    lm.write_text("\n".join(lines) + "\n")
+    return lm
+
+
+def _with_backoff(value: str):
+    return lambda f: f[:2] + [value] if len(f) == 3 else f
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (
+            _with_backoff("1e30"),
+            [".arpa:", ": log10 back-off '1e30' is out of range"],
+        ),  # perplexity 0.0, or a traceback
+        (lambda f: ["0"] + f[1:], [":5: the unigram probabilities sum to 15, more than 1"]),  # each word P = 1
+        (lambda f: [f[0].replace(".", "_", 1)] + f[1:] if f[1] == "a" else f, ["bad log10 probability '-1_"]),
+    ],
+)
+@pytest.mark.parametrize("command", ["ngram eval", "eval --interpolate"])
+def test_an_arpa_value_no_model_has_is_one_line_naming_the_line(trained, tmp_path, data, capsys, edit, words, command):
+    lm = _edited_arpa(tmp_path, data, edit)
+    argv = (
+        ["ngram", "eval", lm, "--data", data]
+        if command == "ngram eval"
+        else ["eval", trained, "--data", data, "--interpolate", lm, "--weight", "auto", "--device", "cpu"]
+    )
+    rc, _, err = run_cli(argv, capsys)
+    one_line_error(rc, err, str(lm), *words)
+
+
+def test_back_offs_in_range_that_make_a_probability_above_1_are_one_line(trained, tmp_path, data, capsys):
+    """Weights of 10^5 turn some valid-split probability into 10^3.97: no traceback from tuning the weight."""
+    lm = _edited_arpa(tmp_path, data, _with_backoff("5"))
+    argv = ["eval", trained, "--data", data, "--interpolate", lm, "--weight", "auto", "--device", "cpu"]
+    rc, _, err = run_cli(argv, capsys)
+    one_line_error(rc, err, f"{lm} gives", "(above 0)")
