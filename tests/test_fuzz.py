@@ -374,6 +374,33 @@ def test_stdin_lines_are_read_by_the_corpus_rules(tmp_path, monkeypatch):
     check()
 
 
+def test_tree_depths_and_stats_without_the_padded_paths_match_them():
+    """Depths, leaf words and statistics come from a linear pass (a deep tree's padded paths are
+    quadratic): for any shape, the same as the padded paths say."""
+    from hlbl.tree import leaf
+
+    @FUZZ
+    @given(st.integers(2, 40), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), max_size=40))
+    def check(V, picks):
+        items, children = [leaf(w) for w in range(V)], []
+        for j in range(V - 1):  # join two items (random ones, then the last two) into a node
+            a, b = picks[j] if j < len(picks) else (len(items) - 2, len(items) - 1)
+            first = items.pop(a % len(items))
+            second = items.pop(b % len(items))
+            children.append([first, second])
+            items.append(j)
+        tree = WordTree.from_children(children, V - 2, V)
+        np.testing.assert_array_equal(tree.leaf_depth, tree.path_mask.sum(1))
+        words = np.zeros(len(tree.leaf_word), dtype=np.int64)
+        for lf in range(len(words)):  # the word at the end of each padded path
+            node, bit = tree.path_nodes[lf, tree.leaf_depth[lf] - 1], tree.path_bits[lf, tree.leaf_depth[lf] - 1]
+            words[lf] = -1 - tree.children[node, 0 if bit == 1 else 1]
+        np.testing.assert_array_equal(tree.leaf_word, words)
+        assert tree.stats()["max_depth"] == tree.path_nodes.shape[1]
+
+    check()
+
+
 def test_the_fuzzer_sees_a_traceback():
     """The property can fail: a reader raising anything but HlblError is caught."""
     with pytest.raises(AssertionError):

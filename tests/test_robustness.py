@@ -705,3 +705,64 @@ def test_back_offs_in_range_that_make_a_probability_above_1_are_one_line(trained
     argv = ["eval", trained, "--data", data, "--interpolate", lm, "--weight", "auto", "--device", "cpu"]
     rc, _, err = run_cli(argv, capsys)
     one_line_error(rc, err, f"{lm} gives", "(above 0)")
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    """A named pipe; a reader that opens it would wait for a writer forever: after 20 s writers
+    come and go (so the old behaviour fails the test instead of hanging it)."""
+    import threading
+
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+    done = threading.Event()
+
+    def unblock():
+        done.wait(20)
+        while not done.wait(0.1):
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # no reader waiting: nothing to unblock
+                pass
+
+    threading.Thread(target=unblock, daemon=True).start()
+    yield path
+    done.set()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+@pytest.mark.parametrize("reader", ["tree stats", "ngram eval", "tree.json", "vocab.json", "train --tree"])
+def test_a_named_pipe_where_a_file_is_read_is_one_line(trained, tmp_path, data, fifo, capsys, reader):
+    run = _copy(trained, tmp_path) if reader.endswith(".json") else None
+    if run is not None:
+        (run / reader).unlink()
+        (run / reader).symlink_to(fifo)
+    argv = {
+        "tree stats": ["tree", "stats", fifo],
+        "ngram eval": ["ngram", "eval", fifo, "--data", data],
+        "tree.json": ["eval", run, "--device", "cpu"],
+        "vocab.json": ["eval", run, "--device", "cpu"],
+        "train --tree": ["train", "--data", data, "--out", tmp_path / "R", "--tree", fifo, *FAST],
+    }[reader]
+    rc, _, err = run_cli(argv, capsys)
+    one_line_error(rc, err, reader if run is not None else str(fifo), "not a regular file")
+
+
+def test_a_tree_too_deep_for_the_memory_is_one_line_and_its_stats_still_work(tmp_path, data, capsys, monkeypatch):
+    """A caterpillar's padded paths grow as depth squared: refused, with the numbers, before training
+    (the bound is a quarter of the process's memory; made tiny here for a tree of the corpus's 14 words)."""
+    import numpy as np
+
+    from hlbl.data import load_corpus
+    from hlbl.tree import WordTree, leaf
+
+    V = len(load_corpus(data, splits=("train",)).vocab)
+    children = np.array([[leaf(j), j + 1] for j in range(V - 1)])
+    children[-1] = [leaf(V - 2), leaf(V - 1)]
+    path = tmp_path / "deep.json"
+    WordTree(children, V).save(path)
+    monkeypatch.setattr("hlbl.tree.memory_limit", lambda: 8 << 10)
+    rc, _, err = run_cli(["train", "--data", data, "--out", tmp_path / "R", "--tree", path, *FAST], capsys)
+    one_line_error(rc, err, str(path), f"{V:,} leaves and depth {V - 1:,}", "padded path tables")
+    rc, out, err = run_cli(["tree", "stats", path], capsys)
+    assert rc == 0 and json.loads(out)["max_depth"] == V - 1, err

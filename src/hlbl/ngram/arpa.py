@@ -43,6 +43,7 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..data import DataError, default_cache_dir
+from ..files import refuse_special
 from ..progress import progress
 from .model import BOS_WORD, MAX_LOG10_BACKOFF, UNIGRAM_MASS_SLACK, UNK_WORD, NgramModel, unigram_mass
 
@@ -120,6 +121,7 @@ def read_arpa(path: str | os.PathLike, cache: bool = True) -> NgramModel:
     used on later reads of the unchanged file (parsing PTB's 5-gram file takes seconds).
     """
     path = Path(path)
+    refuse_special(path, ArpaError, "an ARPA file")
     if path.is_dir():
         raise ArpaError(f"{path} is a directory, expected an ARPA file")
     if not path.exists():
