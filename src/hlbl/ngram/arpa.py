@@ -278,8 +278,6 @@ def parse_arpa(data: bytes | str, name: str = "<arpa>") -> NgramModel:
         lp, bo, cols = _columns(start, nfields, toks, first, k, name, k == order)
         del toks
         if k == 1:
-            if unigram_mass(lp) > 1 + UNIGRAM_MASS_SLACK:
-                raise ArpaError(f"{name}:{start}: the unigram probabilities sum to {unigram_mass(lp):.6g}, more than 1")
             vocab = _unigrams(cols[0], start, name) + (lp, bo)
         else:
             assert vocab is not None
@@ -344,6 +342,8 @@ def _columns(start: int, nfields: np.ndarray, toks: list[bytes], first: np.ndarr
     if np.any(lp > 0):
         j = int(np.flatnonzero(lp > 0)[0])
         raise ArpaError(f"{name}:{start + j + 1}: log10 probability {lp[j]} is above 0")
+    if k == 1 and unigram_mass(lp) > 1 + UNIGRAM_MASS_SLACK:  # (named at the section's header)
+        raise ArpaError(f"{name}:{start}: the unigram probabilities sum to {unigram_mass(lp):.6g}, more than 1")
     if np.any(np.abs(bo) > MAX_LOG10_BACKOFF):  # (a weight of 10^100 turns any probability into > 1)
         j = int(np.flatnonzero(np.abs(bo) > MAX_LOG10_BACKOFF)[0])
         text = arr[first[j] + k + 1].decode("utf-8", "replace")
