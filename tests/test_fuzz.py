@@ -8,6 +8,8 @@ import json
 import math
 import shutil
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -248,24 +250,153 @@ def test_arpa():
             "ngram 2=-1",
             "\x00",
             "é",
+            "1e30",  # a back-off no model has
+            "-101",
+            "5",
+            "0",  # unigrams summing to more than 1
+            "-1_0",  # numbers Python reads and ARPA has not
+            "NaN",
+            "-Infinity",
+            "+.5e1",
         ]
     )
-    edit = st.tuples(st.integers(0, len(base) - 1), st.lists(token, max_size=4).map("\t".join), st.booleans())
+    line_edit = st.tuples(st.integers(0, len(base) - 1), st.lists(token, max_size=4).map("\t".join), st.booleans())
+    number = st.sampled_from(["1e30", "-101", "5", "0", "-0", "-1_0", "NaN", "-Infinity", "+.5e1", "-inf", "-0.5"])
+    field_edit = st.tuples(st.integers(5, 12), number, st.integers(0, 2))  # a number of an n-gram line
 
     def apply(edits):
         lines = list(base)
-        for i, text, insert in edits:
+        for i, text, how in edits:
             i = min(i, len(lines))
-            if insert:
+            if how is True:
                 lines.insert(i, text)
-            elif lines:
+            elif how is False and lines:
                 lines[i % len(lines)] = text
+            elif lines:
+                fields = lines[i % len(lines)].split("\t")
+                fields[min(how, len(fields) - 1)] = text
+                lines[i % len(lines)] = "\t".join(fields)
         return "\n".join(lines).encode()
 
+    def read_and_score(data):
+        """What loads is a model: values in range, and sentences scored as probabilities (<= 1)."""
+        from hlbl.ngram.model import MAX_LOG10_BACKOFF, UNIGRAM_MASS_SLACK, unigram_mass
+
+        model = parse_arpa(data, "lm.arpa")
+        for lp, bo in zip(model.log10_prob, model.log10_backoff):
+            assert np.all((lp <= 0) | np.isneginf(lp)) and np.all(np.abs(bo) <= MAX_LOG10_BACKOFF)
+        assert unigram_mass(model.log10_prob[0]) <= 1 + UNIGRAM_MASS_SLACK
+        scores = model.score_sentences([["cat"], ["cat", "cat"], ["x"], []])
+        assert np.all((scores <= 0) | np.isneginf(scores)), scores
+
     @FUZZ
-    @given(st.one_of(st.lists(edit, min_size=1, max_size=3).map(apply), st.binary(max_size=200)))
+    @given(st.one_of(st.lists(line_edit | field_edit, min_size=1, max_size=3).map(apply), st.binary(max_size=200)))
     def check(data):
-        loads_or_one_line_error(parse_arpa, data, "lm.arpa")
+        loads_or_one_line_error(read_and_score, data)
+
+    check()
+
+
+def _lines_as_read(data: bytes, monkeypatch) -> list:
+    """Tokens of each line of ``data`` as ``hlbl score`` reads standard input (a too long token: None)."""
+    import io
+
+    from hlbl import lines
+
+    class Tokens:
+        def __init__(self):
+            self.tokens = []
+
+        def feed(self, text):
+            self.tokens += text.split()
+
+        def unknown(self):
+            self.tokens.append(None)
+
+        def finish(self):
+            return self.tokens
+
+    stream = io.BufferedReader(io.BytesIO(data), buffer_size=max(1, lines.READ_BYTES))
+    return [x.split() if isinstance(x, str) else x for chunk in lines.read_lines(stream, Tokens) for x in chunk]
+
+
+def _lines_of_a_corpus_file(path) -> list:
+    """Tokens of each line of a corpus file (the text rules), a token over MAX_TOKEN_BYTES as None."""
+    from hlbl import lines
+    from hlbl.data import iter_sentences
+
+    out, line = [], []
+    for tokens, ends_line in iter_sentences(path, blank_lines="keep"):
+        line += [t if len(t.encode()) <= lines.MAX_TOKEN_BYTES else None for t in tokens]
+        if ends_line:
+            out.append(line)
+            line = []
+    return out
+
+
+def test_stdin_lines_are_read_by_the_corpus_rules(tmp_path, monkeypatch):
+    """Standard input, read in bounded memory (long lines in pieces, too long tokens dropped), gives
+    the lines and tokens a corpus file of the same bytes gives; bad UTF-8 is a one-line error in both.
+    Bounds and reads are made tiny so that every case (a \\r\\n across two reads, a token across
+    many, a long line of blanks) comes up."""
+    from hlbl import lines
+
+    piece = st.sampled_from(
+        [
+            b"a",
+            b"bc",
+            "\u00e9".encode(),
+            b"x" * 9,
+            b" ",
+            b"\t",
+            b"\x0b",
+            b"\x0c",
+            b"\r",
+            b"\n",
+            b"\r\n",
+            b"\xff",
+            b"\xc3",
+        ]
+    )
+    path = tmp_path / "text.txt"
+
+    @settings(FUZZ, max_examples=500)  # cheap, and the cases are many
+    @given(st.lists(piece, max_size=40).map(b"".join), st.integers(1, 7), st.integers(2, 12), st.integers(0, 6))
+    def check(data, read, long_line, more):
+        monkeypatch.setattr(lines, "READ_BYTES", read)
+        monkeypatch.setattr(lines, "LONG_LINE_BYTES", long_line)
+        monkeypatch.setattr(lines, "MAX_TOKEN_BYTES", long_line + more)  # (a longer token is in a long line)
+        path.write_bytes(data)
+        want = loads_or_one_line_error(_lines_of_a_corpus_file, path)
+        got = loads_or_one_line_error(_lines_as_read, data, monkeypatch)
+        assert got == want, (got, want)
+
+    check()
+
+
+def test_tree_depths_and_stats_without_the_padded_paths_match_them():
+    """Depths, leaf words and statistics come from a linear pass (a deep tree's padded paths are
+    quadratic): for any shape, the same as the padded paths say."""
+    from hlbl.tree import leaf
+
+    @FUZZ
+    @given(st.integers(2, 40), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), max_size=40))
+    def check(V, picks):
+        items, children = [leaf(w) for w in range(V)], []
+        for j in range(V - 1):  # join two items (random ones, then the last two) into a node
+            a, b = picks[j] if j < len(picks) else (len(items) - 2, len(items) - 1)
+            first = items.pop(a % len(items))
+            second = items.pop(b % len(items))
+            children.append([first, second])
+            items.append(j)
+        tree = WordTree.from_children(children, V - 2, V)
+        np.testing.assert_array_equal(tree.leaf_depth, tree.path_mask.sum(1))
+        words = np.zeros(len(tree.leaf_word), dtype=np.int64)
+        for lf in range(len(words)):  # the word at the end of each padded path
+            node, bit = tree.path_nodes[lf, tree.leaf_depth[lf] - 1], tree.path_bits[lf, tree.leaf_depth[lf] - 1]
+            words[lf] = -1 - tree.children[node, 0 if bit == 1 else 1]
+        np.testing.assert_array_equal(tree.leaf_word, words)
+        assert tree.stats()["max_depth"] == tree.path_nodes.shape[1]
 
     check()
 

@@ -441,6 +441,18 @@ def corrupt(line_no, new):
         (2, "ngram 1=3", 9, "more 1-grams than the header's 3"),
         (15, None, 14, "expected \\end\\"),
         (11, "\\3-grams:", 11, "expected \\2-grams:"),
+        # values that make the model no distribution, and numbers Python reads but ARPA has not
+        (7, "-0.6\ta\t1e30", 7, "log10 back-off '1e30' is out of range"),
+        (7, "-0.6\ta\t-101", 7, "log10 back-off '-101' is out of range"),
+        (7, "-0.0001\ta\t-0.2", 5, "the unigram probabilities sum to 1.2"),
+        (7, "-1_0\ta\t-0.2", 7, "bad log10 probability '-1_0'"),
+        (7, "-0.6\ta\t-0_2", 7, "bad log10 back-off '-0_2'"),
+        (7, "NaN\ta\t-0.2", 7, "bad log10 probability 'NaN'"),
+        (7, "-0.6\ta\t-Infinity", 7, "bad log10 back-off '-Infinity'"),
+        (7, "\u0661\ta\t-0.2", 7, "bad log10 probability"),
+        (12, "-0_1\t<s> a", 12, "bad log10 probability '-0_1'"),
+        (2, "ngram 1=0_4", 2, "ngram K=COUNT"),
+        (3, "ngram 2=+2", 3, "ngram K=COUNT"),
     ],
 )
 def test_malformed_arpa_names_the_line(tmp_path, line_no, new, where, words):
@@ -452,6 +464,49 @@ def test_malformed_arpa_names_the_line(tmp_path, line_no, new, where, words):
     msg = str(e.value)
     assert msg.startswith(f"{path}:{where}: ") and words in msg and "\n" not in msg
     assert isinstance(e.value, DataError)
+
+
+def test_an_arpa_section_of_blank_lines_is_one_line():
+    text = corrupt(12, "").replace("\t<s> a\n", "\n").replace("-0.2\ta </s>", "")
+    with pytest.raises(ArpaError, match="^lm.arpa:12: the header promises 2 2-grams, the section has 0"):
+        parse_arpa(text, "lm.arpa")
+
+
+@pytest.mark.parametrize(
+    "order, table, at, value, words",
+    [
+        (0, "lp", 1, 0.5, "order 1 entry 2: log10 probability 0.5 is above 0"),
+        (1, "lp", 0, float("nan"), "order 2 entry 1: log10 probability nan"),
+        (0, "bo", 1, 1e30, "order 1 entry 2: log10 back-off 1e+30 is out of range"),
+        (0, "lp", slice(None), 0.0, "the unigram probabilities sum to"),
+    ],
+)
+def test_binary_form_values_are_checked_as_arpa_values(small, tmp_path, order, table, at, value, words):
+    from hlbl.ngram.binary import write_binary
+
+    model = small[3]
+    bad = NgramModel(
+        model.words, list(model.keys), [a.copy() for a in model.log10_prob], [a.copy() for a in model.log10_backoff]
+    )
+    (bad.log10_prob if table == "lp" else bad.log10_backoff)[order][at] = value
+    path = tmp_path / "bad.safetensors"
+    write_binary(bad, path)
+    with pytest.raises(DataError) as e:
+        read_arpa(path)
+    assert str(e.value).startswith(f"{path}: ") and words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_back_off_that_makes_a_probability_above_1_is_named_where_scored():
+    """Each value in range, the back-off of 'a' (10^5) still makes p(b | a) = 10^4.4: no distribution."""
+    text = VALID_ARPA[:6] + ["-0.6\ta\t5", "-0.7\t</s>", "-1.0\t<unk>", "-0.6\tb"] + VALID_ARPA[9:]
+    text[1] = "ngram 1=5"
+    model = parse_arpa("\n".join(text) + "\n", "lm.arpa")
+    with pytest.raises(DataError, match=r"^lm.arpa gives 'b' after 'a' log10 probability 4.4 \(above 0\)"):
+        model.score_sentences([["a", "b"]])
+    vocab = Vocab(("<eos>", "<unk>", "a", "b"), (0, 0, 0, 0))
+    with pytest.raises(DataError, match="lm.arpa gives 'b' after 'a'"):
+        token_log_probs(model, np.array([2, 3, 0]), vocab)
+    assert model.score_sentences([["a"]])[0] < 0  # what stays in range is scored
 
 
 def test_arpa_file_errors(tmp_path):

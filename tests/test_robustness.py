@@ -374,7 +374,7 @@ def test_a_long_line_scores_as_the_whole_line_would(trained, monkeypatch, capsys
     from hlbl.cli import infer
     from hlbl.scoring import score_sentences
 
-    monkeypatch.setattr(infer, "LONG_LINE_BYTES", 1000)
+    monkeypatch.setattr("hlbl.lines.LONG_LINE_BYTES", 1000)
     feeds = []
     real_feed = infer._LongSentence.feed
     monkeypatch.setattr(
@@ -589,3 +589,162 @@ def test_a_checkpoint_of_another_tree_is_named_as_such(tmp_path, data, capsys):
     shutil.copy(b / "checkpoints" / "epoch-000002" / "last.safetensors", a / "checkpoints" / "epoch-000001")
     rc, _, err = run_cli(["train", "--resume", "--out", a, "--epochs", "2", "--quiet", "--engine", "torch"], capsys)
     one_line_error(rc, err, "another word tree")
+
+
+# ---- fault sweep: readers of standard input, ARPA files and trees
+
+
+def _stdin(monkeypatch, data: bytes) -> None:
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+@pytest.mark.parametrize("command", ["score", "predict"])
+def test_a_stdin_token_without_whitespace_is_one_unknown_word_read_in_bounded_memory(
+    trained, monkeypatch, capsys, command
+):
+    """12 MB without a space: held whole and joined again at every read, it took quadratic time
+    and twice its size; no word of any vocabulary is that long."""
+    import tracemalloc
+
+    from hlbl.scoring import score_sentences
+
+    _stdin(monkeypatch, b"the cat " + b"x" * (12 << 20) + b" a\nthe dog\n")
+    tracemalloc.start()
+    try:
+        rc, out, err = run_cli([command, trained, "--device", "cpu", "--json"], capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert rc == 0, err
+    assert peak < 6 << 20, peak
+    rows = [json.loads(x) for x in out.splitlines()]
+    if command == "score":
+        model, vocab, _ = hrun.load_model(trained)
+        want = score_sentences(model, vocab, ["the cat xyzzy a", "the dog"])
+        assert [(r["tokens"], r["oov"]) for r in rows[:2]] == [(5, 1), (3, 0)]
+        assert rows[0]["log10_prob"] == pytest.approx(want[0].log10_prob, abs=1e-5)
+    else:
+        assert rows[0]["context"].endswith(" cat <unk> a") and rows[0]["oov"] == 1 and len(rows) == 2
+
+
+def test_lone_cr_line_ends_split_a_large_input_as_a_small_one(trained, monkeypatch, capsys):
+    """Over 1 MiB with only \r line ends was one sentence; the corpus reader's rule is the same at any size."""
+    text = ["the cat sees a dog " * 25 + str(i) for i in range(2400)]
+    runs = {}
+    for end in ("\n", "\r"):
+        _stdin(monkeypatch, end.join(text).encode())
+        rc, out, err = run_cli(["score", trained, "--device", "cpu"], capsys)
+        assert rc == 0, err
+        runs[end] = json.loads(out.splitlines()[-1])
+    assert runs["\r"] == runs["\n"] and runs["\n"]["sentences"] == 2400
+
+
+def _edited_arpa(tmp_path: Path, data: Path, edit) -> Path:
+    """A bigram model of ``data`` with ``edit(fields)`` applied to each unigram line's fields."""
+    lm = tmp_path / "lm.arpa"
+    assert main(["ngram", "train", "--data", str(data), "--order", "2", "--out", str(lm)]) == 0
+    lines, section = [], ""
+    for x in lm.read_text().splitlines():
+        section = x if x.startswith("\\") else section
+        fields = x.split("\t")
+        lines.append("\t".join(edit(fields) if section == "\\1-grams:" and len(fields) > 1 else fields))
+    lm.write_text("\n".join(lines) + "\n")
+    return lm
+
+
+def _with_backoff(value: str):
+    return lambda f: f[:2] + [value] if len(f) == 3 else f
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (
+            _with_backoff("1e30"),
+            [".arpa:", ": log10 back-off '1e30' is out of range"],
+        ),  # perplexity 0.0, or a traceback
+        (lambda f: ["0"] + f[1:], [":5: the unigram probabilities sum to 15, more than 1"]),  # each word P = 1
+        (lambda f: [f[0].replace(".", "_", 1)] + f[1:] if f[1] == "a" else f, ["bad log10 probability '-1_"]),
+    ],
+)
+@pytest.mark.parametrize("command", ["ngram eval", "eval --interpolate"])
+def test_an_arpa_value_no_model_has_is_one_line_naming_the_line(trained, tmp_path, data, capsys, edit, words, command):
+    lm = _edited_arpa(tmp_path, data, edit)
+    argv = (
+        ["ngram", "eval", lm, "--data", data]
+        if command == "ngram eval"
+        else ["eval", trained, "--data", data, "--interpolate", lm, "--weight", "auto", "--device", "cpu"]
+    )
+    rc, _, err = run_cli(argv, capsys)
+    one_line_error(rc, err, str(lm), *words)
+
+
+def test_back_offs_in_range_that_make_a_probability_above_1_are_one_line(trained, tmp_path, data, capsys):
+    """Weights of 10^5 turn some valid-split probability into 10^3.97: no traceback from tuning the weight."""
+    lm = _edited_arpa(tmp_path, data, _with_backoff("5"))
+    argv = ["eval", trained, "--data", data, "--interpolate", lm, "--weight", "auto", "--device", "cpu"]
+    rc, _, err = run_cli(argv, capsys)
+    one_line_error(rc, err, f"{lm} gives", "(above 0)")
+
+
+@pytest.fixture
+def fifo(tmp_path):
+    """A named pipe; a reader that opens it would wait for a writer forever: after 20 s writers
+    come and go (so the old behaviour fails the test instead of hanging it)."""
+    import threading
+
+    path = tmp_path / "pipe"
+    os.mkfifo(path)
+    done = threading.Event()
+
+    def unblock():
+        done.wait(20)
+        while not done.wait(0.1):
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # no reader waiting: nothing to unblock
+                pass
+
+    threading.Thread(target=unblock, daemon=True).start()
+    yield path
+    done.set()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+@pytest.mark.parametrize("reader", ["tree stats", "ngram eval", "tree.json", "vocab.json", "train --tree"])
+def test_a_named_pipe_where_a_file_is_read_is_one_line(trained, tmp_path, data, fifo, capsys, reader):
+    run = _copy(trained, tmp_path) if reader.endswith(".json") else None
+    if run is not None:
+        (run / reader).unlink()
+        (run / reader).symlink_to(fifo)
+    argv = {
+        "tree stats": ["tree", "stats", fifo],
+        "ngram eval": ["ngram", "eval", fifo, "--data", data],
+        "tree.json": ["eval", run, "--device", "cpu"],
+        "vocab.json": ["eval", run, "--device", "cpu"],
+        "train --tree": ["train", "--data", data, "--out", tmp_path / "R", "--tree", fifo, *FAST],
+    }[reader]
+    rc, _, err = run_cli(argv, capsys)
+    one_line_error(rc, err, reader if run is not None else str(fifo), "not a regular file")
+
+
+def test_a_tree_too_deep_for_the_memory_is_one_line_and_its_stats_still_work(tmp_path, data, capsys, monkeypatch):
+    """A caterpillar's padded paths grow as depth squared: refused, with the numbers, before training
+    (the bound is a quarter of the process's memory; made tiny here for a tree of the corpus's 14 words)."""
+    import numpy as np
+
+    from hlbl.data import load_corpus
+    from hlbl.tree import WordTree, leaf
+
+    V = len(load_corpus(data, splits=("train",)).vocab)
+    children = np.array([[leaf(j), j + 1] for j in range(V - 1)])
+    children[-1] = [leaf(V - 2), leaf(V - 1)]
+    path = tmp_path / "deep.json"
+    WordTree(children, V).save(path)
+    monkeypatch.setattr("hlbl.tree.memory_limit", lambda: 8 << 10)
+    rc, _, err = run_cli(["train", "--data", data, "--out", tmp_path / "R", "--tree", path, *FAST], capsys)
+    one_line_error(rc, err, str(path), f"{V:,} leaves and depth {V - 1:,}", "padded path tables")
+    rc, out, err = run_cli(["tree", "stats", path], capsys)
+    assert rc == 0 and json.loads(out)["max_depth"] == V - 1, err

@@ -180,3 +180,59 @@ def test_npz_suffix_is_case_insensitive(tmp_path):
     tree.save(tmp_path / "t.NPZ")
     assert (tmp_path / "t.NPZ").read_bytes()[:2] == b"PK"  # a zip archive, not JSON
     assert np.array_equal(WordTree.load(tmp_path / "t.NPZ").children, tree.children)
+
+
+def caterpillar(num_words: int) -> WordTree:
+    """Word j (j < V - 2) is the left leaf of node j, whose right child is node j + 1: depth V - 1."""
+    children = np.array([[leaf(j), j + 1] for j in range(num_words - 1)], dtype=np.int64)
+    children[-1] = [leaf(num_words - 2), leaf(num_words - 1)]
+    return WordTree(children, num_words)
+
+
+def test_the_stats_of_a_deep_tree_are_linear_in_its_size():
+    """Statistics need each leaf's depth, not the (leaves, depth) padded paths (quadratic here)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        tree = caterpillar(4000)
+        stats = tree.stats()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, peak  # the padded paths: 4000 x 3999 x 10 bytes = 160 MB
+    assert stats["max_depth"] == 3999 and stats["leaves"] == 4000
+    assert stats["mean_code_length"] == pytest.approx((sum(range(1, 4000)) + 3999) / 4000)
+    small = caterpillar(7)
+    np.testing.assert_array_equal(small.leaf_depth, small.path_mask.sum(1))  # the same depths as the paths'
+
+
+def test_a_tree_whose_padded_paths_exceed_the_memory_bound_is_refused(monkeypatch, tmp_path):
+    import hlbl.tree as tree_module
+    from hlbl.output import TreeSoftmax
+
+    monkeypatch.setattr(tree_module, "memory_limit", lambda: 64 << 20)  # a quarter: 16 MiB
+    deep = caterpillar(1500)  # 1500 x 1499 x 18 bytes = 40 MB
+    with pytest.raises(TreeError) as e:
+        TreeSoftmax(8, deep)
+    msg = str(e.value)
+    for words in ("1,500 leaves", "depth 1,499", "GiB", "a quarter of the 0.0625 GiB"):
+        assert words in msg, msg
+    assert "\n" not in msg
+    assert deep.stats()["max_depth"] == 1499  # what needs no paths still works
+    path = tmp_path / "deep.json"
+    deep.save(path)
+    with pytest.raises(TreeError, match=f"^{path}: a tree of 1,500 leaves and depth 1,499"):
+        build_tree(str(path), 1500)
+    TreeSoftmax(8, random_tree(1500, 0))  # a balanced tree of as many words: 1500 x 11 x 18 bytes
+
+
+def test_a_huffman_tree_of_a_large_vocabulary_is_within_the_bound(monkeypatch):
+    """360k Zipf-distributed words: depth in the twenties, padded paths ~150 MB, under a quarter of 4 GiB."""
+    import hlbl.tree as tree_module
+
+    monkeypatch.setattr(tree_module, "memory_limit", lambda: 4 << 30)
+    counts = np.maximum(1, (1e8 / np.arange(1, 360_001)).astype(np.int64))
+    tree = huffman_tree(counts)
+    assert 20 <= int(tree.leaf_depth.max()) <= 45
+    tree.check_path_tables()

@@ -32,6 +32,7 @@ from torch import nn
 from . import atomic
 from .data import Vocab
 from .errors import CheckpointError
+from .files import refuse_special
 
 WEIGHTS_FORMAT = "hlbl-weights"
 STATE_FORMAT = "hlbl-train-state"
@@ -44,6 +45,7 @@ def write_json(path: Path, obj: Any) -> None:
 
 def read_json(path: Path, what: str) -> Any:
     path = Path(path)
+    refuse_special(path, CheckpointError, f"the {what} file")
     try:
         data = path.read_bytes()
     except FileNotFoundError:

@@ -40,6 +40,7 @@ import numpy as np
 
 from .atomic import atomic_path
 from .errors import TreeError
+from .files import refuse_special
 
 CLASSES_FORMAT = "hlbl-word-classes"
 CLASSES_VERSION = 1
@@ -224,6 +225,7 @@ class WordClasses:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "WordClasses":
         path = Path(path)
+        refuse_special(path, TreeError, "a word classes file")
         if not path.is_file():
             raise TreeError(f"{path}: no such word classes file")
         try:
@@ -238,6 +240,7 @@ class WordClasses:
 
 def is_classes_file(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a JSON file that says it holds word classes (cheap check, for messages)."""
+    refuse_special(path, TreeError, "a tree or word classes file")
     try:
         obj = json.loads(Path(path).read_text(encoding="utf-8"))
     except Exception:

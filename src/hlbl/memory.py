@@ -11,11 +11,15 @@ Many systems set THP to ``madvise`` (only regions that ask get huge pages), so w
 turn the pages already there into huge pages now. Collapsing copies the memory once (about 2 s/GB);
 on a range already collapsed it returns at once. Anywhere this does not apply (not Linux, an old
 kernel, THP disabled, a small array) it silently does nothing: results never depend on it.
+
+:func:`memory_limit` is the memory a process can have at most, for checks made before a large
+allocation (a word tree's padded path tables).
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 
 import numpy as np
@@ -62,3 +66,30 @@ def prefer_huge_pages(*arrays: np.ndarray, min_bytes: int = MIN_BYTES) -> int:
         madvise(start, end - start, _MADV_COLLAPSE)  # best effort: the hint above still holds for new pages
         done += end - start
     return done
+
+
+def memory_limit() -> int | None:
+    """Bytes this process can have at most: the least of the machine's physical memory, the
+    address-space limit (``ulimit -v``) and the cgroup's ``memory.max`` (a container's limit);
+    None where none of them is known."""
+    limits = []
+    try:
+        limits.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # not on every system
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY:
+            limits.append(soft)
+    except (ImportError, OSError, ValueError, AttributeError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:  # cgroup v2; "max" where unlimited
+            text = f.read().strip()
+        if text.isdigit():
+            limits.append(int(text))
+    except OSError:
+        pass
+    return min(limits) if limits else None

@@ -17,6 +17,14 @@ numbered breadth-first too (the order in which a level-by-level walk meets them)
 order ``leaf_word`` and the padded path tensors use, and the order in which the full
 distribution is produced level by level.
 
+The padded path tables hold ``L x D`` entries (``D`` the deepest leaf's depth): about
+``PATH_STEP_BYTES`` (18) bytes each with their copies in the output layer and the fast engine.
+A tree for which they would take more than a quarter of the memory the process may have
+(:func:`hlbl.memory.memory_limit`) is refused when they are first needed, with the numbers
+(a caterpillar over 15,655 words: 4.1 GiB; a Huffman tree over 360k words, depth 35: 0.2 GiB).
+Statistics, depths and leaf words need no padded tables: they cost time and memory linear in
+the tree's size, whatever its depth.
+
 Invariants (checked by :meth:`WordTree.validate`): one root (node 0), every other internal node
 has exactly one parent, every node reachable from the root (so no cycles), internal ids are
 ``0..N-1``, every word ``0..V-1`` has at least one leaf, and no internal node has two leaves of
@@ -38,9 +46,15 @@ import numpy as np
 
 from .atomic import atomic_path
 from .errors import TreeError
+from .files import refuse_special
+from .memory import memory_limit
 
 TREE_FORMAT = "hlbl-word-tree"
 TREE_VERSION = 1
+# Bytes a padded path step costs: the tree's nodes (int64), bits (int8) and mask (bool), the
+# output layer's signs (float32) and the fast engine's path records (int32).
+PATH_STEP_BYTES = 8 + 1 + 1 + 4 + 4
+PATH_MEMORY_SHARE = 4  # the padded tables may take a quarter of memory_limit()
 
 
 def leaf(word: int) -> int:
@@ -169,7 +183,9 @@ class WordTree:
         return _levels(self.children)
 
     @cached_property
-    def _paths(self) -> dict[str, np.ndarray]:
+    def _leaves(self) -> dict[str, np.ndarray]:
+        """Per internal node its parent and the bit that leads to it; per leaf (breadth-first) its
+        word, depth, parent and bit. Linear in the tree's size, whatever its depth."""
         ch = self.children
         N = len(ch)
         parent = np.full(N, -1, dtype=np.int64)
@@ -179,20 +195,50 @@ class WordTree:
             parent[ch[m, s]] = np.flatnonzero(m)
             pbit[ch[m, s]] = bit
         depth = np.zeros(N, dtype=np.int64)
-        for lv in self.levels[1:]:
-            depth[lv] = depth[parent[lv]] + 1
+        for d, lv in enumerate(self.levels):
+            depth[lv] = d
         # Leaves in breadth-first order: level by level, node order, left before right.
         flat = ch.reshape(-1)  # slot 2j = left of j, 2j+1 = right of j; BFS ids keep levels sorted
         slots = np.flatnonzero(flat < 0)
         leaf_parent = slots // 2
-        leaf_bit = np.where(slots % 2 == 0, 1, 0).astype(np.int8)
-        leaf_word = -1 - flat[slots]
-        leaf_depth = depth[leaf_parent] + 1
-        L, D = len(slots), int(leaf_depth.max())
+        return {
+            "parent": parent,
+            "pbit": pbit,
+            "word": -1 - flat[slots],
+            "depth": depth[leaf_parent] + 1,
+            "leaf_parent": leaf_parent,
+            "leaf_bit": np.where(slots % 2 == 0, 1, 0).astype(np.int8),
+        }
+
+    @property
+    def path_table_bytes(self) -> int:
+        """Bytes the padded path tables take with their copies (leaves x depth x PATH_STEP_BYTES)."""
+        return len(self.leaf_word) * int(self.leaf_depth.max()) * PATH_STEP_BYTES
+
+    def check_path_tables(self, name: str | None = None) -> None:
+        """Refuse a tree whose padded path tables would take more than a quarter of the memory this
+        process may have (module doc); ``name`` (the tree's file) starts the message."""
+        limit = memory_limit()
+        need = self.path_table_bytes
+        if limit is None or need <= limit // PATH_MEMORY_SHARE:
+            return
+        L, D = len(self.leaf_word), int(self.leaf_depth.max())
+        raise TreeError(
+            f"{name + ': ' if name else ''}a tree of {L:,} leaves and depth {D:,} needs padded path tables of "
+            f"{need / 2**30:.3g} GiB ({L:,} x {D:,} steps x {PATH_STEP_BYTES} bytes), more than a quarter of the "
+            f"{limit / 2**30:.3g} GiB of memory this process may have; use a shallower tree (random or huffman)"
+        )
+
+    @cached_property
+    def _paths(self) -> dict[str, np.ndarray]:
+        self.check_path_tables()
+        leaves = self._leaves
+        parent, pbit, leaf_depth = leaves["parent"], leaves["pbit"], leaves["depth"]
+        L, D = len(leaf_depth), int(leaf_depth.max())
         nodes = np.zeros((L, D), dtype=np.int64)
         bits = np.zeros((L, D), dtype=np.int8)
         mask = np.zeros((L, D), dtype=bool)
-        cur, cbit = leaf_parent.copy(), leaf_bit.copy()
+        cur, cbit = leaves["leaf_parent"].copy(), leaves["leaf_bit"].copy()
         pos = leaf_depth - 1
         alive = np.ones(L, dtype=bool)
         while alive.any():
@@ -204,12 +250,12 @@ class WordTree:
             cur[idx] = parent[cur[idx]]
             pos[idx] -= 1
             alive = cur >= 0
-        return {"nodes": nodes, "bits": bits, "mask": mask, "word": leaf_word, "depth": leaf_depth}
+        return {"nodes": nodes, "bits": bits, "mask": mask}
 
     @property
     def leaf_word(self) -> np.ndarray:
         """(L,) word of each leaf, leaves in breadth-first order."""
-        return self._paths["word"]
+        return self._leaves["word"]
 
     @property
     def path_nodes(self) -> np.ndarray:
@@ -228,7 +274,7 @@ class WordTree:
 
     @property
     def leaf_depth(self) -> np.ndarray:
-        return self._paths["depth"]
+        return self._leaves["depth"]
 
     @cached_property
     def word_leaves(self) -> np.ndarray:
@@ -332,6 +378,7 @@ class WordTree:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "WordTree":
         path = Path(path)
+        refuse_special(path, TreeError, "a tree file")
         if not path.is_file():
             raise TreeError(f"{path}: no such tree file")
         try:
@@ -464,4 +511,5 @@ def build_tree(kind: str, num_words: int, counts: Sequence[float] | None = None,
     tree = WordTree.load(kind)
     if tree.num_words != num_words:
         raise TreeError(f"{kind}: tree has {tree.num_words} words, the vocabulary {num_words}")
+    tree.check_path_tables(kind)  # before training needs them, naming the file
     return tree

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
+
+import os
 from typing import Callable
 
 from ..errors import DataError
+from ..lines import read_lines
 from .common import blank_lines_arg, pick_device, run_args, score_output_args, seed_arg, set_threads
 from .mix import add_mixture_args, check_mixture_flags, mixing, ready_mixture
 
@@ -23,101 +25,6 @@ def _load_for_inference(args):
     return model, vocab, device
 
 
-def _more_input_waiting(buf) -> Callable[[], bool]:
-    """A test of whether more of ``buf`` (stdin's bytes) can be read without waiting."""
-    try:
-        fd = buf.fileno()
-    except (OSError, ValueError):  # in memory (io.UnsupportedOperation): all of it is there
-        return lambda: True
-    if os.name != "posix":  # select() cannot watch pipes there: answer per line only to a terminal
-        tty = os.isatty(fd)
-        return lambda: not tty
-    import select
-
-    return lambda: bool(select.select([fd], [], [], 0)[0])
-
-
-LONG_LINE_BYTES = 1 << 20  # a line longer than this is read piece by piece (see _stdin_chunks)
-_SPACE = tuple(b" \t\r\x0b\x0c")
-
-
-def _stdin_chunks(size: int = 1024, long_line: Callable[[], object] | None = None):
-    """Lines of stdin (line end removed) in lists of at most ``size``. A list goes out when it is
-    full or when no more input is waiting, so a person typing, or a program that writes a line and
-    waits for the answer, gets it at once, while a file still goes through in large batches.
-
-    Read as corpus files are, whatever the locale: UTF-8, strictly (an error names the line), a
-    leading byte-order mark dropped, line ends \\n, \\r\\n or a lone \\r.
-
-    Memory stays bounded whatever a line's length: a line longer than LONG_LINE_BYTES is given,
-    as it is read, in pieces cut at whitespace to ``long_line()``'s ``feed(text)``, and its list
-    entry is what that object's ``finish()`` returns (a lone \\r inside such a line is read as a
-    space). Without ``long_line`` lines are held whole."""
-    buf = sys.stdin.buffer
-    waiting = _more_input_waiting(buf)
-    chunk, number, unended, pending = [], 0, [], 0  # unended: the pieces of a line whose end has not come yet
-    sink = None  # the long_line() object of the current line, once it is long
-
-    def decode(piece: bytes, line: int) -> str:
-        try:
-            return piece.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(
-                f"standard input is not UTF-8 text (line {line}: byte 0x{piece[e.start]:02x} "
-                f"at byte {e.start + 1} of the line)"
-            ) from None
-
-    while True:
-        block = buf.read1(1 << 16)  # what is there, waiting only when nothing is
-        if block:
-            *complete, rest = block.split(b"\n")
-            if complete:
-                complete[0] = b"".join(unended) + complete[0]
-                unended, pending = [], 0
-        else:  # end of input: what is left is the last line
-            last = b"".join(unended)
-            complete, rest = ([last] if last or sink is not None else []), b""
-        for i, raw in enumerate(complete):
-            if i == 0 and sink is not None:  # the end of a long line
-                number += 1
-                sink.feed(decode(raw, number))
-                item = sink.finish()
-                sink = None
-                if item is not None:
-                    chunk.append(item)
-                if len(chunk) >= size:
-                    yield chunk
-                    chunk = []
-                continue
-            for piece in raw.removesuffix(b"\r").split(b"\r"):  # \r\n, or a lone \r, ends a line
-                number += 1
-                line = decode(piece, number)
-                chunk.append(line.removeprefix("\ufeff") if number == 1 else line)
-                if len(chunk) == size:
-                    yield chunk
-                    chunk = []
-        if not block:
-            break
-        unended.append(rest)
-        pending += len(rest)
-        if long_line is not None and pending > LONG_LINE_BYTES:
-            joined = b"".join(unended)
-            cut = max(joined.rfind(bytes([c])) for c in _SPACE)  # never inside a token (or a UTF-8 sequence)
-            if cut >= 0:
-                if sink is None:
-                    sink = long_line()
-                    if number == 0:
-                        joined = joined.removeprefix(b"\xef\xbb\xbf")
-                        cut = max(joined.rfind(bytes([c])) for c in _SPACE)
-                sink.feed(decode(joined[: cut + 1], number + 1))
-                unended, pending = [joined[cut + 1 :]], len(joined) - cut - 1
-        if chunk and not waiting():
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 class _LongContext:
     """predict's view of a long line: only its last ``n`` words (and its unknown-word count) are kept."""
 
@@ -128,6 +35,10 @@ class _LongContext:
         tokens = text.split()
         self.oov += self.vocab.encode_counting_oov(tokens)[1]
         self.words = (self.words + tokens[-self.n :])[-self.n :] if self.n else []
+
+    def unknown(self) -> None:
+        self.oov += 1
+        self.words = (self.words + [self.vocab.words[self.vocab.unk]])[-self.n :] if self.n else []
 
     def finish(self) -> "_LongContext":
         return self
@@ -158,6 +69,10 @@ class _LongSentence:
         self.oov += oov
         if ids:
             self._score(ids)
+
+    def unknown(self) -> None:
+        self.oov += 1
+        self._score([self.vocab.unk])
 
     def finish(self):
         from ..scoring import SentenceScore
@@ -216,11 +131,11 @@ def cmd_score(args) -> int:
 def print_scores(scorer: Callable, args, protocol: str, long_line=None, extra: dict | None = None) -> int:
     """Score stdin's sentences as they come and print each (``args.json``, ``args.per_token``),
     then the totals: ``scorer(lines)`` gives the :class:`hlbl.scoring.TokenScores` of a list of
-    lines; a long line (``long_line``, see :func:`_stdin_chunks`) comes already scored."""
+    lines; a long line (``long_line``, see :func:`hlbl.lines.read_lines`) comes already scored."""
     from ..scoring import score_report
 
     scores, dropped = [], 0
-    for chunk in _stdin_chunks(long_line=long_line):
+    for chunk in read_lines(sys.stdin.buffer, long_line):
         # drop: blank lines are not sentences; keep: each is an empty sentence, scored as <eos>.
         kept = [line for line in chunk if not isinstance(line, str) or protocol == "keep" or line.strip()]
         dropped += len(chunk) - len(kept)
@@ -270,7 +185,7 @@ def cmd_predict(args) -> int:
         print(f"hlbl: reading contexts from standard input, one a line (end with {end})", file=sys.stderr)
     n = model.config.context
     unknown = 0
-    for chunk in _stdin_chunks(long_line=lambda: _LongContext(vocab, n)):
+    for chunk in read_lines(sys.stdin.buffer, lambda: _LongContext(vocab, n)):
         # A long line arrives as its last n words; JSON shows those as its context.
         encoded = [
             encode_context(vocab, line.split(), n)

@@ -3,7 +3,9 @@
 Rules applied to every file of a corpus (UTF-8 text, one sentence a line, tokens separated by
 whitespace):
 
-* line endings ``\\n``, ``\\r\\n`` and ``\\r`` are all accepted; a leading byte-order mark is dropped;
+* line endings ``\\n``, ``\\r\\n`` and ``\\r`` are all accepted, at any line length; a leading
+  byte-order mark is dropped (``hlbl score`` and ``hlbl predict`` read standard input by these
+  rules too: :mod:`hlbl.lines`);
 * a blank line (nothing but whitespace) is dropped by default (``blank_lines="drop"``): it is not a
   sentence and gets no ``<eos>``. ``blank_lines="keep"`` is the protocol of WikiText's published
   perplexities (and of KenLM fed the same file): every line, blank or not, gets one ``<eos>``, so

@@ -17,7 +17,11 @@ Format (Doug Paul's; what SRILM and KenLM write)::
 
 Fields may be separated by any whitespace. Reading checks the header counts, the number of
 fields of every line, the numbers, and that every word of a higher-order n-gram is a unigram;
-each problem is one :class:`ArpaError` line naming the file and line number. Where a file lacks
+each problem is one :class:`ArpaError` line naming the file and line number. Numbers are plain
+decimals (``-1.5``, ``-2e-05``: no ``_``, ``nan`` or ``inf``; a log10 probability may be ``-inf``,
+probability 0), and a value no model has is refused as the malformed line it is: a log10
+probability above 0, a log10 back-off beyond +-100 (:data:`MAX_LOG10_BACKOFF`), unigram
+probabilities summing to more than 1 (:data:`UNIGRAM_MASS_SLACK`). Where a file lacks
 the context of one of its n-grams (SRILM pruning can do that), the context is added as a
 "blank" entry: back-off 0 and the probability the back-off rule would give it, which leaves
 every score unchanged (KenLM does the same). A missing ``<unk>`` gets log10 probability -100
@@ -39,8 +43,9 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..data import DataError, default_cache_dir
+from ..files import refuse_special
 from ..progress import progress
-from .model import BOS_WORD, UNK_WORD, NgramModel
+from .model import BOS_WORD, MAX_LOG10_BACKOFF, UNIGRAM_MASS_SLACK, UNK_WORD, NgramModel, unigram_mass
 
 
 class ArpaError(DataError):
@@ -116,6 +121,7 @@ def read_arpa(path: str | os.PathLike, cache: bool = True) -> NgramModel:
     used on later reads of the unchanged file (parsing PTB's 5-gram file takes seconds).
     """
     path = Path(path)
+    refuse_special(path, ArpaError, "an ARPA file")
     if path.is_dir():
         raise ArpaError(f"{path} is a directory, expected an ARPA file")
     if not path.exists():
@@ -128,6 +134,7 @@ def read_arpa(path: str | os.PathLike, cache: bool = True) -> NgramModel:
     if where is not None and where.exists():
         model = _load_cached(where)
         if model is not None:
+            model.source = str(path)
             return model
     model = parse_arpa(path.read_bytes(), str(path))
     if where is not None:
@@ -135,7 +142,7 @@ def read_arpa(path: str | os.PathLike, cache: bool = True) -> NgramModel:
     return model
 
 
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: values checked (a copy of an earlier parse may hold what is now refused)
 
 
 def _cache_file(path: Path) -> Path | None:
@@ -225,10 +232,9 @@ def parse_arpa(data: bytes | str, name: str = "<arpa>") -> NgramModel:
     counts: list[int] = []
     while i < nlines and line(i).startswith("ngram "):
         k_s, _, n_s = line(i)[len("ngram ") :].partition("=")
-        try:
-            k, n = int(k_s), int(n_s)
-        except ValueError:
-            raise ArpaError(f"{where(i)}: expected 'ngram K=COUNT', got {line(i)!r}") from None
+        if not all(x.strip().isascii() and x.strip().isdigit() for x in (k_s, n_s)):  # (int() takes 1_0, +2)
+            raise ArpaError(f"{where(i)}: expected 'ngram K=COUNT', got {line(i)!r}")
+        k, n = int(k_s), int(n_s)
         if k != len(counts) + 1 or n < 0:
             raise ArpaError(f"{where(i)}: expected 'ngram {len(counts) + 1}=COUNT', got {line(i)!r}")
         counts.append(n)
@@ -262,7 +268,7 @@ def parse_arpa(data: bytes | str, name: str = "<arpa>") -> NgramModel:
         nfields = nfields[: end - start]
         first = np.cumsum(nfields) - nfields  # index of each line's first field
         # A blank line or a "\..." line inside the section: fewer n-grams than promised.
-        head = seg[fsp[np.minimum(first, max(len(fsp) - 1, 0))]] if len(fsp) else np.zeros(0, np.uint8)
+        head = seg[fsp[np.minimum(first, max(len(fsp) - 1, 0))]] if len(fsp) else np.zeros(len(nfields), np.uint8)
         bad = np.flatnonzero((nfields == 0) | (head == ord("\\")))
         if len(bad) or end - start < n:
             got = int(bad[0]) if len(bad) else end - start
@@ -336,27 +342,44 @@ def _columns(start: int, nfields: np.ndarray, toks: list[bytes], first: np.ndarr
     if np.any(lp > 0):
         j = int(np.flatnonzero(lp > 0)[0])
         raise ArpaError(f"{name}:{start + j + 1}: log10 probability {lp[j]} is above 0")
+    if k == 1 and unigram_mass(lp) > 1 + UNIGRAM_MASS_SLACK:  # (named at the section's header)
+        raise ArpaError(f"{name}:{start}: the unigram probabilities sum to {unigram_mass(lp):.6g}, more than 1")
+    if np.any(np.abs(bo) > MAX_LOG10_BACKOFF):  # (a weight of 10^100 turns any probability into > 1)
+        j = int(np.flatnonzero(np.abs(bo) > MAX_LOG10_BACKOFF)[0])
+        text = arr[first[j] + k + 1].decode("utf-8", "replace")
+        raise ArpaError(
+            f"{name}:{start + j + 1}: log10 back-off {text!r} is out of range "
+            f"(-{MAX_LOG10_BACKOFF:g} to {MAX_LOG10_BACKOFF:g})"
+        )
     return lp, bo, [col(1 + c).tolist() for c in range(k)]
+
+
+# The bytes of a plain decimal number. float() also reads "1_0", " 1", "nan", "inf" and more;
+# a field of these bytes alone that float() reads is exactly [+-]digits[.digits][e[+-]digits].
+_DECIMAL = b"0123456789.eE+-"
+_MINUS_INF = (b"-inf", b"-infinity")  # (any case) a log10 probability of 0
 
 
 def _floats(fields: np.ndarray, start: int, name: str, what: str, rows: np.ndarray | None = None) -> np.ndarray:
     """Parse an object array of number fields; name the first bad line on failure. A log10
     probability may be -inf (probability 0, as some toolkits write for ``<s>``); nothing else
-    may be infinite or NaN."""
+    may be infinite or NaN, or spelled otherwise than as a plain decimal."""
 
-    def finite(x):
-        return np.isfinite(x) | ((x == -np.inf) if what == "probability" else False)
-
-    try:
-        out = fields.astype(np.float64)
-        ok = finite(out)
-    except ValueError:
-        out = None
-        ok = np.asarray([_is_number(f) and bool(finite(np.float64(f))) for f in fields], dtype=bool)
-    if not ok.all():
-        j = int(np.flatnonzero(~ok)[0])
+    def fail(j: int):
         line = start + (int(rows[j]) if rows is not None else j) + 1
         raise ArpaError(f"{name}:{line}: bad log10 {what} {fields[j].decode('utf-8', 'replace')!r}")
+
+    if b"".join(fields).translate(None, _DECIMAL):  # some field has other bytes: which (rare)
+        for j, f in enumerate(fields):
+            if f.translate(None, _DECIMAL) and not (what == "probability" and f.lower() in _MINUS_INF):
+                fail(j)
+    try:
+        out = fields.astype(np.float64)
+    except ValueError:
+        fail(next(j for j, f in enumerate(fields) if not _is_number(f)))
+    ok = np.isfinite(out) | ((out == -np.inf) if what == "probability" else False)
+    if not ok.all():
+        fail(int(np.flatnonzero(~ok)[0]))
     return out
 
 
@@ -381,7 +404,9 @@ def _assemble(vocab, higher, name: str) -> NgramModel:
         lp1.append(-99.0)
         bo1.append(0.0)
     base = len(words)
-    model = NgramModel(tuple(words), [np.arange(base, dtype=np.int64)], [np.asarray(lp1)], [np.asarray(bo1)])
+    model = NgramModel(
+        tuple(words), [np.arange(base, dtype=np.int64)], [np.asarray(lp1)], [np.asarray(bo1)], source=name
+    )
     order = 1 + len(higher)
     mats = [h[3] for h in higher]
 

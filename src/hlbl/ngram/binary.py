@@ -20,7 +20,7 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..data import DataError
-from .model import NgramModel
+from .model import MAX_LOG10_BACKOFF, UNIGRAM_MASS_SLACK, NgramModel, unigram_mass
 
 FORMAT = "hlbl-ngram"
 VERSION = "1"
@@ -80,4 +80,26 @@ def read_binary(path: str | os.PathLike) -> NgramModel:
         for k in range(order)
     ):
         raise DataError(f"{path}: damaged n-gram model (tables of different lengths)")
+    problem = _bad_value(model)
+    if problem:
+        raise DataError(f"{path}: {problem}")
+    model.source = str(path)
     return model
+
+
+def _bad_value(model: NgramModel) -> str | None:
+    """The first value no model has, in words (the checks of the ARPA reader)."""
+    for k in range(model.order):
+        lp, bo = model.log10_prob[k], model.log10_backoff[k]
+        bad = np.flatnonzero(~(np.isfinite(lp) | (lp == -np.inf)) | (lp > 0))
+        if len(bad):
+            return f"order {k + 1} entry {bad[0] + 1}: log10 probability {lp[bad[0]]} is above 0 or not a number"
+        bad = np.flatnonzero(~(np.abs(bo) <= MAX_LOG10_BACKOFF))  # (NaN too)
+        if len(bad):
+            return (
+                f"order {k + 1} entry {bad[0] + 1}: log10 back-off {bo[bad[0]]} is out of range "
+                f"(-{MAX_LOG10_BACKOFF:g} to {MAX_LOG10_BACKOFF:g})"
+            )
+    if unigram_mass(model.log10_prob[0]) > 1 + UNIGRAM_MASS_SLACK:
+        return f"the unigram probabilities sum to {unigram_mass(model.log10_prob[0]):.6g}, more than 1"
+    return None

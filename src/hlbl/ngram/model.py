@@ -12,6 +12,11 @@ Storage, per order ``k`` (list position ``k - 1``):
 * ``log10_prob[k-1]``, ``log10_backoff[k-1]``: float64, aligned with ``keys``; a back-off of 0
   (weight 1) where the n-gram is not a context.
 
+Values: a log10 probability is at most 0 (or -inf), a log10 back-off within +-MAX_LOG10_BACKOFF,
+and the unigram probabilities sum to at most 1 (the readers refuse other values). A back-off can
+still make the back-off rule give a probability above 1 (a valid model's weights never do):
+scoring refuses that, naming the model and the n-gram, rather than report a perplexity below 1.
+
 Every context of a stored n-gram is itself stored (``read_arpa`` adds "blank" entries where a
 file omits one), so looking an n-gram up is a chain of ``k - 1`` binary searches.
 
@@ -37,6 +42,9 @@ BOS_WORD = "<s>"
 EOS_WORD = "</s>"  # the ARPA name of our <eos>
 UNK_WORD = UNK
 LN10 = float(np.log(10.0))
+MAX_LOG10_BACKOFF = 100.0  # beyond any real model's weights, and the -99/-100 "log 0" conventions
+UNIGRAM_MASS_SLACK = 1e-3  # unigram probabilities may sum to 1 + this (values are rounded in files)
+OVER_ONE_SLACK = 1e-4  # a log10 probability up to this is rounding, read as 0; above it, an error
 
 
 def arpa_word(word: str) -> str:
@@ -55,6 +63,7 @@ class NgramModel:
     # (D1, D2, D3+) per order when the model was estimated here; None when read from ARPA.
     discounts: list[tuple[float, float, float]] | None = None
     _index: dict[str, int] | None = field(default=None, repr=False, compare=False)
+    source: str | None = field(default=None, repr=False, compare=False)  # the file, for messages
 
     def __post_init__(self):
         if not (len(self.keys) == len(self.log10_prob) == len(self.log10_backoff) >= 1):
@@ -197,7 +206,21 @@ class NgramModel:
                 c = ctx[k - 1]
                 miss = ~done & (c >= 0)
                 out[miss] += self.log10_backoff[k - 2][c[miss]]
+        if len(out) and out.max() > 0:
+            self._refuse_over_one(w, out)
+            np.minimum(out, 0.0, out=out)
         return out
+
+    def _refuse_over_one(self, windows: np.ndarray, log10_p: np.ndarray) -> None:
+        """A probability above 1 (beyond rounding) comes from back-off weights no distribution has."""
+        j = int(np.argmax(log10_p))
+        if log10_p[j] <= OVER_ONE_SLACK:
+            return
+        history = " ".join(self.words[x] for x in windows[j, :-1] if x >= 0)
+        raise DataError(
+            f"{self.source or 'the n-gram model'} gives {self.words[windows[j, -1]]!r} after {history!r} "
+            f"log10 probability {log10_p[j]:.6g} (above 0): its back-off weights make no distribution"
+        )
 
     def stream_windows(self, ids: np.ndarray, starts: np.ndarray, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """(hi - lo, order) windows for the targets ``ids[lo:hi]`` of a stream of model ids.
@@ -242,6 +265,12 @@ class NgramModel:
         lp = self.score_windows(self.stream_windows(ids, starts))
         np.add.at(out, owner, lp)
         return out
+
+
+def unigram_mass(log10_prob: np.ndarray) -> float:
+    """The sum of the unigram probabilities (at most 1 in a valid model)."""
+    with np.errstate(under="ignore"):
+        return float(np.sum(10.0 ** np.asarray(log10_prob, dtype=np.float64)))
 
 
 def sentence_starts(stream: np.ndarray, eos: int) -> np.ndarray:
