@@ -14,11 +14,11 @@ from hlbl.cli import main
 from hlbl.data import contexts
 from hlbl.errors import TreeError
 from hlbl.model import LBL, LBLConfig
+from hlbl.output.classes import carry_output
 from hlbl.refine import (
     Move,
     RefineConfig,
     apply_moves,
-    carry_output,
     exchange_sweep,
     refine_classes,
     sample_positions,

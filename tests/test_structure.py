@@ -135,3 +135,40 @@ def test_the_cycle_finder_finds_a_cycle_through_a_function_level_import(tmp_path
     (pkg / "a.py").write_text("import pkg.c\n")
     cycle = find_cycle(import_graph(tmp_path, "pkg"))
     assert cycle == ["pkg.a", "pkg.c", "pkg.sub", "pkg.sub.b", "pkg.a"]
+
+
+def architecture_layers(doc: Path = SRC.parent / "docs" / "architecture.md") -> list[set[str]]:
+    """The rows of docs/architecture.md's module table, top to bottom, as sets of top-level names."""
+    rows = []
+    for line in doc.read_text(encoding="utf-8").splitlines():
+        cells = line.split("|")
+        if len(cells) > 3 and "`" in cells[2]:
+            rows.append({name.strip("/").split("/")[0] for name in cells[2].split("`")[1::2]})
+    return rows
+
+
+def layer_violations(graph: dict[str, set[str]], layers: list[set[str]]) -> list[str]:
+    """Imports from a module to one in a lower row of the table (``hlbl.x.y`` counts as ``x``)."""
+    row = {name: i for i, names in enumerate(layers) for name in names}
+
+    def top(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else None
+
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if top(a) in row and top(b) in row and row[top(b)] > row[top(a)]
+    )
+
+
+def test_modules_import_only_from_their_row_of_the_architecture_table_or_rows_above():
+    layers = architecture_layers()
+    assert len(layers) >= 8 and {"run", "train", "output", "cli"} <= set().union(*layers)
+    assert layer_violations(import_graph(), layers) == []
+
+
+def test_the_layer_check_flags_an_import_from_a_lower_row():
+    graph = {"hlbl.tree": {"hlbl.run.x"}, "hlbl.run": {"hlbl.tree"}}
+    assert layer_violations(graph, [{"tree"}, {"run"}]) == ["hlbl.tree -> hlbl.run.x"]

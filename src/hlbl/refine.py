@@ -48,6 +48,7 @@ import torch
 from .classes import WordClasses
 from .data import contexts
 from .errors import TreeError
+from .output.classes import carry_output
 from .progress import progress
 
 
@@ -415,48 +416,3 @@ def apply_moves(cl: WordClasses, moves: list[Move]) -> tuple[WordClasses, np.nda
     )
     leaf_map = np.concatenate([np.arange(S, dtype=np.int64), *[np.asarray(x, dtype=np.int64) for x in lists]])
     return new, leaf_map
-
-
-def carry_output(src_out, dst_out, leaf_map: np.ndarray) -> None:
-    """Copy a class layer's parameters into one over the moved classes: root entries unchanged,
-    each member row from the old leaf it came from (``leaf_map``)."""
-    S = src_out.classes.num_shortlist
-    rows = torch.from_numpy(leaf_map[S:] - S)
-    with torch.no_grad():
-        dst_out.root_weight.copy_(src_out.root_weight)
-        dst_out.root_bias.copy_(src_out.root_bias)
-        dst_out.word_weight.copy_(src_out.word_weight[rows])
-        dst_out.word_bias.copy_(src_out.word_bias[rows])
-
-
-def match_leaves(old: WordClasses, new: WordClasses) -> np.ndarray:
-    """(L_new,) the old leaf of each new leaf, for classes that differ from ``old`` only by moved
-    memberships (the same shortlist, number of classes and memberships per word): a membership in a
-    class the word was already in keeps its row; the others take the word's remaining old rows in
-    order. A one-line TreeError otherwise."""
-    why = None
-    if old.num_words != new.num_words:
-        why = f"{new.num_words} words, the source {old.num_words}"
-    elif not np.array_equal(old.shortlist, new.shortlist):
-        why = "a different shortlist"
-    elif old.num_classes != new.num_classes:
-        why = f"{new.num_classes} classes, the source {old.num_classes}"
-    elif not np.array_equal(old.codes_per_word, new.codes_per_word):
-        why = "a different number of memberships for some words"
-    if why:
-        raise TreeError(f"the classes are not the source's up to moved memberships: {why}")
-    S = old.num_shortlist
-    by_pair = {(int(w), int(r)): leaf for leaf, (w, r) in enumerate(zip(old.leaf_word, old.leaf_root))}
-    leaf_map = np.full(new.num_leaves, -1, dtype=np.int64)
-    used = np.zeros(old.num_leaves, dtype=bool)
-    for leaf, (w, r) in enumerate(zip(new.leaf_word, new.leaf_root)):
-        o = by_pair.get((int(w), int(r)))
-        if o is not None:
-            leaf_map[leaf], used[o] = o, True
-    spare: dict[int, list[int]] = {}
-    for o in np.flatnonzero(~used):
-        spare.setdefault(int(old.leaf_word[o]), []).append(int(o))
-    for leaf in np.flatnonzero(leaf_map < 0):
-        leaf_map[leaf] = spare[int(new.leaf_word[leaf])].pop(0)
-    assert np.all(leaf_map[:S] == np.arange(S))
-    return leaf_map

@@ -6,7 +6,7 @@ afresh, with the zero node vectors and unigram biases of an untrained layer (so 
 prediction is the unigram distribution, whatever the tree). ``keep_output`` keeps the source's
 output layer too: on the same tree (or layer) as is, to go on with another recipe (e.g. a lower
 learning rate); on word classes refined by exchange moves (``hlbl tree refine``) each membership's
-vector and bias move with it (:func:`hlbl.refine.match_leaves`).
+vector and bias move with it (:func:`hlbl.classes.match_leaves`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Callable
 import torch
 
 from .data import Vocab
+from .classes import match_leaves
 from .errors import ConfigError, TreeError
 from .model import LBL
-from .refine import carry_output, match_leaves
+from .output.classes import carry_output
 
 
 def warm_start(

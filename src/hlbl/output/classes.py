@@ -307,3 +307,15 @@ class ClassSoftmax(OutputLayer):
             m = torch.multinomial(F.softmax(s.float(), dim=1), 1, generator=generator).squeeze(1)  # (n,)
             out[rows] = self.leaf_word[S + a + m]
         return out
+
+
+def carry_output(src_out, dst_out, leaf_map: np.ndarray) -> None:
+    """Copy a class layer's parameters into one over the moved classes: root entries unchanged,
+    each member row from the old leaf it came from (``leaf_map``)."""
+    S = src_out.classes.num_shortlist
+    rows = torch.from_numpy(leaf_map[S:] - S)
+    with torch.no_grad():
+        dst_out.root_weight.copy_(src_out.root_weight)
+        dst_out.root_bias.copy_(src_out.root_bias)
+        dst_out.word_weight.copy_(src_out.word_weight[rows])
+        dst_out.word_bias.copy_(src_out.word_bias[rows])
