@@ -1,0 +1,230 @@
+"""What the benchmark scripts share: their flags, their corpora, their clocks and their result files.
+
+* :func:`add_common` gives a parser ``--quick`` (every script has it: seconds on a tiny synthetic
+  corpus, every output in a temporary directory, never over ``results/``), and where the script
+  takes them ``--threads``, ``--data`` and ``--out``; :func:`finish_args` then applies quick mode.
+* :func:`quick_dir`: where quick mode writes (``$HLBL_BENCH_OUT`` if set, else a fresh temporary
+  directory); quick mode also points ``$HLBL_CACHE`` there, so nothing lands in the user's cache.
+* :func:`tiny_corpus`: a small synthetic corpus (train/valid/test text files) written to a
+  directory; :func:`corpus_spec` is PTB (or ``--data``) normally, that corpus in quick mode.
+* :func:`zipf_stream`: an i.i.d. Zipf token stream (the synthetic large-vocabulary corpora).
+* :class:`Clock`, :func:`rate`, :func:`spread`: wall and CPU time of a block, words/s, and the
+  median and range over rounds.
+* :func:`write_json`: a results file written atomically (whole or not at all); :func:`machine`:
+  what it was measured on.
+
+``python bench/_common.py corpus DIR`` writes the synthetic corpus into DIR (the shell scripts'
+quick mode uses it); ``python bench/_common.py quick-dir`` prints (and makes) quick mode's directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+_QUICK_DIR: list[Path] = []
+
+
+# ---- flags ------------------------------------------------------------------------------------
+
+
+def add_common(
+    ap: argparse.ArgumentParser,
+    *,
+    threads: int | str | None = None,
+    data: str | None = None,
+    out: str | None = None,
+    out_help: str = "",
+) -> argparse.ArgumentParser:
+    """Add ``--quick`` and, where given a default, ``--threads``, ``--data`` and ``--out``.
+
+    ``out``: the default result path relative to the repository (e.g. ``results/throughput.json``);
+    quick mode replaces it by the same name under :func:`quick_dir` (see :func:`finish_args`)."""
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a check of the script itself: seconds on a tiny synthetic corpus, outputs in a temporary "
+        "directory ($HLBL_BENCH_OUT if set), never over results/",
+    )
+    if threads is not None:
+        ap.add_argument("--threads", type=type(threads), default=threads, help=f"threads (default {threads})")
+    if data is not None:
+        ap.add_argument("--data", default=data, help=f"corpus, as for hlbl train (default {data}; --quick: synthetic)")
+    if out is not None:
+        ap.add_argument("--out", default=None, help=out_help or f"results file (default {out})")
+        ap.set_defaults(_out_default=out)
+    return ap
+
+
+def finish_args(args: argparse.Namespace, **quick: object) -> argparse.Namespace:
+    """Resolve ``--out`` and, with ``--quick``, apply quick mode: the keyword arguments replace
+    the attributes of the same name (the small sizes), ``--data`` becomes the synthetic corpus
+    and the default ``--out`` goes under :func:`quick_dir`."""
+    default = getattr(args, "_out_default", None)
+    if args.quick:
+        for k, v in quick.items():
+            setattr(args, k, v)
+        if getattr(args, "data", None) is not None:
+            args.data = str(tiny_corpus(quick_dir() / "corpus"))
+        if default is not None and args.out is None:
+            args.out = str(quick_dir() / Path(default).name)
+    elif default is not None and args.out is None:
+        args.out = str(ROOT / default)
+    return args
+
+
+def quick_dir() -> Path:
+    """Quick mode's output directory: ``$HLBL_BENCH_OUT`` if set, else a fresh temporary one
+    (made once per process). It also becomes ``$HLBL_CACHE``'s parent for this process and its
+    children, so encoded corpora and cached models stay there."""
+    if not _QUICK_DIR:
+        given = os.environ.get("HLBL_BENCH_OUT")
+        d = Path(given) if given else Path(tempfile.mkdtemp(prefix="hlbl-bench-"))
+        d.mkdir(parents=True, exist_ok=True)
+        os.environ["HLBL_BENCH_OUT"] = str(d)  # children (and shell scripts) write there too
+        os.environ["HLBL_CACHE"] = str(d / "cache")
+        _QUICK_DIR.append(d)
+        if not given:
+            print(f"quick mode: writing under {d}", file=sys.stderr)
+    return _QUICK_DIR[0]
+
+
+def corpus_spec(args: argparse.Namespace, name: str = "ptb") -> str:
+    """The corpus to read: ``args.data`` if the script has ``--data``, else ``name``; in quick
+    mode the synthetic corpus (:func:`tiny_corpus`)."""
+    if getattr(args, "quick", False):
+        return str(tiny_corpus(quick_dir() / "corpus"))
+    return getattr(args, "data", None) or name
+
+
+# ---- data -------------------------------------------------------------------------------------
+
+
+def tiny_corpus(root: Path, n_train: int = 1500, vocab: int = 120, seed: int = 0) -> Path:
+    """A small synthetic corpus in ``root`` (train/valid/test.txt, one sentence a line): words
+    ``w0 .. w{vocab-1}`` drawn from a Zipf(1) law, with a bigram habit (after word i, word
+    ``(3 i + 1) mod vocab`` half the time) so that a model has something to learn. Written once:
+    an existing complete corpus is reused as it is."""
+    root = Path(root)
+    if all((root / f"{s}.txt").is_file() for s in ("train", "valid", "test")):
+        return root
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, vocab + 1)
+    p /= p.sum()
+
+    def sentences(n: int) -> list[str]:
+        out = []
+        for _ in range(n):
+            w = [int(rng.choice(vocab, p=p))]
+            for _ in range(int(rng.integers(3, 12))):
+                w.append((3 * w[-1] + 1) % vocab if rng.random() < 0.5 else int(rng.choice(vocab, p=p)))
+            out.append(" ".join(f"w{i}" for i in w))
+        return out
+
+    root.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_train // 10), ("test", n_train // 10)):
+        tmp = root / f".{split}.txt.tmp"
+        tmp.write_text("\n".join(sentences(n)) + "\n", encoding="utf-8")
+        os.replace(tmp, root / f"{split}.txt")
+    return root
+
+
+def zipf_stream(V: int, n_tokens: int, seed: int, s: float = 1.0) -> np.ndarray:
+    """(n_tokens,) int32 i.i.d. tokens with P(word r) proportional to 1/(r+1)^s (id 0 most frequent)."""
+    p = 1.0 / np.arange(1, V + 1, dtype=np.float64) ** s
+    cdf = np.cumsum(p / p.sum())
+    u = np.random.default_rng(seed).random(n_tokens)
+    return np.minimum(np.searchsorted(cdf, u), V - 1).astype(np.int32)
+
+
+# ---- clocks -----------------------------------------------------------------------------------
+
+
+class Clock:
+    """Wall and process-CPU seconds of a block: ``with Clock() as c: ...; c.wall, c.cpu``."""
+
+    def __enter__(self) -> Clock:
+        self.w, self.c = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.w, time.process_time() - self.c
+
+
+def rate(tokens: int, clock: Clock) -> dict:
+    """Words/s of a timed block, by wall time and by process CPU time."""
+    return {
+        "wps": tokens / clock.wall,
+        "cpu_wps": tokens / max(clock.cpu, 1e-9),
+        "tokens": tokens,
+        "wall_s": clock.wall,
+    }
+
+
+def spread(values: list[float]) -> dict:
+    """Median and range of the rounds' values."""
+    return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values)), "n": len(values)}
+
+
+# ---- results ----------------------------------------------------------------------------------
+
+
+def write_json(path: str | os.PathLike, obj) -> Path:
+    """``obj`` as indented JSON in ``path``, atomically (a stopped run leaves the old file whole)."""
+    from hlbl.atomic import write_text
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(obj, indent=1) + "\n")
+    return path
+
+
+def loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def machine() -> dict:
+    """What a measurement ran on: CPUs, architecture, load average, and the versions that matter."""
+    info = {
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "system": platform.system(),
+        "python": platform.python_version(),
+        "loadavg": loadavg(),
+    }
+    for mod in ("numpy", "torch", "numba"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            info[mod] = getattr(m, "__version__", None)
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("corpus", help="write the synthetic corpus into DIR")
+    c.add_argument("dir")
+    sub.add_parser("quick-dir", help="make (and print) quick mode's output directory")
+    args = ap.parse_args(argv)
+    if args.cmd == "corpus":
+        print(tiny_corpus(Path(args.dir)))
+    else:
+        print(quick_dir())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
