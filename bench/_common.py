@@ -45,11 +45,14 @@ def add_common(
     data: str | None = None,
     out: str | None = None,
     out_help: str = "",
+    optional_out: bool = False,
 ) -> argparse.ArgumentParser:
     """Add ``--quick`` and, where given a default, ``--threads``, ``--data`` and ``--out``.
 
     ``out``: the default result path relative to the repository (e.g. ``results/throughput.json``);
-    quick mode replaces it by the same name under :func:`quick_dir` (see :func:`finish_args`)."""
+    quick mode replaces it by the same name under :func:`quick_dir` (see :func:`finish_args`).
+    ``optional_out``: the script writes ``--out`` only when given one (it prints its results),
+    except in quick mode, which writes the file ``out`` names under :func:`quick_dir`."""
     ap.add_argument(
         "--quick",
         action="store_true",
@@ -61,8 +64,9 @@ def add_common(
     if data is not None:
         ap.add_argument("--data", default=data, help=f"corpus, as for hlbl train (default {data}; --quick: synthetic)")
     if out is not None:
-        ap.add_argument("--out", default=None, help=out_help or f"results file (default {out})")
-        ap.set_defaults(_out_default=out)
+        default = "none: printed only" if optional_out else out
+        ap.add_argument("--out", default=None, help=out_help or f"results file (default {default})")
+        ap.set_defaults(_out_default=out, _out_optional=optional_out)
     return ap
 
 
@@ -72,13 +76,14 @@ def finish_args(args: argparse.Namespace, **quick: object) -> argparse.Namespace
     and the default ``--out`` goes under :func:`quick_dir`."""
     default = getattr(args, "_out_default", None)
     if args.quick:
+        quick_dir()
         for k, v in quick.items():
             setattr(args, k, v)
         if getattr(args, "data", None) is not None:
             args.data = str(tiny_corpus(quick_dir() / "corpus"))
         if default is not None and args.out is None:
             args.out = str(quick_dir() / Path(default).name)
-    elif default is not None and args.out is None:
+    elif default is not None and args.out is None and not getattr(args, "_out_optional", False):
         args.out = str(ROOT / default)
     return args
 
@@ -105,6 +110,34 @@ def corpus_spec(args: argparse.Namespace, name: str = "ptb") -> str:
     if getattr(args, "quick", False):
         return str(tiny_corpus(quick_dir() / "corpus"))
     return getattr(args, "data", None) or name
+
+
+def quick_run(name: str, *flags: str, epochs: int = 1) -> tuple[Path, str]:
+    """Quick mode's trained model: ``hlbl train`` on the synthetic corpus (one thread, ``epochs``
+    epochs, ``flags`` added) into ``quick_dir()/runs/NAME``, in this process; the run directory
+    and what the command printed. A finished run of the same name is reused."""
+    import contextlib
+    import io
+
+    from hlbl.cli import main as hlbl_main
+
+    run = quick_dir() / "runs" / name
+    printed = run / "train-output.txt"
+    if (run / "state.json").is_file() and printed.is_file():
+        return run, printed.read_text()
+    if run.exists():
+        import shutil
+
+        shutil.rmtree(run)
+    argv = ["train", "--data", str(tiny_corpus(quick_dir() / "corpus")), "--epochs", str(epochs)]
+    argv += ["--threads", "1", "--quiet", "--out", str(run), *flags]
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = hlbl_main(argv)
+    if rc:
+        raise SystemExit(f"hlbl {' '.join(argv)} failed ({rc})")
+    printed.write_text(buf.getvalue())
+    return run, buf.getvalue()
 
 
 # ---- data -------------------------------------------------------------------------------------
