@@ -20,6 +20,12 @@ and words/s from its metrics.jsonl, and the self-normalisation report of the NCE
 
     HLBL_DATA=../shared/data python bench/sampling.py table --runs results/sampling/runs \\
         --out results/sampling
+
+``--quick`` (no subcommand): ``speed`` (one round, k = 5, a few thousand positions) on the
+synthetic corpus of ``bench/_common.py``, an NCE k = 5 run of one epoch on it, and ``table`` of
+that run, all into a temporary directory.
+
+    python bench/sampling.py --quick
 """
 
 from __future__ import annotations
@@ -33,16 +39,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _common import add_common, corpus_spec, finish_args, quick_dir, quick_run, write_json
+
 
 def speed(args) -> None:
-    from hlbl.data import epoch_order, load_corpus
-    from hlbl.model import LBL, LBLConfig
     from hlbl.config import TrainConfig
+    from hlbl.data import epoch_order, load_corpus
     from hlbl.engine import train_epoch
+    from hlbl.model import LBL, LBLConfig
     from hlbl.optim import make_optimizer
 
     torch.set_num_threads(args.threads)
-    corpus = load_corpus("ptb")
+    corpus = load_corpus(corpus_spec(args))
     stream = corpus["train"]
     V = len(corpus.vocab)
     pad = corpus.vocab.eos
@@ -121,18 +129,19 @@ def speed(args) -> None:
     }
     print(json.dumps({k: report[k] for k in ("words_per_s_median", "ratio_to_flat_median", "step_parts")}, indent=1))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        write_json(args.out, report)
 
 
 def _run_row(run: Path, speed_ratio: dict) -> dict:
     from hlbl.checkpoint import read_state
-    from hlbl.run import load_model
-    from hlbl.data import load_corpus
+    from hlbl.data import load_corpus, run_corpus
     from hlbl.evaluate import evaluate, self_normalisation
+    from hlbl.run import load_model
 
     model, vocab, info = load_model(run)
-    corpus = load_corpus(info["corpus"], vocab=vocab, splits=("valid", "test"))
+    corpus = load_corpus(
+        run_corpus(info), vocab=vocab, splits=("valid", "test"), blank_lines=info.get("blank_lines", "drop")
+    )
     state = read_state(run / "state.json")
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     test = evaluate(model, corpus["test"], vocab.eos)["perplexity"]
@@ -237,7 +246,7 @@ def table(args) -> None:
     rows += [flat_ref] + [dict(r) for r in REFERENCE[1:]]
     order = {"flat": 0, "tree": 1, "nce": 2, "sampled": 3}
     rows.sort(key=lambda r: (order.get(r["model"], 9), r.get("samples") or 0, r["name"]))
-    (out / "sampling.json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_json(out / "sampling.json", rows)
     md = [
         "# Sampling-based output layers on PTB (exact perplexity)",
         "",
@@ -283,9 +292,21 @@ def table(args) -> None:
     print("\n".join(md))
 
 
+def quick(args) -> None:
+    """``speed``, one NCE run and ``table``, small, into quick_dir()."""
+    out = quick_dir() / "sampling"
+    ns = argparse.Namespace
+    speed(ns(quick=True, threads=1, rounds=1, tokens=2_000, flat_tokens=1_000, kinds=["nce", "sampled"], samples=[5],
+             steps=3, out=str(out / "speed.json")))  # fmt: skip
+    run, _ = quick_run("sampling/nce-5", "--output", "nce", "--samples", "5")
+    (run / "command.txt").write_text("hlbl train --output nce --samples 5\n")
+    table(ns(runs=str(run.parent), out=str(out), threads=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    add_common(ap)
+    sub = ap.add_subparsers(dest="cmd")
     s = sub.add_parser("speed")
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--rounds", type=int, default=5)
@@ -294,6 +315,7 @@ def main() -> None:
     s.add_argument("--kinds", nargs="+", default=["nce", "sampled"])
     s.add_argument("--samples", type=int, nargs="+", default=[5, 25, 100])
     s.add_argument("--steps", type=int, default=30, help="NCE k=25 steps timed part by part")
+    s.add_argument("--data", default="ptb", help="corpus, as for hlbl train")
     s.add_argument("--out", default=None)
     s.set_defaults(func=speed)
     t = sub.add_parser("table")
@@ -301,7 +323,12 @@ def main() -> None:
     t.add_argument("--out", required=True)
     t.add_argument("--threads", type=int, default=1)
     t.set_defaults(func=table)
-    args = ap.parse_args()
+    args = finish_args(ap.parse_args())
+    if args.cmd is None:
+        if not args.quick:
+            ap.error("a subcommand (speed, table), or --quick")
+        quick(args)
+        return
     args.func(args)
 
 
