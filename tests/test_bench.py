@@ -9,7 +9,7 @@ no quick mode fails at once (it is not started: at full size it would run for ho
 The scripts run two at a time, started together when the first of these tests asks (each test
 then waits for its own): most of their time is interpreter and library start-up, which two cores
 overlap. The pipelines that chain dozens of commands (gutenberg.py's stages, frontier.sh,
-frontier_kjv.sh, recipe_checks.sh) take minutes even in quick mode, and are marked slow.
+frontier_kjv.sh) take minutes even in quick mode, and are marked slow.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 SCRIPTS = sorted(p.name for p in BENCH.glob("*") if p.suffix in (".py", ".sh") and not p.name.startswith("_"))
 # Quick, but each still a pipeline of dozens of commands (minutes on two cores): `pytest -m slow`.
-SLOW = {"gutenberg.py", "frontier.sh", "frontier_kjv.sh", "recipe_checks.sh"}
+SLOW = {"gutenberg.py", "frontier.sh", "frontier_kjv.sh"}
 TIMEOUT_S = 900
 WORKERS = 2
 # What a quick run writes that is not its output: the synthetic corpora and the caches.
