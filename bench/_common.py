@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -86,6 +87,17 @@ def finish_args(args: argparse.Namespace, **quick: object) -> argparse.Namespace
     elif default is not None and args.out is None and not getattr(args, "_out_optional", False):
         args.out = str(ROOT / default)
     return args
+
+
+def run_subcommand(ap: argparse.ArgumentParser, args: argparse.Namespace, quick: Callable, names: str) -> None:
+    """A script with subcommands: run the one named, or with ``--quick`` and none, ``quick(args)``
+    (every subcommand, small)."""
+    if args.cmd is None:
+        if not args.quick:
+            ap.error(f"a subcommand ({names}), or --quick")
+        quick(args)
+        return
+    args.func(args)
 
 
 def quick_dir() -> Path:
@@ -178,6 +190,49 @@ def zipf_stream(V: int, n_tokens: int, seed: int, s: float = 1.0) -> np.ndarray:
     cdf = np.cumsum(p / p.sum())
     u = np.random.default_rng(seed).random(n_tokens)
     return np.minimum(np.searchsorted(cdf, u), V - 1).astype(np.int32)
+
+
+def zipf_model(V: int, tokens: int, optimizer: str = "momentum"):
+    """The scaling benchmarks' set-up: ``tokens`` Zipf(1) tokens over V words (seed 2), an HLBL
+    (d = 100, context 5) on a BALANCED tree over the words in frequency order, unigram-initialised,
+    the default recipe. Returns (stream, model, cfg, optimizer)."""
+    import torch
+
+    from hlbl.config import TrainConfig
+    from hlbl.model import LBL, LBLConfig
+    from hlbl.optim import make_optimizer
+    from hlbl.tree import balanced_tree
+
+    stream = zipf_stream(V, tokens, seed=2)
+    model = LBL(LBLConfig(V, dim=100, context=5), balanced_tree(np.arange(V)), torch.Generator().manual_seed(0))
+    model.init_unigram(np.bincount(stream, minlength=V).astype(np.float64))
+    cfg = TrainConfig(progress=False, optimizer=optimizer)
+    return stream, model, cfg, make_optimizer(model, cfg, cfg.lr)
+
+
+def side_by_side(
+    rounds: int, flat: Callable[[int], float], others: dict[str, Callable[[], float]]
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Words/s of several models trained in turn, round robin, and each one's ratio to the flat
+    model's in the same round. Each round: ``flat(0)`` (the flat model on the first half of its
+    slice, returning words/s), every ``others`` function, ``flat(1)`` (the second half): the flat
+    rate is over both halves, a window centred on the others'. Round 0 warms up and is not kept.
+    Returns (words/s by name, ratios to flat by name), one value a round."""
+    wps: dict[str, list[float]] = {"flat": [], **{n: [] for n in others}}
+    ratios: dict[str, list[float]] = {n: [] for n in others}
+    for r in range(rounds + 1):
+        w1 = flat(0)
+        got = {n: fn() for n, fn in others.items()}
+        w2 = flat(1)
+        got["flat"] = 2 / (1 / w1 + 1 / w2)  # words/s over both halves (equal token counts)
+        if r == 0:
+            continue
+        for n, w in got.items():
+            wps[n].append(w)
+            if n != "flat":
+                ratios[n].append(w / got["flat"])
+        print(f"round {r}: " + "  ".join(f"{n} {w:,.0f}" for n, w in got.items()), flush=True)
+    return wps, ratios
 
 
 # ---- clocks -----------------------------------------------------------------------------------

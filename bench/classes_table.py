@@ -26,7 +26,7 @@ import json
 import time
 from pathlib import Path
 
-from _common import add_common, corpus_spec, finish_args, quick_dir, quick_run, write_json
+from _common import add_common, corpus_spec, finish_args, quick_dir, quick_run, run_subcommand, write_json
 
 RESULTS = Path("results/ptb/classes")
 SPEED_NOTE = (
@@ -179,13 +179,7 @@ def main() -> None:
     t.add_argument("--order", nargs="*", default=[])
     t.add_argument("--out", default=None, help="default: RESULTS.md (results/ptb/classes.md)")
     t.set_defaults(func=cmd_table)
-    args = finish_args(p.parse_args())
-    if args.cmd is None:
-        if not args.quick:
-            p.error("a subcommand (row, speed, table), or --quick")
-        quick(args)
-        return
-    args.func(args)
+    run_subcommand(p, finish_args(p.parse_args()), quick, "row, speed, table")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import add_common, finish_args, quick_dir, quick_run, tiny_corpus, write_json
+from _common import (
+    add_common,
+    finish_args,
+    quick_dir,
+    quick_run,
+    run_subcommand,
+    side_by_side,
+    tiny_corpus,
+    write_json,
+)
 
 PTB_TRAIN_TOKENS = 929_589
 
@@ -154,26 +163,17 @@ def speed(args) -> None:
         cfg = TrainConfig(engine=engine, progress=False, seed=0)
         # (model, optimiser, recipe, the step implementation training would use: fast engine for trees)
         built[name] = (m, make_optimizer(m, cfg, cfg.lr), cfg, choose_engine(m, cfg))
-    wps = {n: [] for n in built}
-    ratios = {n: [] for n in built if n != "flat"}
-    for r in range(args.rounds + 1):  # round 0 warms up (numba compilation, allocations)
-        got = {}
-        half = args.flat_tokens // 2  # the flat model trains half before the others and half after
+    half = args.flat_tokens // 2  # the flat model trains half before the others and half after
+
+    def flat(i: int) -> float:
         m, opt, cfg, run = built["flat"]
-        _, w1 = run(m, opt, stream[:half], pad, cfg, 1, False)
-        for n, (m, opt, cfg, run) in built.items():
-            if n != "flat":
-                _, got[n] = run(m, opt, stream[: args.tokens], pad, cfg, 1, False)
-        m, opt, cfg, run = built["flat"]
-        _, w2 = run(m, opt, stream[half : 2 * half], pad, cfg, 1, False)
-        got["flat"] = 2 / (1 / w1 + 1 / w2)
-        if r == 0:
-            continue
-        for n, w in got.items():
-            wps[n].append(w)
-            if n != "flat":
-                ratios[n].append(w / got["flat"])
-        print(f"round {r}: " + "  ".join(f"{n} {w:,.0f}" for n, w in got.items()), flush=True)
+        return run(m, opt, stream[i * half : (i + 1) * half], pad, cfg, 1, False)[1]
+
+    def other(n: str):
+        m, opt, cfg, run = built[n]
+        return lambda: run(m, opt, stream[: args.tokens], pad, cfg, 1, False)[1]
+
+    wps, ratios = side_by_side(args.rounds, flat, {n: other(n) for n in built if n != "flat"})
     report = {
         "what": "training words/s side by side in one process, momentum SGD, batch 1000, d 100, context 5",
         "data": args.data,
@@ -447,13 +447,7 @@ def main() -> None:
     t.add_argument("--speed", default="results/ptb/frontier_speed.json", help="'none': the runs' own speeds only")
     t.add_argument("--corpus", default="PTB", help="the corpus, for the title")
     t.set_defaults(func=table)
-    args = finish_args(ap.parse_args())
-    if args.cmd is None:
-        if not args.quick:
-            ap.error("a subcommand (row, mix, speed, table), or --quick")
-        quick(args)
-        return
-    args.func(args)
+    run_subcommand(ap, finish_args(ap.parse_args()), quick, "row, mix, speed, table")
 
 
 if __name__ == "__main__":

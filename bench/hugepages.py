@@ -22,27 +22,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _common import add_common, finish_args, machine, write_json, zipf_stream
+from _common import add_common, finish_args, machine, write_json, zipf_model
 
 
 def child(mode: str, V: int, batches: int, tokens: int) -> dict:
-    import numpy as np
     import torch
 
     from hlbl import fast
-    from hlbl.model import LBL, LBLConfig
-    from hlbl.config import TrainConfig
-    from hlbl.optim import make_optimizer
-    from hlbl.tree import balanced_tree
 
     if mode == "off":
         fast.prefer_huge_pages = lambda *a, **k: 0  # the engine's one call site
     torch.set_num_threads(1)
-    stream = zipf_stream(V, tokens, seed=2)
-    model = LBL(LBLConfig(V, dim=100, context=5), balanced_tree(np.arange(V)), torch.Generator().manual_seed(0))
-    model.init_unigram(np.bincount(stream, minlength=V).astype(np.float64))
-    cfg = TrainConfig(progress=False)
-    opt = make_optimizer(model, cfg, cfg.lr)
+    stream, model, cfg, opt = zipf_model(V, tokens)
     wps = []
     for epoch in (1, 2, 3):
         stats: dict = {}

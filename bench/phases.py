@@ -28,9 +28,8 @@ import argparse
 import json
 import sys
 
-import numpy as np
 
-from _common import add_common, finish_args, machine, write_json, zipf_stream
+from _common import add_common, finish_args, machine, write_json, zipf_model
 
 
 def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tokens: int, fold: int = 0) -> dict:
@@ -38,17 +37,9 @@ def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tok
 
     from hlbl import fast
     from hlbl.kernels import PHASES
-    from hlbl.model import LBL, LBLConfig
-    from hlbl.config import TrainConfig
-    from hlbl.optim import make_optimizer
-    from hlbl.tree import balanced_tree
 
     torch.set_num_threads(1)
-    stream = zipf_stream(V, tokens, seed=2)
-    model = LBL(LBLConfig(V, dim=100, context=5), balanced_tree(np.arange(V)), torch.Generator().manual_seed(0))
-    model.init_unigram(np.bincount(stream, minlength=V).astype(np.float64))
-    cfg = TrainConfig(progress=False)
-    opt = make_optimizer(model, cfg, cfg.lr)
+    stream, model, cfg, opt = zipf_model(V, tokens)
     paths = fast._word_paths(model.out)
     if fold:
         stream = stream % fold

@@ -39,7 +39,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from _common import add_common, corpus_spec, finish_args, quick_dir, quick_run, write_json
+from _common import (
+    add_common,
+    corpus_spec,
+    finish_args,
+    quick_dir,
+    quick_run,
+    run_subcommand,
+    side_by_side,
+    write_json,
+)
 
 
 def speed(args) -> None:
@@ -68,26 +77,15 @@ def speed(args) -> None:
     # The same slice for every model and round: the first `tokens` positions of the stream, in
     # their order within epoch 1 (train_epoch reorders its slice itself).
     piece = stream[: args.tokens]
-    wps = {n: [] for n in models}
-    ratios = {n: [] for n in models if n != "flat"}
-    for r in range(args.rounds + 1):  # round 0 warms up (allocations, first-call overheads)
-        got = {}
-        # The flat model trains half its slice before the sampled models and half after, so the
-        # ratios of a round compare windows centred on the same time.
-        half = args.flat_tokens // 2
-        _, w1 = train_epoch(models["flat"], opts["flat"], piece[:half], pad, cfg, epoch=1, show=False)
-        for n, m in models.items():
-            if n != "flat":
-                _, got[n] = train_epoch(m, opts[n], piece, pad, cfg, epoch=1, show=False)
-        _, w2 = train_epoch(models["flat"], opts["flat"], piece[half : 2 * half], pad, cfg, epoch=1, show=False)
-        got["flat"] = 2 / (1 / w1 + 1 / w2)  # words/s over both halves (equal token counts)
-        if r == 0:
-            continue
-        for n, w in got.items():
-            wps[n].append(w)
-            if n != "flat":
-                ratios[n].append(w / got["flat"])
-        print(f"round {r}: " + "  ".join(f"{n} {w:,.0f}" for n, w in got.items()), flush=True)
+    half = args.flat_tokens // 2  # the flat model trains half its slice before the sampled models, half after
+
+    def flat(i: int) -> float:
+        return train_epoch(models["flat"], opts["flat"], piece[i * half : (i + 1) * half], pad, cfg, 1, False)[1]
+
+    def other(n: str):
+        return lambda: train_epoch(models[n], opts[n], piece, pad, cfg, 1, False)[1]
+
+    wps, ratios = side_by_side(args.rounds, flat, {n: other(n) for n in models if n != "flat"})
 
     # Where a step's time goes (median of `steps` timed steps each; fewer for the slow flat step).
     parts = {}
@@ -323,13 +321,7 @@ def main() -> None:
     t.add_argument("--out", required=True)
     t.add_argument("--threads", type=int, default=1)
     t.set_defaults(func=table)
-    args = finish_args(ap.parse_args())
-    if args.cmd is None:
-        if not args.quick:
-            ap.error("a subcommand (speed, table), or --quick")
-        quick(args)
-        return
-    args.func(args)
+    run_subcommand(ap, finish_args(ap.parse_args()), quick, "speed, table")
 
 
 if __name__ == "__main__":

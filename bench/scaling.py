@@ -43,28 +43,19 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import add_common, finish_args, loadavg, machine, write_json, zipf_stream
+from _common import add_common, finish_args, loadavg, machine, write_json, zipf_model, zipf_stream
 
 
 def child(V: int, tokens: int, epochs: int, threads: int, optimizer: str) -> dict:
     import torch
 
     from hlbl import fast
-    from hlbl.model import LBL, LBLConfig
-    from hlbl.config import TrainConfig
-    from hlbl.optim import make_optimizer
-    from hlbl.tree import balanced_tree
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    stream = zipf_stream(V, tokens, seed=2)
-    counts = np.bincount(stream, minlength=V).astype(np.float64)
-    tree = balanced_tree(np.arange(V))  # ids are in frequency order
-    model = LBL(LBLConfig(V, dim=100, context=5), tree, torch.Generator().manual_seed(0))
-    model.init_unigram(counts)
+    stream, model, cfg, opt = zipf_model(V, tokens, optimizer)  # BALANCED tree, ids in frequency order
+    tree = model.out.tree
     setup_s = time.perf_counter() - t0
-    cfg = TrainConfig(progress=False, optimizer=optimizer)
-    opt = make_optimizer(model, cfg, cfg.lr)
     epochs_wps, losses = [], []
     for e in range(1, epochs + 1):
         cpu = time.process_time()
