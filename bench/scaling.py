@@ -100,7 +100,10 @@ def fasttext_rate(V: int, tokens: int, threads: int) -> dict | None:
             for i in range(0, len(words), 20):  # 20-word lines: fastText reads lines of text
                 f.write(" ".join(words[i : i + 20]) + "\n")
         r = time_fasttext_from_text(path, threads, "0")
-    if r is None or r["reported_wps_per_thread"] is None:
+    if r is None:
+        print('fastText is not installed (pip install -e ".[bench]"): no reference rate', file=sys.stderr)
+        return None
+    if r["reported_wps_per_thread"] is None:
         return None
     return {"wps": r["reported_wps_per_thread"] * threads, "wall_wps": r["wps"], "vocab_seen": r["vocab"]}
 
