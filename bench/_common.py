@@ -5,11 +5,15 @@
   takes them ``--threads``, ``--data`` and ``--out``; :func:`finish_args` then applies quick mode.
 * :func:`quick_dir`: where quick mode writes (``$HLBL_BENCH_OUT`` if set, else a fresh temporary
   directory); quick mode also points ``$HLBL_CACHE`` there, so nothing lands in the user's cache.
+* :func:`run_subcommand`: a script with subcommands runs the one named, or with ``--quick`` all
+  of them, small; :func:`quick_run`: a model trained for quick mode (``hlbl train``, one epoch).
 * :func:`tiny_corpus`: a small synthetic corpus (train/valid/test text files) written to a
   directory; :func:`corpus_spec` is PTB (or ``--data``) normally, that corpus in quick mode.
-* :func:`zipf_stream`: an i.i.d. Zipf token stream (the synthetic large-vocabulary corpora).
+* :func:`zipf_stream`: an i.i.d. Zipf token stream (the synthetic large-vocabulary corpora);
+  :func:`zipf_model`: the scaling benchmarks' BALANCED-tree HLBL on one.
 * :class:`Clock`, :func:`rate`, :func:`spread`: wall and CPU time of a block, words/s, and the
-  median and range over rounds.
+  median and range over rounds; :func:`side_by_side`: words/s of several models in turn, round
+  robin, with each one's ratio to the flat LBL in the same round.
 * :func:`write_json`: a results file written atomically (whole or not at all); :func:`machine`:
   what it was measured on.
 
