@@ -1,6 +1,7 @@
 """Exchange moves on word classes: estimated gains against the training NLL measured after them.
 
     python bench/exchange.py --run runs/exp/freq100 [--out results/ptb/exchange.json]
+    python bench/exchange.py --quick     # a check of the script: a tiny class model, JSON in a temporary directory
 
 For a trained ``--output classes`` run, each setting makes sweeps of moves (``hlbl.refine``), each
 on the model after the previous sweep's moves (parameters carried, none retrained), and measures
@@ -10,6 +11,9 @@ the exact training NLL of the whole split before and after every sweep. Settings
 * ``pile-up``: 256 occurrences a word, ranked by gain less 2 standard errors, up to 500 moves
   and no limit on moves into one class (three sweeps);
 * ``default``: the defaults of ``hlbl tree refine`` (at most one move into a class; four sweeps).
+
+``--quick`` trains a class model of one epoch on the synthetic corpus of ``bench/_common.py``
+(no ``--run``) and makes one sweep of each setting.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
+
+from _common import add_common, finish_args, quick_run, write_json
 
 SETTINGS = {
     "noisy": ({"per_word": 32, "sigmas": 0.0, "into_class": 10**9}, 1),
@@ -31,10 +36,15 @@ SETTINGS = {
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", required=True, help="a trained run with --output classes")
-    ap.add_argument("--out", default="results/ptb/exchange.json")
+    ap.add_argument("--run", help="a trained run with --output classes")
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    args = ap.parse_args(argv)
+    ap.add_argument("--sweeps", type=int, default=None, help="at most this many sweeps per setting")
+    add_common(ap, out="results/ptb/exchange.json")
+    args = finish_args(ap.parse_args(argv), sweeps=1)
+    if args.quick and not args.run:
+        args.run = str(quick_run("classes", "--output", "classes")[0])
+    if not args.run:
+        ap.error("--run is required")
 
     from hlbl.run import load_model
     from hlbl.data import load_corpus, run_corpus
@@ -54,6 +64,7 @@ def main(argv=None) -> int:
     out = {"run": args.run, "train_tokens": len(train), "train_nll_nats": base, "settings": {}}
     for name in args.settings:
         overrides, sweeps = SETTINGS[name]
+        sweeps = min(sweeps, args.sweeps or sweeps)
         current, before, rows = model, base, []
         for k in range(sweeps):
             t = time.perf_counter()
@@ -80,8 +91,7 @@ def main(argv=None) -> int:
             print(name, json.dumps(rows[-1]), file=sys.stderr)
             current, before = moved, after
         out["settings"][name] = {"config": {**RefineConfig(**overrides).__dict__, "sweeps": sweeps}, "sweeps": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    write_json(args.out, out)
     print(json.dumps({"written": args.out}))
     return 0
 

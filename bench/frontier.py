@@ -29,6 +29,12 @@ sampling runs (``results/sampling/sampling.json``), the class-tree runs
 file. Every row keeps the words/s and minutes per epoch of its own run (``*_run``); the
 ``minutes_per_epoch`` and ``words_per_s`` columns are side by side where the speed file has the
 row's kind.
+
+``--quick`` (no subcommand): every subcommand once, small, on the synthetic corpus of
+``bench/_common.py`` (a RANDOM-tree run of one epoch, a 3-gram, one round of speed), all into a
+temporary directory:
+
+    python bench/frontier.py --quick
 """
 
 from __future__ import annotations
@@ -43,6 +49,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _common import (
+    add_common,
+    finish_args,
+    quick_dir,
+    quick_run,
+    run_subcommand,
+    side_by_side,
+    tiny_corpus,
+    write_json,
+)
+
 PTB_TRAIN_TOKENS = 929_589
 
 
@@ -52,16 +69,15 @@ def _load_rows(path: Path) -> list[dict]:
 
 def _save_row(path: Path, row: dict) -> None:
     rows = [r for r in _load_rows(path) if r["name"] != row["name"]] + [row]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(rows, indent=1) + "\n")
+    write_json(path, rows)
     print(json.dumps(row))
 
 
 def row(args) -> None:
     from hlbl.checkpoint import read_metrics, read_state
-    from hlbl.run import load_model
     from hlbl.data import load_corpus, run_corpus
     from hlbl.evaluate import evaluate
+    from hlbl.run import load_model
 
     torch.set_num_threads(args.threads)
     run = Path(args.run)
@@ -117,10 +133,10 @@ def mix(args) -> None:
 
 
 def speed(args) -> None:
-    from hlbl.data import load_corpus
-    from hlbl.model import LBL, LBLConfig
     from hlbl.config import TrainConfig
+    from hlbl.data import load_corpus
     from hlbl.engine import choose_engine
+    from hlbl.model import LBL, LBLConfig
     from hlbl.optim import make_optimizer
     from hlbl.tree import WordTree, build_tree
 
@@ -147,26 +163,17 @@ def speed(args) -> None:
         cfg = TrainConfig(engine=engine, progress=False, seed=0)
         # (model, optimiser, recipe, the step implementation training would use: fast engine for trees)
         built[name] = (m, make_optimizer(m, cfg, cfg.lr), cfg, choose_engine(m, cfg))
-    wps = {n: [] for n in built}
-    ratios = {n: [] for n in built if n != "flat"}
-    for r in range(args.rounds + 1):  # round 0 warms up (numba compilation, allocations)
-        got = {}
-        half = args.flat_tokens // 2  # the flat model trains half before the others and half after
+    half = args.flat_tokens // 2  # the flat model trains half before the others and half after
+
+    def flat(i: int) -> float:
         m, opt, cfg, run = built["flat"]
-        _, w1 = run(m, opt, stream[:half], pad, cfg, 1, False)
-        for n, (m, opt, cfg, run) in built.items():
-            if n != "flat":
-                _, got[n] = run(m, opt, stream[: args.tokens], pad, cfg, 1, False)
-        m, opt, cfg, run = built["flat"]
-        _, w2 = run(m, opt, stream[half : 2 * half], pad, cfg, 1, False)
-        got["flat"] = 2 / (1 / w1 + 1 / w2)
-        if r == 0:
-            continue
-        for n, w in got.items():
-            wps[n].append(w)
-            if n != "flat":
-                ratios[n].append(w / got["flat"])
-        print(f"round {r}: " + "  ".join(f"{n} {w:,.0f}" for n, w in got.items()), flush=True)
+        return run(m, opt, stream[i * half : (i + 1) * half], pad, cfg, 1, False)[1]
+
+    def other(n: str):
+        m, opt, cfg, run = built[n]
+        return lambda: run(m, opt, stream[: args.tokens], pad, cfg, 1, False)[1]
+
+    wps, ratios = side_by_side(args.rounds, flat, {n: other(n) for n in built if n != "flat"})
     report = {
         "what": "training words/s side by side in one process, momentum SGD, batch 1000, d 100, context 5",
         "data": args.data,
@@ -183,7 +190,7 @@ def speed(args) -> None:
         "ratio_to_flat_median": {n: statistics.median(v) for n, v in ratios.items()},
         "words_per_s": wps,
     }
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    write_json(args.out, report)
     print(json.dumps(report["ratio_to_flat_median"], indent=1))
 
 
@@ -287,7 +294,7 @@ def table(args) -> None:
                 r["speed_vs_flat"] = r["words_per_s_run"] / own_flat
     order = {"flat": 0, "tree": 1, "nce": 2, "sampled": 3, "kn5": 4, "mixture": 5}
     rows.sort(key=lambda r: (order.get(r["model"], 9), r["test_ppl"]))
-    (out / "frontier.json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_json(out / "frontier.json", rows)
     flat = next((r for r in rows if r["model"] == "flat" and r.get("converged")), None)
 
     def f(x, fmt):
@@ -377,9 +384,29 @@ def _plot(rows: list[dict], path: Path, corpus: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def quick(args) -> None:
+    """Every subcommand once, small, on the synthetic corpus, into quick_dir()/frontier."""
+    from hlbl.cli import main as hlbl_main
+
+    out, ns = quick_dir() / "frontier", argparse.Namespace
+    rows, speed_file, arpa = out / "frontier_runs.json", out / "frontier_speed.json", out / "kn3.arpa"
+    run, _ = quick_run("frontier-random", "--tree", "random")
+    data = str(tiny_corpus(quick_dir() / "corpus"))
+    if hlbl_main(["ngram", "train", "--data", data, "--order", "3", "--out", str(arpa)]):
+        raise SystemExit("hlbl ngram train failed")
+    row(ns(run=str(run), name="HLBL RANDOM", model="tree", speed_key="tree:random", rows=str(rows), threads=1,
+           command="hlbl train --tree random", note=None))  # fmt: skip
+    mix(ns(run=str(run), run_name="random", arpa=str(arpa), arpa_name="kn3.arpa", name="HLBL RANDOM + KN3",
+           ensemble=[], rows=str(rows), threads=1, note=None))  # fmt: skip
+    speed(ns(trees=["random=random", "huffman=huffman"], classes=[], data=data, max_vocab=None, samples=[5],
+             threads=1, rounds=1, tokens=2_000, flat_tokens=1_000, out=str(speed_file)))  # fmt: skip
+    table(ns(out=str(out), sampling="none", rows=str(rows), speed=str(speed_file), corpus="a synthetic corpus"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    add_common(ap)
+    sub = ap.add_subparsers(dest="cmd")
     r = sub.add_parser("row")
     r.add_argument("--run", required=True)
     r.add_argument("--name", required=True)
@@ -420,8 +447,7 @@ def main() -> None:
     t.add_argument("--speed", default="results/ptb/frontier_speed.json", help="'none': the runs' own speeds only")
     t.add_argument("--corpus", default="PTB", help="the corpus, for the title")
     t.set_defaults(func=table)
-    args = ap.parse_args()
-    args.func(args)
+    run_subcommand(ap, finish_args(ap.parse_args()), quick, "row, mix, speed, table")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Training and scoring words/s of the PyTorch path on a GPU: the run prepared for a lent device.
 
     python bench/gpu.py                      # on a CUDA machine: about 3 minutes
-    python bench/gpu.py --device cpu --quick # a dry run of the script itself (any machine; writes no file)
+    python bench/gpu.py --quick              # a check of the script: seconds, on the CPU when there is no GPU
 
 First it checks that the device computes what the CPU does on a small multi-code model (full
 distribution, one autograd training step, top-k, scoring: ``agreement_with_cpu`` in the JSON,
@@ -18,8 +18,10 @@ clock (``hlbl.train.train_epoch``, the autograd path, on a prefix of the stream)
 The learning rate stays the recipe's per-example rate whatever the batch: these are speed
 measurements, not training runs. The last line is one JSON object; ``--out`` (default
 results/gpu.json, or $OUT/gpu.json when $OUT is set, as on the device machine) gets it too.
-``--quick`` writes no file unless ``--out`` is given (a dry run must not replace measurements)
-and uses V = 100k for the large vocabulary (``v_large`` in the JSON says which).
+``--quick`` is a dry run of the script itself: a few batches of 256 of each on the synthetic corpus
+of ``bench/_common.py``, V = 2,000 and 20,000 for the Zipf corpora (``v_mid`` and ``v_large`` in
+the JSON say which), on the CPU (with a message) when there is no CUDA device, the JSON in a
+temporary directory, never over results/.
 """
 
 from __future__ import annotations
@@ -34,16 +36,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _common import add_common, corpus_spec, finish_args, machine, write_json, zipf_stream
+from hlbl.config import TrainConfig
 from hlbl.data import load_corpus
+from hlbl.engine import train_epoch
 from hlbl.evaluate import token_log_probs
 from hlbl.model import LBL, LBLConfig
-from hlbl.config import TrainConfig
-from hlbl.engine import train_epoch
 from hlbl.optim import make_optimizer
 from hlbl.tree import balanced_tree, random_tree
-from throughput import zipf_stream
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def sync(device: torch.device) -> None:
@@ -61,7 +61,7 @@ def time_train(model: LBL, stream: np.ndarray, pad: int, batch: int, batches: in
     """words/s of the autograd path over ``batches`` batches (after 2 warm-up batches)."""
     cfg = TrainConfig(progress=False, batch_size=batch, device=str(device), engine="torch")
     opt = make_optimizer(model, cfg, cfg.lr)
-    train_epoch(model, opt, stream[: 2 * batch], pad, cfg, 0, False)  # allocator, kernels, cuBLAS handles
+    train_epoch(model, opt, stream[: 2 * batch], pad, cfg, 1, False)  # allocator, kernels, cuBLAS handles
     part = stream[: batch * batches]
     sync(device)
     t = time.perf_counter()
@@ -132,36 +132,40 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batch", type=int, default=4096)
-    ap.add_argument("--quick", action="store_true", help="a few batches of each (a dry run)")
-    ap.add_argument(
-        "--out",
-        default=None,
-        help="JSON file (default: $OUT/gpu.json if $OUT is set, else results/gpu.json; none with --quick)",
+    add_common(
+        ap, out="results/gpu.json", out_help="JSON file (default: $OUT/gpu.json if $OUT is set, else results/gpu.json)"
     )
     args = ap.parse_args(argv)
-    if args.out is None and not args.quick:
-        args.out = str(Path(os.environ["OUT"]) / "gpu.json" if os.environ.get("OUT") else ROOT / "results" / "gpu.json")
+    if args.out is None and not args.quick and os.environ.get("OUT"):
+        args.out = str(Path(os.environ["OUT"]) / "gpu.json")
+    finish_args(args, batch=256)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device here (use --device cpu for a dry run)", file=sys.stderr)
-        return 2
-    scale = 0.02 if args.quick else 1.0
+        if not args.quick:
+            print("no CUDA device here (use --device cpu, or --quick for a dry run)", file=sys.stderr)
+            return 2
+        print("no CUDA device here: the quick run goes on on the CPU", file=sys.stderr)
+        device = torch.device("cpu")
+    if args.quick and device.type == "cpu":
+        torch.set_num_threads(1)
+    scale = 0.01 if args.quick else 1.0
     n = lambda k: max(2, int(k * scale))  # noqa: E731 (batches per measurement)
     B = args.batch
     info = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "batch": B,
+        "machine": machine(),
     }
     print(json.dumps(info), file=sys.stderr)
     info["agreement_with_cpu"] = agreement(device)
     print(f"agreement with the CPU: {json.dumps(info['agreement_with_cpu'])}", file=sys.stderr, flush=True)
 
     try:
-        corpus = load_corpus("ptb")
+        corpus = load_corpus(corpus_spec(args))
         V, pad, train = len(corpus.vocab), corpus.vocab.eos, corpus["train"]
         counts = np.asarray(corpus.vocab.counts, np.float64)
-        info["ptb"] = True
+        info["ptb"] = not args.quick  # quick: the synthetic corpus
     except Exception as e:  # no PTB on this machine: the same sizes on a synthetic corpus
         print(f"PTB not available ({e}); using Zipf V=10k", file=sys.stderr)
         V, pad, train = 10_000, 0, zipf_stream(10_000, 1_000_000, seed=1)
@@ -207,25 +211,26 @@ def main(argv=None) -> int:
         ),
     )
 
-    z = zipf_stream(33_278, 2_000_000, seed=2)
-    zc = np.bincount(z, minlength=33_278).astype(np.float64)
+    V2, n_zipf = (2_000, 20_000) if args.quick else (33_278, 2_000_000)
+    z = zipf_stream(V2, n_zipf, seed=2)
+    zc = np.bincount(z, minlength=V2).astype(np.float64)
     run(
         "hlbl_v33k",
-        f"V=33k HLBL RANDOM, batch {B}",
-        lambda: time_train(model_for(33_278, "tree", random_tree(33_278, 0), zc, device), z, 0, B, n(200), device),
+        f"V={V2:,} HLBL RANDOM, batch {B}",
+        lambda: time_train(model_for(V2, "tree", random_tree(V2, 0), zc, device), z, 0, B, n(200), device),
     )
     run(
         "flat_v33k",
-        f"V=33k flat LBL, batch {B}",
-        lambda: time_train(model_for(33_278, "flat", None, zc, device), z, 0, B, n(50), device),
+        f"V={V2:,} flat LBL, batch {B}",
+        lambda: time_train(model_for(V2, "flat", None, zc, device), z, 0, B, n(50), device),
     )
     run(
         "adaptive_v33k",
-        f"V=33k LBL + adaptive softmax, batch {B}",
-        lambda: time_train(model_for(33_278, "adaptive", None, zc, device), z, 0, B, n(100), device),
+        f"V={V2:,} LBL + adaptive softmax, batch {B}",
+        lambda: time_train(model_for(V2, "adaptive", None, zc, device), z, 0, B, n(100), device),
     )
-    V1 = 1_000_000 if not args.quick else 100_000
-    z1 = zipf_stream(V1, 2_000_000, seed=2)
+    V1 = 1_000_000 if not args.quick else 20_000
+    z1 = zipf_stream(V1, n_zipf, seed=2)
     z1c = np.bincount(z1, minlength=V1).astype(np.float64)
     run(
         "hlbl_vlarge",
@@ -235,6 +240,7 @@ def main(argv=None) -> int:
 
     summary = {
         **info,
+        "v_mid": V2,
         "v_large": V1,
         **{f"{k}_wps": r["wps"] for k, r in results.items()},
         "ratio_vs_flat": results["hlbl"]["wps"] / results["flat"]["wps"],
@@ -243,9 +249,7 @@ def main(argv=None) -> int:
         "details": results,
     }
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(summary, indent=1) + "\n")
+        write_json(args.out, summary)
     print(json.dumps({k: v for k, v in summary.items() if k != "details"}))
     return 0
 

@@ -1,6 +1,7 @@
 """The paper's scale and beyond: Gutenberg (50.1M training tokens, a 190k-word vocabulary), end to end.
 
     python bench/gutenberg.py STAGE [--data gutenberg] [--work runs/gutenberg] [--out results/gutenberg]
+    python bench/gutenberg.py --quick     # a check of the script: every stage, in order, on tiny corpora
 
 Stages, each in its own processes, each writing ``OUT/STAGE.json`` (``summary`` joins them):
 
@@ -43,6 +44,11 @@ Stages, each in its own processes, each writing ``OUT/STAGE.json`` (``summary`` 
 * ``summary``: ``summary.json`` (one object) and ``table.md`` from the stages' files.
 
 Run directories and models go under ``--work``; the corpus is never copied into the results.
+
+``--quick``: every stage in order (vocab, speed, phases, memory, mapped, hlbl default, kn,
+frontier, summary), or the one named, with a few minibatches of each and one round, on two
+synthetic corpora (``bench/_common.py``) standing in for Gutenberg and PTB; ``--work`` and
+``--out`` in a temporary directory.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _common import ROOT, add_common, finish_args, quick_dir, tiny_corpus, write_json
 
 # KenLM lmplz / query on this corpus and machine (the issue's reference figures).
 KENLM = {
@@ -84,11 +90,6 @@ HLBL_RUNS = (
     ("x2-long", "HLBL, ADAPTIVE(0.4) x2 tree, epochs of 10M positions, halving schedule", "train_x2_long"),
     ("x2-two-rate", "HLBL, ADAPTIVE(0.4) x2 tree, epochs of 10M positions, two-rate schedule", "train_x2_two_rate"),
 )
-
-
-def write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(obj, indent=1) + "\n")
 
 
 def run_child(argv: list[str], env: dict | None = None, stdout=None, stderr=None) -> dict:
@@ -156,7 +157,7 @@ def _speed_setup(args):
 
     fast.set_numba_threads(1)
     torch.set_num_threads(1)
-    corpora = {"ptb": load_corpus("ptb"), "gutenberg": load_corpus(args.data)}
+    corpora = {"ptb": load_corpus(args.ptb), "gutenberg": load_corpus(args.data)}
     cfg = TrainConfig(progress=False)
     models = {}
     for name, c in corpora.items():
@@ -689,7 +690,8 @@ def stage_frontier(args) -> dict:
         if not speed_file.exists() or args.remeasure:
             cmd = [sys.executable, str(ROOT / "bench" / "frontier.py"), "speed", "--data", args.data, *flags]
             cmd += ["--trees", "random=random", f"x2={work / vocab / 'adaptive0.4x2.json'}", "--samples", "25"]
-            cmd += ["--rounds", str(args.speed_rounds), "--tokens", "50000", "--flat-tokens", "4000"]
+            tokens = ["2000", "1000"] if args.quick else ["50000", "4000"]
+            cmd += ["--rounds", str(args.speed_rounds), "--tokens", tokens[0], "--flat-tokens", tokens[1]]
             subprocess.run(cmd + ["--out", str(speed_file)], check=True)
         sp = json.loads(speed_file.read_text())
         wps, ratio = sp["words_per_s_median"], sp["ratio_to_flat_median"]
@@ -958,6 +960,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "stage",
+        nargs="?",
         choices=[
             "vocab",
             "speed",
@@ -975,7 +978,8 @@ def main(argv=None) -> int:
     ap.add_argument(
         "vocab", nargs="?", default="default", help="hlbl stage: default or 50k; _kn_child: open, default, 50k"
     )
-    ap.add_argument("--data", default="gutenberg")
+    add_common(ap, data="gutenberg")
+    ap.add_argument("--ptb", default="ptb", help="the reference corpus of speed and phases (default ptb)")
     ap.add_argument("--work", default="runs/gutenberg", help="run directories and models (commands record it as given)")
     ap.add_argument("--out", default="results/gutenberg")
     ap.add_argument("--epochs", type=int, default=1, help="hlbl: epoch cap of each training")
@@ -1007,12 +1011,31 @@ def main(argv=None) -> int:
     ap.add_argument("--order", type=int, default=5)
     ap.add_argument("--load")
     args = ap.parse_args(argv)
+    if args.quick and args.stage not in ("_memory_child", "_kn_child"):
+        finish_args(
+            args, speed_batches=2, speed_rounds=1, memory_batches=2, phase_batches=2, phase_rounds=1, blocks="32,16",
+            epochs=1, long_epochs=0, two_rate_epochs=0, low_lr=0.0, work=str(quick_dir() / "work"),
+            out=str(quick_dir() / "gutenberg"), ptb=str(tiny_corpus(quick_dir() / "corpus-ptb", 800, 60, seed=1)),
+        )  # fmt: skip
+        if args.stage is None:
+            for stage in ("vocab", "speed", "phases", "memory", "mapped", "hlbl", "kn", "frontier", "summary"):
+                print(f"--- {stage}", file=sys.stderr, flush=True)
+                run_stage(args, stage)
+            return 0
+    elif args.stage is None:
+        ap.error("a stage, or --quick")
     if args.stage == "_memory_child":
         memory_child(args)
         return 0
     if args.stage == "_kn_child":
         kn_child(args)
         return 0
+    run_stage(args, args.stage)
+    return 0
+
+
+def run_stage(args, stage: str) -> None:
+    """Run one stage; write its file (OUT/STAGE.json; the summary and frontier stages write their own)."""
     fn = {
         "vocab": stage_vocab,
         "speed": stage_speed,
@@ -1023,16 +1046,13 @@ def main(argv=None) -> int:
         "hlbl": stage_hlbl,
         "frontier": stage_frontier,
         "summary": stage_summary,
-    }[args.stage]
+    }[stage]
     t = time.perf_counter()
     result = fn(args)
-    if args.stage not in ("summary", "frontier"):
+    if stage not in ("summary", "frontier"):
         result["stage_wall_s"] = time.perf_counter() - t
-        write_json(
-            Path(args.out) / (f"hlbl-{args.vocab}.json" if args.stage == "hlbl" else f"{args.stage}.json"), result
-        )
-    print(json.dumps(result if args.stage == "summary" else {"stage": args.stage, "written": True}))
-    return 0
+        write_json(Path(args.out) / (f"hlbl-{args.vocab}.json" if stage == "hlbl" else f"{stage}.json"), result)
+    print(json.dumps(result if stage == "summary" else {"stage": stage, "written": True}))
 
 
 if __name__ == "__main__":

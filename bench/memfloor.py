@@ -1,6 +1,7 @@
 """The machine's cost of touching a cold row: the floor under the fast engine's speed at large V.
 
     python bench/memfloor.py            # about 1 minute, 1.7 GB of memory
+    python bench/memfloor.py --quick    # a check of the script: 20,000 rows, 3 rounds
 
 At V = 1M a training step meets thousands of rows that are in no cache (docs/engine.md). This
 times, on one thread, what bringing such a row up to date costs with nothing else going on: V = 1M
@@ -18,7 +19,8 @@ prefetched ``--ahead`` rows in advance into the L2 cache as the engine's loops d
   (untimed, in another order): what a step's second pass over its rows costs once the first has
   brought them in (they no longer fit the L2 cache, so this is mostly the L3's cost).
 
-Median of ``--rounds`` passes, ns per row. One JSON line at the end.
+Median of ``--rounds`` passes, ns per row. One JSON line at the end; ``--out`` also writes it
+to a file (``--quick``: always, in a temporary directory).
 """
 
 from __future__ import annotations
@@ -27,14 +29,13 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from numba import njit
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
-from hlbl.intrinsics import prefetch as _prefetch, prefetch_intrinsic, prefetch_row as _prefetch_row  # noqa: E402
-from hlbl.memory import prefer_huge_pages  # noqa: E402
+from _common import add_common, finish_args, machine, write_json
+from hlbl.intrinsics import prefetch as _prefetch, prefetch_intrinsic, prefetch_row as _prefetch_row
+from hlbl.memory import prefer_huge_pages
 
 
 @njit(fastmath=True, cache=True)
@@ -94,7 +95,8 @@ def main(argv=None) -> int:
     ap.add_argument("--per-round", type=int, default=7_700, help="random rows a round (one step's worth at V = 1M)")
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--ahead", type=int, default=6, help="prefetch distance in rows (the engine's)")
-    args = ap.parse_args(argv)
+    add_common(ap, out="memfloor.json", optional_out=True)
+    args = finish_args(ap.parse_args(argv), rows=20_000, per_round=500, rounds=3)
     V, d = args.rows, args.dim
     rng = np.random.default_rng(0)
     W = rng.random((V, d), dtype=np.float32)
@@ -128,7 +130,10 @@ def main(argv=None) -> int:
     best = {k: float(np.median(v)) for k, v in times.items()}
     for k, v in best.items():
         print(f"{k:<28} {v:6.1f} ns per row ({v / ((2 * d * 4) / 64):.1f} ns per 64-byte line)", file=sys.stderr)
-    print(json.dumps({"rows": V, "dim": d, "ns_per_row": {k: round(v, 1) for k, v in best.items()}}))
+    result = {"rows": V, "dim": d, "ns_per_row": {k: round(v, 1) for k, v in best.items()}}
+    if args.out:
+        write_json(args.out, {**result, "machine": machine()})
+    print(json.dumps(result))
     return 0
 
 

@@ -1,6 +1,7 @@
 """Benchmark of the Kneser-Ney baseline on PTB: times, peak memory, perplexities.
 
     python bench/ngram.py [--data ptb] [--orders 3 4 5] [--out DIR]
+    python bench/ngram.py --quick        # a check of the script: orders 2 and 3 on a tiny synthetic corpus
 
 For each order: estimation time (counting + discounts + probabilities, corpus already
 encoded), ARPA write time, test scoring time from the model in memory, and, for the highest
@@ -9,7 +10,9 @@ the text and from the binary copy kept in the hlbl cache. Perplexities of
 test (every order) and valid (highest order) are printed next to KenLM lmplz's reference
 values on PTB. Peak RSS is the whole process's (``getrusage``), so it bounds every step.
 The last line is one JSON object with everything, and whether the budgets
-(train <= 30 s, score <= 10 s, peak <= 2 GiB; parsing the ARPA text also <= 10 s) were met.
+(train <= 30 s, score <= 10 s, peak <= 2 GiB; parsing the ARPA text also <= 10 s) were met;
+with ``--out DIR`` it is also written to ``DIR/ngram.json``, beside the ARPA files. ``--quick``
+writes them all to a temporary directory.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import add_common, finish_args, machine, quick_dir, write_json
 from hlbl.data import load_corpus
 from hlbl.ngram import read_arpa, token_log_probs, train_kneser_ney, write_arpa
 
@@ -42,10 +46,14 @@ def ppl(lp) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="ptb")
     ap.add_argument("--orders", type=int, nargs="+", default=[3, 4, 5])
-    ap.add_argument("--out", default=None, help="directory for the ARPA files (default: a temporary one)")
-    args = ap.parse_args(argv)
+    add_common(ap, data="ptb")
+    ap.add_argument(
+        "--out", default=None, help="directory for the ARPA files and ngram.json (default: a temporary one)"
+    )
+    args = finish_args(ap.parse_args(argv), orders=[2, 3])
+    if args.quick and args.out is None:
+        args.out = str(quick_dir() / "ngram")
 
     t = time.perf_counter()
     corpus = load_corpus(args.data)
@@ -99,7 +107,7 @@ def main(argv=None) -> int:
             lp2 = token_log_probs(read_arpa(path), corpus["test"], vocab)
             row["eval_cached_arpa_s"] = round(time.perf_counter() - t, 3)
         for split in ("test", "valid"):
-            ref = KENLM_PTB.get((split, order)) if args.data == "ptb" else None
+            ref = KENLM_PTB.get((split, order)) if args.data == "ptb" else None  # (quick: a path, no reference)
             if ref is not None and f"{split}_ppl" in row:
                 row[f"{split}_kenlm"] = ref
         rows.append(row)
@@ -143,6 +151,8 @@ def main(argv=None) -> int:
     }
     if tmp is not None:
         tmp.cleanup()
+    else:
+        write_json(out_dir / "ngram.json", {**summary, "machine": machine()})
     print(json.dumps(summary))
     return 0
 

@@ -2,6 +2,7 @@
 
     python bench/phases.py                  # about 2 minutes, ~2.5 GB of memory at V = 1M
     python bench/phases.py --sizes 10000 --blocks 64
+    python bench/phases.py --quick          # a check of the script: V = 1,000, a few steps
 
 Same setting as ``bench/scaling.py`` (synthetic Zipf(1) corpus, BALANCED tree in frequency order,
 d = 100, context 5, batch 1000, SGD with momentum and L2). After ``--warm`` ordinary steps (so the
@@ -17,7 +18,8 @@ block, is the step without blocking (each phase over the whole batch).
 ``--fold N`` (default 4096; 0 = off) adds, per size, the same runs with every token id of the
 stream and every node id of the tree's paths folded into ``id % N``: the same arithmetic (paths
 of the same depth, as many (example, row) pairs), but on rows that stay in the caches. The
-difference between the two runs is what memory costs a step; the folded total is the arithmetic.
+difference between the two runs is what memory costs a step; the folded total is the arithmetic. ``--out`` also writes the JSON to a file (``--quick``: always, in a temporary
+directory).
 """
 
 from __future__ import annotations
@@ -25,13 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "bench"))
+from _common import add_common, finish_args, machine, write_json, zipf_model
 
 
 def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tokens: int, fold: int = 0) -> dict:
@@ -39,18 +37,9 @@ def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tok
 
     from hlbl import fast
     from hlbl.kernels import PHASES
-    from hlbl.model import LBL, LBLConfig
-    from hlbl.config import TrainConfig
-    from hlbl.optim import make_optimizer
-    from hlbl.tree import balanced_tree
-    from throughput import zipf_stream
 
     torch.set_num_threads(1)
-    stream = zipf_stream(V, tokens, seed=2)
-    model = LBL(LBLConfig(V, dim=100, context=5), balanced_tree(np.arange(V)), torch.Generator().manual_seed(0))
-    model.init_unigram(np.bincount(stream, minlength=V).astype(np.float64))
-    cfg = TrainConfig(progress=False)
-    opt = make_optimizer(model, cfg, cfg.lr)
+    stream, model, cfg, opt = zipf_model(V, tokens)
     paths = fast._word_paths(model.out)
     if fold:
         stream = stream % fold
@@ -100,7 +89,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", type=int, default=200, help="ordinary steps first")
     ap.add_argument("--tokens", type=int, default=1_500_000)
     ap.add_argument("--fold", type=int, default=4096, help="also time the steps with ids folded into id %% N (0: no)")
-    args = ap.parse_args(argv)
+    add_common(ap, out="phases.json", optional_out=True)
+    args = finish_args(ap.parse_args(argv), sizes="1000", batches=3, rounds=1, warm=2, tokens=20_000, fold=64)
     blocks = [int(x) for x in args.blocks.split(",")]
     rows = []
     for V in (int(x) for x in args.sizes.split(",")):
@@ -119,6 +109,8 @@ def main(argv=None) -> int:
                     file=sys.stderr,
                 )
         rows.append(r)
+    if args.out:
+        write_json(args.out, {"rows": rows, "machine": machine()})
     print(json.dumps({"rows": rows}))
     return 0
 

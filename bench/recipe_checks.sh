@@ -4,20 +4,29 @@
 # number is deterministic under the seed and reruns give the same perplexities.
 #
 #   bash bench/recipe_checks.sh        # ~10 minutes; PTB and Brown from $HLBL_DATA or the cache
+#   bash bench/recipe_checks.sh --quick    # a check of the script: two of the runs, one epoch of a synthetic corpus
 #
 # Writes results/recipe/SUMMARY.md (one row per run: the flags, valid and test perplexity, the
 # vocabulary) and each run's printed JSON line and metrics.jsonl beside it. Tuning reads only
-# the validation perplexity; test is printed by `hlbl train` and kept for the record.
+# the validation perplexity; test is printed by `hlbl train` and kept for the record. Quick mode
+# (bench/_common.sh): the default run and brown-min1 only (the others differ by their flags),
+# one epoch each on a synthetic corpus standing in for PTB and Brown, under a temporary directory.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/_common.sh"
 RESULTS=${RESULTS:-results/recipe}
-mkdir -p "$RESULTS" runs
+if [ -n "$QUICK" ]; then RESULTS=$BENCH_OUT/recipe; fi
+mkdir -p "$RESULTS" "$RUNS_DIR"
 run() {  # run NAME DATA FLAGS...: train, keep the last JSON line and the metrics
   local name=$1 data=$2; shift 2
-  rm -rf "runs/recipe-$name"
-  hlbl train --data "$data" --out "runs/recipe-$name" --threads 1 --quiet "$@" > "$RESULTS/$name.txt"
-  cp "runs/recipe-$name/metrics.jsonl" "$RESULTS/$name.metrics.jsonl"
-  python - "$RESULTS/$name.txt" "runs/recipe-$name/vocab.json" "$name" "$data" "$*" >> "$RESULTS/SUMMARY.md" <<'PY'
+  local corpus=$data quick=()
+  if [ -n "$QUICK" ]; then
+    case $name in default | brown-min1) ;; *) return 0 ;; esac
+    corpus=$QDATA quick=(--epochs 1)
+  fi
+  rm -rf "$RUNS_DIR/recipe-$name"
+  hlbl train --data "$corpus" --out "$RUNS_DIR/recipe-$name" --threads 1 --quiet "$@" "${quick[@]}" > "$RESULTS/$name.txt"
+  cp "$RUNS_DIR/recipe-$name/metrics.jsonl" "$RESULTS/$name.metrics.jsonl"
+  python - "$RESULTS/$name.txt" "$RUNS_DIR/recipe-$name/vocab.json" "$name" "$data" "$*" >> "$RESULTS/SUMMARY.md" <<'PY'
 import json, sys
 path, vocab, name, data, flags = sys.argv[1:]
 res = json.loads(next(l for l in open(path) if l.startswith("{")))

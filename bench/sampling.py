@@ -20,6 +20,12 @@ and words/s from its metrics.jsonl, and the self-normalisation report of the NCE
 
     HLBL_DATA=../shared/data python bench/sampling.py table --runs results/sampling/runs \\
         --out results/sampling
+
+``--quick`` (no subcommand): ``speed`` (one round, k = 5, a few thousand positions) on the
+synthetic corpus of ``bench/_common.py``, an NCE k = 5 run of one epoch on it, and ``table`` of
+that run, all into a temporary directory.
+
+    python bench/sampling.py --quick
 """
 
 from __future__ import annotations
@@ -33,16 +39,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _common import (
+    add_common,
+    corpus_spec,
+    finish_args,
+    quick_dir,
+    quick_run,
+    run_subcommand,
+    side_by_side,
+    write_json,
+)
+
 
 def speed(args) -> None:
-    from hlbl.data import epoch_order, load_corpus
-    from hlbl.model import LBL, LBLConfig
     from hlbl.config import TrainConfig
+    from hlbl.data import epoch_order, load_corpus
     from hlbl.engine import train_epoch
+    from hlbl.model import LBL, LBLConfig
     from hlbl.optim import make_optimizer
 
     torch.set_num_threads(args.threads)
-    corpus = load_corpus("ptb")
+    corpus = load_corpus(corpus_spec(args))
     stream = corpus["train"]
     V = len(corpus.vocab)
     pad = corpus.vocab.eos
@@ -60,26 +77,15 @@ def speed(args) -> None:
     # The same slice for every model and round: the first `tokens` positions of the stream, in
     # their order within epoch 1 (train_epoch reorders its slice itself).
     piece = stream[: args.tokens]
-    wps = {n: [] for n in models}
-    ratios = {n: [] for n in models if n != "flat"}
-    for r in range(args.rounds + 1):  # round 0 warms up (allocations, first-call overheads)
-        got = {}
-        # The flat model trains half its slice before the sampled models and half after, so the
-        # ratios of a round compare windows centred on the same time.
-        half = args.flat_tokens // 2
-        _, w1 = train_epoch(models["flat"], opts["flat"], piece[:half], pad, cfg, epoch=1, show=False)
-        for n, m in models.items():
-            if n != "flat":
-                _, got[n] = train_epoch(m, opts[n], piece, pad, cfg, epoch=1, show=False)
-        _, w2 = train_epoch(models["flat"], opts["flat"], piece[half : 2 * half], pad, cfg, epoch=1, show=False)
-        got["flat"] = 2 / (1 / w1 + 1 / w2)  # words/s over both halves (equal token counts)
-        if r == 0:
-            continue
-        for n, w in got.items():
-            wps[n].append(w)
-            if n != "flat":
-                ratios[n].append(w / got["flat"])
-        print(f"round {r}: " + "  ".join(f"{n} {w:,.0f}" for n, w in got.items()), flush=True)
+    half = args.flat_tokens // 2  # the flat model trains half its slice before the sampled models, half after
+
+    def flat(i: int) -> float:
+        return train_epoch(models["flat"], opts["flat"], piece[i * half : (i + 1) * half], pad, cfg, 1, False)[1]
+
+    def other(n: str):
+        return lambda: train_epoch(models[n], opts[n], piece, pad, cfg, 1, False)[1]
+
+    wps, ratios = side_by_side(args.rounds, flat, {n: other(n) for n in models if n != "flat"})
 
     # Where a step's time goes (median of `steps` timed steps each; fewer for the slow flat step).
     parts = {}
@@ -121,18 +127,19 @@ def speed(args) -> None:
     }
     print(json.dumps({k: report[k] for k in ("words_per_s_median", "ratio_to_flat_median", "step_parts")}, indent=1))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        write_json(args.out, report)
 
 
 def _run_row(run: Path, speed_ratio: dict) -> dict:
     from hlbl.checkpoint import read_state
-    from hlbl.run import load_model
-    from hlbl.data import load_corpus
+    from hlbl.data import load_corpus, run_corpus
     from hlbl.evaluate import evaluate, self_normalisation
+    from hlbl.run import load_model
 
     model, vocab, info = load_model(run)
-    corpus = load_corpus(info["corpus"], vocab=vocab, splits=("valid", "test"))
+    corpus = load_corpus(
+        run_corpus(info), vocab=vocab, splits=("valid", "test"), blank_lines=info.get("blank_lines", "drop")
+    )
     state = read_state(run / "state.json")
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     test = evaluate(model, corpus["test"], vocab.eos)["perplexity"]
@@ -237,7 +244,7 @@ def table(args) -> None:
     rows += [flat_ref] + [dict(r) for r in REFERENCE[1:]]
     order = {"flat": 0, "tree": 1, "nce": 2, "sampled": 3}
     rows.sort(key=lambda r: (order.get(r["model"], 9), r.get("samples") or 0, r["name"]))
-    (out / "sampling.json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_json(out / "sampling.json", rows)
     md = [
         "# Sampling-based output layers on PTB (exact perplexity)",
         "",
@@ -283,9 +290,21 @@ def table(args) -> None:
     print("\n".join(md))
 
 
+def quick(args) -> None:
+    """``speed``, one NCE run and ``table``, small, into quick_dir()."""
+    out = quick_dir() / "sampling"
+    ns = argparse.Namespace
+    speed(ns(quick=True, threads=1, rounds=1, tokens=2_000, flat_tokens=1_000, kinds=["nce", "sampled"], samples=[5],
+             steps=3, out=str(out / "speed.json")))  # fmt: skip
+    run, _ = quick_run("sampling/nce-5", "--output", "nce", "--samples", "5")
+    (run / "command.txt").write_text("hlbl train --output nce --samples 5\n")
+    table(ns(runs=str(run.parent), out=str(out), threads=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    add_common(ap)
+    sub = ap.add_subparsers(dest="cmd")
     s = sub.add_parser("speed")
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--rounds", type=int, default=5)
@@ -294,6 +313,7 @@ def main() -> None:
     s.add_argument("--kinds", nargs="+", default=["nce", "sampled"])
     s.add_argument("--samples", type=int, nargs="+", default=[5, 25, 100])
     s.add_argument("--steps", type=int, default=30, help="NCE k=25 steps timed part by part")
+    s.add_argument("--data", default="ptb", help="corpus, as for hlbl train")
     s.add_argument("--out", default=None)
     s.set_defaults(func=speed)
     t = sub.add_parser("table")
@@ -301,8 +321,7 @@ def main() -> None:
     t.add_argument("--out", required=True)
     t.add_argument("--threads", type=int, default=1)
     t.set_defaults(func=table)
-    args = ap.parse_args()
-    args.func(args)
+    run_subcommand(ap, finish_args(ap.parse_args()), quick, "speed, table")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python bench/scaling.py                          # about 4 minutes, ~3 GB of memory at V = 1M
     python bench/scaling.py --sizes 10000,100000 --threads 1 --out scaling-small.json  # not over results/
+    python bench/scaling.py --quick                  # a check of the script: V = 2,000, seconds
 
 For each V, a child process (so that peak RSS is that size's alone) builds a BALANCED tree
 (recursive halving of the words in frequency order; depth ceil(log2 V)), an HLBL with d = 100,
@@ -25,14 +26,15 @@ corpora written as text; its rate is its own training-loop words/s (words/sec/th
 its vocabulary and Huffman-tree setup are excluded, as ours is). It is lighter per row (plain SGD:
 no momentum buffer, no weight decay) and its Huffman codes are shorter for frequent words, so
 its ratio is a reference, not a target. The last line is one JSON object; results/scaling.json gets it with the per-size
-details, and results/scaling.png plots words/s and memory against V.
+details, and results/scaling.png plots words/s and memory against V (skipped with a message
+without matplotlib). ``--quick``: V = 2,000, 20,000 tokens, one thread, one round, the
+JSON and plot in a temporary directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -41,29 +43,19 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from _common import add_common, finish_args, loadavg, machine, write_json, zipf_model, zipf_stream
 
 
 def child(V: int, tokens: int, epochs: int, threads: int, optimizer: str) -> dict:
     import torch
 
     from hlbl import fast
-    from hlbl.model import LBL, LBLConfig
-    from hlbl.config import TrainConfig
-    from hlbl.optim import make_optimizer
-    from hlbl.tree import balanced_tree
-    from throughput import zipf_stream
 
     torch.set_num_threads(threads)
     t0 = time.perf_counter()
-    stream = zipf_stream(V, tokens, seed=2)
-    counts = np.bincount(stream, minlength=V).astype(np.float64)
-    tree = balanced_tree(np.arange(V))  # ids are in frequency order
-    model = LBL(LBLConfig(V, dim=100, context=5), tree, torch.Generator().manual_seed(0))
-    model.init_unigram(counts)
+    stream, model, cfg, opt = zipf_model(V, tokens, optimizer)  # BALANCED tree, ids in frequency order
+    tree = model.out.tree
     setup_s = time.perf_counter() - t0
-    cfg = TrainConfig(progress=False, optimizer=optimizer)
-    opt = make_optimizer(model, cfg, cfg.lr)
     epochs_wps, losses = [], []
     for e in range(1, epochs + 1):
         cpu = time.process_time()
@@ -98,7 +90,7 @@ def fasttext_rate(V: int, tokens: int, threads: int) -> dict | None:
     """fastText's training-loop words/s on the child's corpus, written as text; None if not installed."""
     import tempfile
 
-    from throughput import time_fasttext_from_text, zipf_stream
+    from throughput import time_fasttext_from_text
 
     stream = zipf_stream(V, tokens, seed=2)
     with tempfile.TemporaryDirectory() as tmp:
@@ -108,13 +100,20 @@ def fasttext_rate(V: int, tokens: int, threads: int) -> dict | None:
             for i in range(0, len(words), 20):  # 20-word lines: fastText reads lines of text
                 f.write(" ".join(words[i : i + 20]) + "\n")
         r = time_fasttext_from_text(path, threads, "0")
-    if r is None or r["reported_wps_per_thread"] is None:
+    if r is None:
+        print('fastText is not installed (pip install -e ".[bench]"): no reference rate', file=sys.stderr)
+        return None
+    if r["reported_wps_per_thread"] is None:
         return None
     return {"wps": r["reported_wps_per_thread"] * threads, "wall_wps": r["wps"], "vocab_seen": r["vocab"]}
 
 
 def plot(by_threads: dict[int, list[dict]], path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install -e '.[plot]')", file=sys.stderr)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -159,7 +158,6 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--tokens", type=int, default=1_500_000)
     ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--threads", default="2,1", help="comma-separated thread counts")
     ap.add_argument(
         "--optimizer",
         choices=("momentum", "sgd"),
@@ -169,14 +167,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="runs per size; the best counts (shared machine)")
     ap.add_argument("--skip-fasttext", action="store_true", help="no fastText reference runs")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument(
-        "--out", default=str(ROOT / "results" / "scaling.json"), help="summary JSON; the plot goes beside it (.png)"
-    )
+    add_common(ap, threads="2,1", out="results/scaling.json", out_help="summary JSON; the plot goes beside it (.png)")
     args = ap.parse_args(argv)
+    if args.child is None:
+        finish_args(args, sizes="2000", tokens=20_000, threads="1", rounds=1)
     if args.child is not None:
         print(json.dumps(child(args.child, args.tokens, args.epochs, int(args.threads), args.optimizer)))
         return 0
-    load = os.getloadavg()
+    load = loadavg()
     by_threads: dict[int, list[dict]] = {}
     sizes = [int(v) for v in args.sizes.split(",")]
     for T in (int(t) for t in args.threads.split(",")):
@@ -242,13 +240,11 @@ def main(argv=None) -> int:
         "threads": first,
         "optimizer": args.optimizer,
         "by_threads": {str(T): summarise(rows) for T, rows in by_threads.items()},
-        "load_before": [round(x, 2) for x in load],
-        "load_after": [round(x, 2) for x in os.getloadavg()],
+        "load_before": load,
+        "load_after": loadavg(),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"summary": summary, "sizes": {str(T): rows for T, rows in by_threads.items()}}, indent=1) + "\n"
+    out = write_json(
+        args.out, {"summary": summary, "sizes": {str(T): rows for T, rows in by_threads.items()}, "machine": machine()}
     )
     plot(by_threads, out.with_suffix(".png"))
     print(json.dumps(summary))

@@ -3,6 +3,7 @@
     python bench/throughput.py                          # everything; ~10 minutes on 2 idle cores
     python bench/throughput.py --fasttext-only --out results/fasttext.json  # part 1 only
     python bench/throughput.py --threads 1 --skip-fasttext --out throughput-1t.json
+    python bench/throughput.py --quick                  # a check of the script: seconds, synthetic data
 
 1. Like for like with fastText (``fasttext`` package, ``pip install -e ".[bench]"``): each tool
    runs in its own child process, and the child times, with ``time.perf_counter``, the same part
@@ -34,7 +35,12 @@ time and by CPU time.
 
 The last line of stdout is the summary as one JSON object; ``--out`` (default
 ``results/throughput.json``) gets the summary and every measurement, rewritten after every round.
-Needs PTB (found as ``hlbl train --data ptb`` finds it).
+Needs PTB (found as ``hlbl train --data ptb`` finds it; ``--data`` names another corpus).
+
+``--quick``: one round at one thread on the synthetic corpus of ``bench/_common.py``, a few batches
+of each, V = 2,000 for the Zipf corpus, and of the from-text children one HLBL (Huffman) and one
+fastText (no subwords, skipped with a message when fastText is not installed); the JSON goes to a
+temporary directory (``$HLBL_BENCH_OUT``), never over ``results/``.
 """
 
 from __future__ import annotations
@@ -46,7 +52,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -54,23 +59,15 @@ import numpy as np
 import torch
 
 from hlbl import fast
+from hlbl.config import TrainConfig
 from hlbl.data import load_corpus, resolve_corpus
+from hlbl.engine import train_epoch
 from hlbl.evaluate import token_log_probs
 from hlbl.model import LBL, LBLConfig
-from hlbl.config import TrainConfig
-from hlbl.engine import train_epoch
 from hlbl.optim import make_optimizer
 from hlbl.tree import WordTree, huffman_tree, random_tree
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def zipf_stream(V: int, n_tokens: int, seed: int, s: float = 1.0) -> np.ndarray:
-    """(n_tokens,) int32 i.i.d. tokens with P(word r) proportional to 1/(r+1)^s (id 0 most frequent)."""
-    p = 1.0 / np.arange(1, V + 1, dtype=np.float64) ** s
-    cdf = np.cumsum(p / p.sum())
-    u = np.random.default_rng(seed).random(n_tokens)
-    return np.minimum(np.searchsorted(cdf, u), V - 1).astype(np.int32)
+from _common import Clock, add_common, corpus_spec, finish_args, machine, rate, spread, write_json, zipf_stream
 
 
 def stacked_random_trees(V: int, copies: int, seed: int) -> WordTree:
@@ -101,26 +98,6 @@ def make_model(V: int, output: str, tree: WordTree | None, counts: np.ndarray, s
     return model
 
 
-class Clock:
-    """Wall and process-CPU seconds of a block."""
-
-    def __enter__(self):
-        self.w, self.c = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc):
-        self.wall, self.cpu = time.perf_counter() - self.w, time.process_time() - self.c
-
-
-def rate(tokens: int, clock: Clock) -> dict:
-    return {
-        "wps": tokens / clock.wall,
-        "cpu_wps": tokens / max(clock.cpu, 1e-9),
-        "tokens": tokens,
-        "wall_s": clock.wall,
-    }
-
-
 def time_fast(
     model: LBL, stream: np.ndarray, pad: int, cfg: TrainConfig, threads: int, max_batches: int | None = None
 ) -> dict:
@@ -146,7 +123,7 @@ def time_torch(model: LBL, stream: np.ndarray, pad: int, cfg: TrainConfig, batch
         m = copy.deepcopy(model)
         opt = make_optimizer(m, cfg, cfg.lr)
         part = stream[: batches * cfg.batch_size]
-        train_epoch(m, opt, stream[: 2 * cfg.batch_size], pad, cfg, 0, False)  # warm-up (allocator, kernels)
+        train_epoch(m, opt, stream[: 2 * cfg.batch_size], pad, cfg, 1, False)  # warm-up (allocator, kernels)
         with Clock() as c:
             loss, _ = train_epoch(m, opt, part, pad, cfg, 1, False)
         r = {**rate(len(part), c), "loss": loss, "torch_threads": t}
@@ -225,19 +202,23 @@ def run_child(code: str, args: list[str]) -> tuple[dict, str] | None:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout + proc.stderr
 
 
-def time_hlbl_from_text(corpus_dir: Path, kind: str, threads: int) -> dict:
-    """HLBL, text file to a model trained one epoch (see the module's docstring)."""
-    res, _ = run_child(HLBL_CHILD, [str(corpus_dir), kind, str(threads)])
+def from_text(res: dict, **extra) -> dict:
+    """A child's report (tokens, wall and CPU seconds, vocabulary) as words/s by wall and by CPU time."""
     return {
         "wps": res["tokens"] / res["wall"],
-        "cpu_wps": res["tokens"] / res["cpu"],
+        "cpu_wps": res["tokens"] / max(res["cpu"], 1e-9),
         "tokens": res["tokens"],
         "wall_s": res["wall"],
         "cpu_s": res["cpu"],
-        "train_s": res["train_s"],
         "vocab": res["vocab"],
-        "loss": res["loss"],
+        **extra,
     }
+
+
+def time_hlbl_from_text(corpus_dir: Path, kind: str, threads: int) -> dict:
+    """HLBL, text file to a model trained one epoch (see the module's docstring)."""
+    res, _ = run_child(HLBL_CHILD, [str(corpus_dir), kind, str(threads)])
+    return from_text(res, train_s=res["train_s"], loss=res["loss"])
 
 
 def time_fasttext_from_text(path: Path, threads: int, maxn: str) -> dict | None:
@@ -247,15 +228,7 @@ def time_fasttext_from_text(path: Path, threads: int, maxn: str) -> dict | None:
         return None
     res, text = out
     own = re.findall(r"words/sec/thread:\s*(\d+)", text)
-    return {
-        "wps": res["tokens"] / res["wall"],
-        "cpu_wps": res["tokens"] / res["cpu"],
-        "tokens": res["tokens"],
-        "wall_s": res["wall"],
-        "cpu_s": res["cpu"],
-        "vocab": res["vocab"],
-        "reported_wps_per_thread": int(own[-1]) if own else None,
-    }
+    return from_text(res, reported_wps_per_thread=int(own[-1]) if own else None)
 
 
 def time_eval(model: LBL, stream: np.ndarray, pad: int) -> dict:
@@ -287,7 +260,7 @@ def in_process_plan(args, cfg: TrainConfig, out: dict, other_trees: dict) -> lis
     """Part 2 of the module's docstring: what runs in this process, data in memory, kernels compiled."""
     T = args.threads
     warm_up(T)
-    corpus = load_corpus("ptb")
+    corpus = load_corpus(corpus_spec(args))
     V, pad, counts = len(corpus.vocab), corpus.vocab.eos, np.asarray(corpus.vocab.counts, np.float64)
     train = corpus["train"]
     tree = random_tree(V, 0)
@@ -338,21 +311,21 @@ def in_process_plan(args, cfg: TrainConfig, out: dict, other_trees: dict) -> lis
         )
     out["ptb_mean_code_length_single"] = mean_code_length(tree, counts)
 
-    V2 = 33_278  # synthetic Zipf
+    V2 = args.zipf_vocab  # synthetic Zipf
     zs = zipf_stream(V2, args.zipf_tokens, seed=1)
     zc = np.bincount(zs, minlength=V2).astype(np.float64)
     h2 = make_model(V2, "tree", random_tree(V2, 0), zc)
     plan += [
-        ("v33k_hlbl_fast", f"V=33k HLBL fast engine, {T} threads", lambda: time_fast(h2, zs, 0, cfg, T)),
-        ("v33k_hlbl_torch", "V=33k HLBL PyTorch engine", lambda: time_torch(h2, zs, 0, cfg, args.torch_batches, T)),
+        ("v33k_hlbl_fast", f"V={V2:,} HLBL fast engine, {T} threads", lambda: time_fast(h2, zs, 0, cfg, T)),
+        ("v33k_hlbl_torch", f"V={V2:,} HLBL PyTorch engine", lambda: time_torch(h2, zs, 0, cfg, args.torch_batches, T)),
         (
             "v33k_flat",
-            "V=33k flat LBL",
+            f"V={V2:,} flat LBL",
             lambda: time_torch(make_model(V2, "flat", None, zc), zs, 0, cfg, args.flat_batches_33k, T),
         ),
         (
             "v33k_adaptive",
-            "V=33k adaptive softmax",
+            f"V={V2:,} adaptive softmax",
             lambda: time_torch(make_model(V2, "adaptive", None, zc), zs, 0, cfg, args.adaptive_batches, T),
         ),
     ]
@@ -360,36 +333,39 @@ def in_process_plan(args, cfg: TrainConfig, out: dict, other_trees: dict) -> lis
     return plan
 
 
-def spread(values: list[float]) -> dict:
-    return {"median": float(np.median(values)), "min": float(min(values)), "max": float(max(values)), "n": len(values)}
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
+    add_common(ap, threads=2, out="results/throughput.json", out_help="JSON with every measurement")
     ap.add_argument("--torch-batches", type=int, default=40, help="batches for the PyTorch HLBL path")
     ap.add_argument("--flat-batches", type=int, default=8, help="batches for the flat LBL at V=10k")
     ap.add_argument("--adaptive-batches", type=int, default=30)
     ap.add_argument("--flat-batches-33k", type=int, default=4)
     ap.add_argument("--zipf-tokens", type=int, default=1_000_000)
+    ap.add_argument("--zipf-vocab", type=int, default=33_278, help="the synthetic corpus's vocabulary (WikiText-2's)")
     ap.add_argument("--skip-fasttext", action="store_true")
     ap.add_argument("--fasttext-only", action="store_true", help="only part 1: HLBL and fastText from the text file")
     ap.add_argument("--rounds", type=int, default=5, help="rounds over all measurements (median and range reported)")
-    ap.add_argument("--out", default=str(ROOT / "results" / "throughput.json"), help="JSON with every measurement")
     args = ap.parse_args(argv)
-    if args.rounds < 3:
+    if args.rounds < 3 and not args.quick:
         ap.error("--rounds must be at least 3 (a median and a spread)")
+    # quick: one round of everything at tiny sizes, and of the from-text children only the two
+    # kinds of child (HLBL on a Huffman tree, fastText without subwords) at one thread
+    finish_args(
+        args, threads=1, rounds=1, torch_batches=2, flat_batches=2, adaptive_batches=2, flat_batches_33k=2,
+        zipf_tokens=20_000, zipf_vocab=2_000,
+    )  # fmt: skip
     T = args.threads
     torch.set_num_threads(T)
     torch.manual_seed(0)
-    load = os.getloadavg()
+    host = machine()
+    load = host["loadavg"] or [0.0, 0.0, 0.0]
     print(
-        f"threads {T}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs",
+        f"threads {T}; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {host['cpus']} CPUs",
         file=sys.stderr,
     )
     cfg = TrainConfig(progress=False)
-    ptb_dir = resolve_corpus("ptb")
-    out: dict = {"threads": T, "rounds": args.rounds, "load_before": load}
+    ptb_dir = resolve_corpus(corpus_spec(args))
+    out: dict = {"threads": T, "rounds": args.rounds, "load_before": load, "machine": host}
 
     def show(name, r):
         extra = "" if "loss" not in r else f"  loss {r['loss']:.3f}"
@@ -414,7 +390,7 @@ def main(argv=None) -> int:
                 f"from text: HLBL, RANDOM tree, {t} thread(s)",
                 lambda t=t: time_hlbl_from_text(ptb_dir, "random", t),
             ),
-        ]
+        ][: 1 if args.quick else 2]
         if not args.skip_fasttext:
             plan.append(
                 (
@@ -423,7 +399,7 @@ def main(argv=None) -> int:
                     lambda t=t: time_fasttext_from_text(ptb_dir / "train.txt", t, "0"),
                 )
             )
-            if t == T:  # the subword model only at the main thread count: it is ~4x slower
+            if t == T and not args.quick:  # the subword model only at the main thread count: it is ~4x slower
                 plan.append(
                     (
                         f"text_fasttext_subwords_t{t}",
@@ -454,7 +430,7 @@ def main(argv=None) -> int:
 def write_summary(args, out: dict, rounds: dict, other_trees: dict, load) -> dict:
     """Medians, ranges and per-round ratios of the rounds so far, into ``args.out``."""
     T = args.threads
-    out["load_after"] = os.getloadavg()
+    out["load_after"] = list(os.getloadavg())
     out["measurements"] = rounds
 
     def wps(key: str) -> dict | None:
@@ -508,8 +484,7 @@ def write_summary(args, out: dict, rounds: dict, other_trees: dict, load) -> dic
         "load_before": [round(x, 2) for x in load],
         "load_after": [round(x, 2) for x in out["load_after"]],
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"summary": summary, "details": out}, indent=1) + "\n")
+    write_json(args.out, {"summary": summary, "details": out})
     return summary
 
 

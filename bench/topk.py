@@ -3,6 +3,7 @@
     python bench/topk.py                       # trains (or reuses) small PTB models, a few minutes
     python bench/topk.py --run runs/hlbl       # a given run directory (tree output)
     python bench/topk.py --trees huffman,random,learned --contexts 20000
+    python bench/topk.py --quick               # a check of the script: tiny models of a synthetic corpus
 
 For each model (by default a Huffman-tree HLBL and, when ``hlbl.treebuild`` is available, one on
 a learned ADAPTIVE tree built from the Huffman model's word features; each trained for
@@ -23,7 +24,9 @@ test contexts spread evenly over the split:
   1e-9 and equal to the 10 largest values) on every context.
 
 The last line is one JSON object; its top-level numbers are those of the first model listed,
-``per_tree`` has all of them.
+``per_tree`` has all of them. ``--out`` also writes it to a file. ``--quick``: models of one epoch
+on the synthetic corpus of ``bench/_common.py``, 200 contexts, one repeat, everything (models
+and JSON) in a temporary directory.
 """
 
 from __future__ import annotations
@@ -42,10 +45,11 @@ import numba
 import numpy as np
 import torch
 
-from hlbl.run import load_model
+from _common import add_common, finish_args, machine, write_json
 from hlbl.data import contexts, default_cache_dir, load_corpus, run_corpus
-from hlbl.search import topk_matches, tree_topk
 from hlbl.output import TreeSoftmax
+from hlbl.run import load_model
+from hlbl.search import topk_matches, tree_topk
 
 
 # ---- the fastText-style baseline ----------------------------------------------------------
@@ -183,15 +187,16 @@ def default_runs(trees: list[str], data: str, epochs: int, seed: int) -> list[tu
     cache = Path(os.environ.get("HLBL_CACHE") or default_cache_dir()) / "bench-topk"
     cache.mkdir(parents=True, exist_ok=True)
     runs = []
+    data_name = Path(data).name  # (a corpus directory, or a name)
     for t in trees:
         if t == "learned" or t.startswith("learned:"):
-            base = ensure_run(cache / f"{data}-huffman-d100-e{epochs}", data, "huffman", epochs, seed)
+            base = ensure_run(cache / f"{data_name}-huffman-d100-e{epochs}", data, "huffman", epochs, seed)
             spec = str(learned_tree_file(cache, base, t.partition(":")[2] or "adaptive"))
             name = t.replace(":", "")
         else:
             spec = t
             name = t if t in ("random", "huffman") else Path(t).stem
-        runs.append((t, ensure_run(cache / f"{data}-{name}-d100-e{epochs}", data, spec, epochs, seed)))
+        runs.append((t, ensure_run(cache / f"{data_name}-{name}-d100-e{epochs}", data, spec, epochs, seed)))
     return runs
 
 
@@ -290,12 +295,12 @@ def main(argv=None) -> int:
         "(learned = ADAPTIVE tree from the Huffman model's features; learned:adaptive:0.4 etc. "
         "for other policies; default learned,huffman)",
     )
-    p.add_argument("--data", default="ptb")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--contexts", type=int, default=5000, help="PTB test contexts, spread evenly")
     p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args(argv)
+    add_common(p, data="ptb", out="topk.json", optional_out=True)
+    args = finish_args(p.parse_args(argv), epochs=1, contexts=200, repeats=1)
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     if args.run:
@@ -315,6 +320,8 @@ def main(argv=None) -> int:
     summary["exact"] = all(r["exact"] for r in per_tree.values())
     summary["model"] = runs[0][0]
     summary["per_tree"] = per_tree
+    if args.out:
+        write_json(args.out, {**summary, "machine": machine()})
     print(json.dumps(summary))
     return 0
 

@@ -1,6 +1,7 @@
 """Benchmark: learned-tree building, our level-batched EM against a per-node scikit-learn recursion.
 
     python bench/treebuild.py [--words 33000] [--dim 100] [--sklearn-words 4000] [--clusters 200]
+    python bench/treebuild.py --quick     # a check of the script: 400 words, seconds
 
 Synthetic clustered vectors (Gaussian clusters in d dimensions, like mean context vectors: a
 few hundred loose groups). Both builders do the same thing: the ADAPTIVE rule, 10 EM iterations
@@ -9,18 +10,22 @@ per node from a random halving, spherical covariances, stopping at two words; sk
 They are timed side by side in one process on the same data (the machine is shared: compare the
 ratio, not the absolute numbers). Then our builder alone on ``--words`` words for each policy,
 the target being under 60 s for 33,000 words with 100-d vectors on 2 cores.
-Prints one JSON line per measurement.
+Prints one JSON line per measurement; ``--out`` also writes them to a file as one JSON list
+(``--quick``: always, in a temporary directory). Without scikit-learn the comparison is skipped
+with a message.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 import warnings
 
 import numpy as np
 
+from _common import add_common, finish_args, machine, write_json
 from hlbl.tree import WordTree
 from hlbl.treebuild import BuildReport, build_learned_tree, em_reg
 
@@ -84,17 +89,27 @@ def main() -> None:
     ap.add_argument("--sklearn-words", type=int, default=4000, help="size for the side-by-side comparison")
     ap.add_argument("--clusters", type=int, default=200)
     ap.add_argument("--policies", default="balanced,adaptive,adaptive:0.4")
-    args = ap.parse_args()
+    add_common(ap, out="treebuild.json", optional_out=True)
+    args = finish_args(ap.parse_args(), words=400, dim=16, sklearn_words=150, clusters=8)
+    rows = []
 
-    X = clustered(args.sklearn_words, args.dim, args.clusters)
-    t0 = time.perf_counter()
-    ours = build_learned_tree(X, "adaptive", 0)
-    t_ours = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ref = sklearn_adaptive_tree(X, 0)
-    t_sk = time.perf_counter() - t0
-    print(
-        json.dumps(
+    def show(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        print("scikit-learn is not installed: the side-by-side comparison is skipped", file=sys.stderr)
+    else:
+        X = clustered(args.sklearn_words, args.dim, args.clusters)
+        t0 = time.perf_counter()
+        ours = build_learned_tree(X, "adaptive", 0)
+        t_ours = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        ref = sklearn_adaptive_tree(X, 0)
+        t_sk = time.perf_counter() - t0
+        show(
             {
                 "compare": "adaptive",
                 "words": len(X),
@@ -105,9 +120,7 @@ def main() -> None:
                 "ours_code_length": round(ours.stats()["mean_code_length"], 2),
                 "sklearn_code_length": round(ref.stats()["mean_code_length"], 2),
             }
-        ),
-        flush=True,
-    )
+        )
 
     X = clustered(args.words, args.dim, args.clusters)
     for pol in args.policies.split(","):
@@ -116,23 +129,22 @@ def main() -> None:
         tree = build_learned_tree(X, pol, 0, report=rep)
         dt = time.perf_counter() - t0
         st = tree.stats()
-        print(
-            json.dumps(
-                {
-                    "policy": pol,
-                    "words": args.words,
-                    "dim": args.dim,
-                    "seconds": round(dt, 2),
-                    "levels": rep.levels,
-                    "em_nodes": rep.em_nodes,
-                    "fallback_nodes": rep.fallback_nodes,
-                    "codes_per_word": round(st["codes_per_word"], 3),
-                    "mean_code_length": round(st["mean_code_length"], 2),
-                    "denied_duplications": rep.denied_duplications,
-                }
-            ),
-            flush=True,
+        show(
+            {
+                "policy": pol,
+                "words": args.words,
+                "dim": args.dim,
+                "seconds": round(dt, 2),
+                "levels": rep.levels,
+                "em_nodes": rep.em_nodes,
+                "fallback_nodes": rep.fallback_nodes,
+                "codes_per_word": round(st["codes_per_word"], 3),
+                "mean_code_length": round(st["mean_code_length"], 2),
+                "denied_duplications": rep.denied_duplications,
+            }
         )
+    if args.out:
+        write_json(args.out, {"rows": rows, "machine": machine()})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,150 @@
+"""Every benchmark script in bench/ runs in its quick mode: a new or changed script cannot break unseen.
+
+Each script (every ``bench/*.py`` and ``bench/*.sh`` but the shared ``_common`` files, found by
+glob, so a new script is tested the day it lands) runs as a user would run it, with ``--quick``, in
+a child process with a timeout: it must exit 0, write its output under ``$HLBL_BENCH_OUT`` (a
+temporary directory) and leave ``results/`` and ``runs/`` of the repository alone. A script with
+no quick mode fails at once (it is not started: at full size it would run for hours).
+
+The scripts run three at a time, started together when the first of these tests asks (each test
+then waits for its own): most of their time is interpreter and library start-up, and waiting on
+their own children. The pipelines that chain dozens of commands (gutenberg.py's stages, frontier.sh,
+frontier_kjv.sh) take minutes even in quick mode, and are marked slow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+SCRIPTS = sorted(p.name for p in BENCH.glob("*") if p.suffix in (".py", ".sh") and not p.name.startswith("_"))
+# Quick, but each still a pipeline of dozens of commands (minutes on two cores): `pytest -m slow`.
+SLOW = {"gutenberg.py", "frontier.sh", "frontier_kjv.sh"}
+TIMEOUT_S = 600
+SLOW_TIMEOUT_S = 3600  # frontier.sh: about 25 minutes on a loaded 2-core machine
+# Children at once: most scripts spend part of their time waiting (on their own children, a server,
+# a timed load), so three keep two cores busy.
+WORKERS = 3
+# What a quick run writes that is not its output: the synthetic corpora and the caches.
+NOT_OUTPUT = {"corpus", "corpus-ptb", "cache"}
+
+
+def command(name: str) -> list[str]:
+    if name.endswith(".sh"):
+        return ["bash", str(BENCH / name), "--quick"]
+    return [sys.executable, str(BENCH / name), "--quick"]
+
+
+def has_quick_mode(name: str) -> bool:
+    """A quick mode the shared set-up gives (bench/_common.py's flags, bench/_common.sh's)."""
+    text = (BENCH / name).read_text(encoding="utf-8")
+    return "_common.sh" in text if name.endswith(".sh") else "add_common(" in text
+
+
+def snapshot() -> dict[str, tuple[int, int]]:
+    """Every file under the repository's results/ and runs/, with its size and modification time."""
+    out = {}
+    for top in ("results", "runs"):
+        for p in (ROOT / top).rglob("*"):
+            if p.is_file():
+                st = p.stat()
+                out[str(p.relative_to(ROOT))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def warm_kernels() -> None:
+    """Compile (or load from numba's cache) the fast engine's kernels once, here, rather than in
+    several children at once."""
+    import torch
+
+    from hlbl import fast
+    from hlbl.config import TrainConfig
+    from hlbl.model import LBL, LBLConfig
+    from hlbl.optim import make_optimizer
+    from hlbl.tree import random_tree
+
+    model = LBL(LBLConfig(20, dim=8, context=2), random_tree(20, 0), torch.Generator().manual_seed(0))
+    stream = (np.arange(200) % 20).astype(np.int32)
+    cfg = TrainConfig(batch_size=50, progress=False)
+    fast.train_epoch(model, make_optimizer(model, cfg, cfg.lr), stream, 0, cfg, 1, False, threads=1)
+    fast.token_log_probs(model, stream, 0)
+
+
+def run(name: str, out: Path) -> subprocess.CompletedProcess:
+    """The script's quick run, in a session of its own: at the timeout the whole process group is
+    killed (a shell script's current command too, not only the shell)."""
+    env = {**os.environ, "HLBL_BENCH_OUT": str(out), "PYTHONUNBUFFERED": "1"}
+    env.pop("QUICK", None)
+    timeout = SLOW_TIMEOUT_S if name in SLOW else TIMEOUT_S
+    proc = subprocess.Popen(
+        command(name),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        stderr += f"\ntimed out after {timeout} s"
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+@pytest.fixture(scope="module")
+def quick_runs(request, tmp_path_factory):
+    """The quick runs of the scripts this session selected, started together, WORKERS at a time."""
+    names = [
+        item.callspec.params["name"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_quick_mode" and item.module.__name__ == __name__
+    ]
+    names = [n for n in names if has_quick_mode(n)]
+    before = snapshot()
+    warm_kernels()
+    outs = {n: tmp_path_factory.mktemp(n.replace(".", "_")) for n in names}
+    with ThreadPoolExecutor(WORKERS) as pool:
+        # the shell pipelines (several commands each) first, so that none is left to run alone at the end
+        futures: dict[str, Future] = {
+            n: pool.submit(run, n, outs[n]) for n in sorted(names, key=lambda n: (not n.endswith(".sh"), n))
+        }
+        yield futures, outs, before
+        for f in futures.values():  # (a test stopped early: wait for the children rather than orphan them)
+            f.cancel()
+
+
+def test_scripts_found():
+    assert {"throughput.py", "engine_agreement.sh"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in SCRIPTS])
+def test_quick_mode(name, quick_runs):
+    assert has_quick_mode(name), (
+        f"bench/{name} has no quick mode: use bench/_common.py's add_common/finish_args "
+        "(or source bench/_common.sh) and make --quick run in seconds on tiny data"
+    )
+    futures, outs, before = quick_runs
+    proc = futures[name].result()
+    tail = (proc.stdout[-3000:] + "\n--- stderr ---\n" + proc.stderr[-5000:]).strip()
+    assert proc.returncode == 0, f"{' '.join(command(name))} exited {proc.returncode}:\n{tail}"
+    written = [
+        p
+        for p in outs[name].rglob("*")
+        if p.is_file() and p.stat().st_size and p.relative_to(outs[name]).parts[0] not in NOT_OUTPUT
+    ]
+    assert written, f"bench/{name} --quick wrote nothing under $HLBL_BENCH_OUT:\n{tail}"
+    changed = {k for k, v in snapshot().items() if before.get(k) != v}
+    assert not changed, f"a quick run wrote into the repository: {sorted(changed)[:10]}"
