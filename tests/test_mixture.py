@@ -120,7 +120,7 @@ def test_hlbl_score_of_a_mixture_gives_the_apis_numbers(parts, capsys):
     assert sum(objs[1]["log10_probs"]) == pytest.approx(objs[1]["log10_prob"], rel=1e-9)
 
 
-def test_hlbl_ngram_score_is_kenlms_query(parts, capsys):
+def test_hlbl_ngram_score_is_kenlms_query(parts, tmp_path, capsys):
     data, _, arpa = parts
     model = read_arpa(arpa)
     text = "the big cat eats a fish\n\nthe zebra eats\n"
@@ -134,7 +134,10 @@ def test_hlbl_ngram_score_is_kenlms_query(parts, capsys):
     summary = json.loads(lines[-1])
     assert summary["tokens"] == 11 and summary["oov"] == 1 and summary["blank_lines_dropped"] == 1
     assert summary["perplexity"] == pytest.approx(10 ** (-want.sum() / 11), rel=1e-9)
-    rc, out, _ = _cli(["ngram", "score", arpa, "--blank-lines", "keep", "--json"], capsys, text)
+    # A file without the protocol record (KenLM's) takes either protocol.
+    foreign = tmp_path / "foreign.arpa"
+    foreign.write_text(arpa.read_text().split("\n", 1)[1])
+    rc, out, _ = _cli(["ngram", "score", foreign, "--blank-lines", "keep", "--json"], capsys, text)
     assert [json.loads(x)["tokens"] for x in out.strip().splitlines()] == [7, 1, 4, 12]
 
 
@@ -245,6 +248,24 @@ def test_mixture_mistakes_are_one_line(parts, tmp_path, capsys):
     ):
         rc, _, err = _cli(argv, capsys, "a\n")
         assert rc == 2 and err.count("\n") == 1 and err.startswith("hlbl: error: ") and words in err, (argv, err)
+
+
+def test_a_mixture_reads_text_with_its_ngram_models_protocol(parts, tmp_path, capsys):
+    """The run was trained with blank lines dropped, the n-gram model estimated with them kept:
+    without --blank-lines the model's protocol is followed (with a note), another is refused."""
+    data, (run, _), _ = parts
+    keep = tmp_path / "keep.arpa"
+    assert (
+        main(["ngram", "train", "--data", str(data), "--order", "3", "--out", str(keep), "--blank-lines", "keep"]) == 0
+    )
+    rc, out, err = _cli(["eval", run, "--device", "cpu", "--interpolate", keep], capsys)
+    assert rc == 0 and json.loads(out)["blank_lines"] == "keep", err
+    assert err.startswith("note: reading the text with --blank-lines keep") and err.count("\n") == 1
+    for argv in (["eval", run, "--blank-lines", "drop"], ["score", run, "--blank-lines", "drop"]):
+        rc, _, err = _cli([*argv, "--device", "cpu", "--interpolate", keep, "--weight", "0.5"], capsys, "a b\n")
+        assert rc == 2 and err.count("\n") == 1 and f"{keep} was estimated with --blank-lines keep" in err, err
+    rc, out, err = _cli(["score", run, "--device", "cpu", "--interpolate", keep, "--weight", "0.5"], capsys, "a\n\n")
+    assert rc == 0 and json.loads(out.splitlines()[-1])["blank_lines"] == "keep" and "note:" in err
 
 
 def test_the_mixtures_next_word_distribution_is_its_sentence_scores(parts):

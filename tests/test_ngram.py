@@ -3,6 +3,7 @@ ARPA round trip and errors, KenLM agreement, interpolation, the CLI, and PTB ref
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter, defaultdict
@@ -26,7 +27,10 @@ from hlbl.ngram import (
     tune_weight,
     write_arpa,
 )
+from hlbl.ngram.binary import write_binary
+from hlbl.ngram.cache import read_protocol
 from hlbl.ngram.kneser_ney import FALLBACK_DISCOUNTS
+from hlbl.ngram.protocol import make_protocol
 
 # ---------------------------------------------------------------------------------- helpers
 
@@ -524,12 +528,67 @@ def test_kenlm_agrees_with_our_scores(small, tmp_path):
     kenlm = pytest.importorskip("kenlm", reason="the kenlm query module (pip install kenlm-ex) is not installed")
     _, test, _, model = small
     path = tmp_path / "m.arpa"
-    write_arpa(model, path)
+    # with the protocol record: a comment line before \data\, which KenLM skips
+    write_arpa(dataclasses.replace(model, protocol=make_protocol("keep", None, 1)), path, cache=False)
+    assert path.read_text().startswith("# hlbl-ngram-protocol {")
     km = kenlm.Model(str(path))
     theirs = np.asarray([km.score(" ".join(s), bos=True, eos=True) for s in test])
     assert any("never-seen" in s for s in test)  # OOV words (-> <unk>) are covered
     np.testing.assert_allclose(read_arpa(path).score_sentences(test), theirs, atol=1e-4, rtol=0)
     np.testing.assert_allclose(model.score_sentences(test), theirs, atol=1e-4, rtol=0)
+
+
+def test_files_record_the_protocol_they_were_estimated_with(small, tmp_path):
+    _, test, _, plain = small
+    record = make_protocol("keep", 50, 2)
+    model = dataclasses.replace(plain, protocol=record)
+    arpa, binary = tmp_path / "m.arpa", tmp_path / "m.safetensors"
+    write_arpa(model, arpa)
+    write_binary(model, binary)
+    assert arpa.read_text().splitlines()[0] == "# hlbl-ngram-protocol " + json.dumps(record, sort_keys=True)
+    for path in (arpa, binary):
+        assert read_protocol(path) == record  # from the file's head alone
+        assert read_arpa(path).protocol == record  # (the ARPA file from the cache)
+    assert read_arpa(arpa, cache=False).protocol == record  # parsed
+    # Files without the record (other tools', or a model estimated elsewhere) read as before.
+    write_arpa(plain, tmp_path / "plain.arpa")
+    assert read_protocol(tmp_path / "plain.arpa") is None and read_arpa(tmp_path / "plain.arpa").protocol is None
+    # Other comments before \data\ are skipped, as KenLM skips them.
+    other = tmp_path / "other.arpa"
+    other.write_text("# made by some tool\n\n#another\n" + (tmp_path / "plain.arpa").read_text())
+    assert read_arpa(other, cache=False).sizes() == plain.sizes() and read_protocol(other) is None
+    # A damaged record is one line naming the file.
+    bad = tmp_path / "bad.arpa"
+    bad.write_text("# hlbl-ngram-protocol {oops\n" + (tmp_path / "plain.arpa").read_text())
+    for read in (read_protocol, lambda p: read_arpa(p, cache=False)):
+        with pytest.raises(DataError, match="bad.arpa.*damaged protocol record") as e:
+            read(bad)
+        assert "\n" not in str(e.value)
+
+
+def test_cli_ngram_follows_the_recorded_protocol_and_refuses_another(tmp_path, monkeypatch, capsys):
+    import hlbl.cli as cli
+
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    data = _write_corpus(tmp_path / "toy", np.random.default_rng(7))
+    for split in ("train", "test"):  # blank lines, so that the protocols give different streams
+        text = (data / f"{split}.txt").read_text().replace("\n", "\n\n", 5)
+        (data / f"{split}.txt").write_text(text)
+    for name in ("keep.arpa", "keep.safetensors"):
+        model = tmp_path / name
+        argv = ["ngram", "train", "--data", data, "--order", "3", "--out", model, "--blank-lines", "keep"]
+        assert cli.main([str(a) for a in argv]) == 0
+        assert json.loads(capsys.readouterr().out)["blank_lines"] == "keep"
+        assert cli.main(["ngram", "eval", str(model), "--data", str(data)]) == 0  # no protocol given: the file's
+        out, err = capsys.readouterr()
+        assert json.loads(out)["blank_lines"] == "keep" and "note: reading the text with --blank-lines keep" in err
+        assert json.loads(out)["tokens"] == len(load_corpus(data, blank_lines="keep")["test"])
+        assert cli.main(["ngram", "eval", str(model), "--data", str(data), "--blank-lines", "keep"]) == 0
+        assert capsys.readouterr().err == ""
+        for cmd in (["eval", str(model), "--data", str(data)], ["score", str(model)]):
+            assert cli.main(["ngram", *cmd, "--blank-lines", "drop"]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"{model} was estimated with --blank-lines keep" in err, err
 
 
 # --------------------------------------------------------------------------- stream protocol

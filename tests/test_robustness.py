@@ -665,7 +665,8 @@ def _with_backoff(value: str):
             _with_backoff("1e30"),
             [".arpa:", ": log10 back-off '1e30' is out of range"],
         ),  # perplexity 0.0, or a traceback
-        (lambda f: ["0"] + f[1:], [":5: the unigram probabilities sum to 15, more than 1"]),  # each word P = 1
+        # each word P = 1; line 6: the \\1-grams: header after the protocol record and the \\data\\ section
+        (lambda f: ["0"] + f[1:], [":6: the unigram probabilities sum to 15, more than 1"]),
         (lambda f: [f[0].replace(".", "_", 1)] + f[1:] if f[1] == "a" else f, ["bad log10 probability '-1_"]),
     ],
 )

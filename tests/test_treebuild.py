@@ -254,6 +254,31 @@ def test_leaf_budget_bounds_tree_size(max_leaves):
 # ---- joins ----------------------------------------------------------------------------------
 
 
+def test_one_progress_display_counts_the_words_of_every_copy(monkeypatch):
+    """An xK build shows one line, words placed out of K x V (so it can give the time left), not
+    one levels-per-second count a copy; k-means counts distance columns out of a known total."""
+    import io
+
+    import hlbl.classes as classes_module
+    import hlbl.treebuild as treebuild_module
+    from hlbl.progress import LogLines
+
+    shown = []
+
+    def fake(total=None, desc=None, unit="it", **kw):
+        shown.append(LogLines(total, desc, unit, every=1e9, file=io.StringIO()))
+        return shown[-1]
+
+    monkeypatch.setattr(treebuild_module, "progress", fake)
+    monkeypatch.setattr(classes_module, "progress", fake)
+    X = np.random.default_rng(0).normal(size=(40, 3))
+    build_tree_from_features(X, "adaptive:0.3", seed=1, copies=3)
+    assert [(b.desc, b.total, b.n) for b in shown] == [("building tree x3", 120, 120)]
+    shown.clear()
+    classes_module.kmeans(X, 5, iters=4)
+    assert len(shown) == 1 and shown[0].total == 5 * 5 and 5 < shown[0].n <= 25
+
+
 def test_join_trees_puts_each_tree_under_a_balanced_top():
     trees = [random_tree(9, s) for s in range(4)]
     j2 = join_trees(trees[:2])

@@ -41,6 +41,7 @@ import numpy as np
 from .atomic import atomic_path
 from .errors import TreeError
 from .files import refuse_special
+from .progress import progress
 
 CLASSES_FORMAT = "hlbl-word-classes"
 CLASSES_VERSION = 1
@@ -311,13 +312,28 @@ def kmeans(X: np.ndarray, k: int, seed: int = 0, iters: int = 30, weights: np.nd
     n = len(X)
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=np.float64)
     centres = np.empty((k, X.shape[1]))
+    # Progress in distance columns (every point to one centre), the cost of each step: seeding
+    # takes k, a Lloyd round k; so the time left is right from the start (k-means of 10^4 words
+    # into 10^3 classes runs for a minute or more).
+    bar = progress(k * (1 + iters), "k-means", "columns", heartbeat=True)
     centres[0] = X[rng.choice(n, p=w / w.sum())]
     d2 = _sq_dist(X, centres[:1])[:, 0]
     for i in range(1, k):
         p = w * d2
         centres[i] = X[rng.choice(n, p=p / p.sum()) if p.sum() > 0 else rng.integers(n)]
         d2 = np.minimum(d2, _sq_dist(X, centres[i : i + 1])[:, 0])
+        bar.update(1)
+    try:
+        return _lloyd(X, w, centres, iters, bar)
+    finally:
+        bar.close()
+
+
+def _lloyd(X: np.ndarray, w: np.ndarray, centres: np.ndarray, iters: int, bar) -> np.ndarray:
+    """Lloyd's rounds from ``centres`` until they stop moving or ``iters`` have run."""
+    n, k = len(X), len(centres)
     for _ in range(iters):
+        bar.update(k)
         D = _sq_dist(X, centres)
         a = D.argmin(1)
         sums = np.zeros_like(centres)

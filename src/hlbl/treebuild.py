@@ -497,10 +497,13 @@ def build_learned_tree(
     weights: Sequence[float] | None = None,
     max_leaves: int | None = None,
     report: BuildReport | None = None,
+    bar=None,
 ) -> WordTree:
     """A word tree over ``len(X)`` words by top-down 2-Gaussian splits (module docstring).
 
-    X: (V, d) word representations. Same inputs and seed give the same tree.
+    X: (V, d) word representations. Same inputs and seed give the same tree. ``bar``: a
+    :func:`hlbl.progress.progress` display counting words placed (all their leaves made), shared
+    by the copies of an xK build; by default one of this tree's V words.
     """
     X = _check_features(X)
     pol = parse_policy(policy)
@@ -516,11 +519,13 @@ def build_learned_tree(
     children: list[np.ndarray] = []  # one (M, 2) block per level, ids assigned level by level
     level = _Level(np.zeros(V, dtype=np.int64), np.arange(V, dtype=np.int64), 1, 0)
     made_leaves = 0
-    bar = progress(None, "splitting", "level", heartbeat=True)  # a top level of EM on 10^5 words takes a while
+    own_bar = bar is None
+    if own_bar:  # (heartbeat: a top level of EM on 10^5 words takes a while without a word placed)
+        bar = progress(V, "building tree", "words", heartbeat=True)
+    placed = 0
     while level.n_nodes:
-        bar.update(1)
-        bar.set_postfix(nodes=level.n_nodes, refresh=False)
         rep.levels += 1
+        bar.set_postfix(level=rep.levels, nodes=level.n_nodes, refresh=False)
         starts = np.flatnonzero(np.r_[True, level.seg[1:] != level.seg[:-1]])
         sizes = np.diff(np.append(starts, len(level.seg)))
         r, big = _level_em(X, level, sizes, rng, em_iters, wts, reg, rep)
@@ -530,7 +535,11 @@ def build_learned_tree(
         block, leaves, level = _children(level, starts, left, right)
         children.append(block)
         made_leaves += leaves
-    bar.close()
+        now = V - len(np.unique(level.word))  # words with no item left to split
+        bar.update(now - placed)
+        placed = now
+    if own_bar:
+        bar.close()
     return WordTree(np.concatenate(children).astype(np.int64), V)
 
 
@@ -594,9 +603,15 @@ def build_tree_from_features(
     """
     if copies < 1:
         raise TreeError(f"copies must be >= 1, got {copies}")
-    return join_trees(
-        [build_learned_tree(X, policy, s, em_iters, weights, max_leaves, report) for s in tree_seeds(seed, copies)]
-    )
+    # One display for all copies: words placed out of copies x V, and the time left.
+    with progress(
+        copies * len(X), "building tree" + (f" x{copies}" if copies > 1 else ""), "words", heartbeat=True
+    ) as bar:
+        trees = [
+            build_learned_tree(X, policy, s, em_iters, weights, max_leaves, report, bar)
+            for s in tree_seeds(seed, copies)
+        ]
+    return join_trees(trees)
 
 
 # ---- several context vectors per word ---------------------------------------------------------

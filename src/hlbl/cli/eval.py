@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from .common import blank_lines_arg, pick_device, run_args, set_threads, with_oov
-from .mix import add_mixture_args, check_mixture_flags, load_mixture, mixing, mixture_report
+from .mix import add_mixture_args, check_mixture_flags, load_mixture, mixing, mixture_blank_lines, mixture_report
 
 
 def cmd_eval(args) -> int:
@@ -22,14 +22,17 @@ def cmd_eval(args) -> int:
         vocab, info = mix.vocab, read_run(mix.components[0].path)
     else:
         model, vocab, info = load_model(args.run, which=args.which, device=device)
+    blank_lines = args.blank_lines or info.get("blank_lines", "drop")  # the run's protocol by default
+    if mix is not None:  # ... or the n-gram model's, which its scores are of
+        blank_lines = mixture_blank_lines(mix, args.blank_lines, info.get("blank_lines", "drop"))
     tune = mix is not None and mix.weights is None
     needed = {args.split} | ({"valid"} if tune else set())  # valid: to fit the mixture weights
     corpus = load_corpus(
         args.data or run_corpus(info),
         vocab=vocab,
         splits=tuple(needed),
-        blank_lines=args.blank_lines or info.get("blank_lines", "drop"),
-    )  # the run's protocol by default
+        blank_lines=blank_lines,
+    )
     if mix is not None:
         report = mixture_report(mix, corpus, args.split, args)
     else:

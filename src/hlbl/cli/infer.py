@@ -115,16 +115,15 @@ def cmd_score(args) -> int:
     extra = {}
     if mixing(args):
         set_threads(args.threads)
-        mix = ready_mixture(args, pick_device(args.device))
-        run, scorer, long_line = mix.components[0].path, mix.token_scores, None  # long lines held whole
+        mix, protocol = ready_mixture(args, pick_device(args.device))
+        scorer, long_line = mix.token_scores, None  # long lines held whole
         extra = {"components": mix.describe()}
     else:
         model, vocab, device = _load_for_inference(args)
-        run = args.run
         scorer = lambda lines: token_scores(model, vocab, lines, device=device)  # noqa: E731
         # A line too long to hold is scored piece by piece, as a total (no per-token scores).
         long_line = None if args.per_token else (lambda: _LongSentence(model, vocab, device))
-    protocol = args.blank_lines or read_run(run).get("blank_lines", "drop")  # the run's by default
+        protocol = args.blank_lines or read_run(args.run).get("blank_lines", "drop")  # the run's by default
     return print_scores(scorer, args, protocol, long_line, extra)
 
 

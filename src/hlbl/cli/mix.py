@@ -120,26 +120,42 @@ def _two(w: float, k: int) -> list[float]:
     return [w, 1.0 - w]
 
 
-def ready_mixture(args, device: str) -> Mixture:
+def ready_mixture(args, device: str) -> tuple[Mixture, str]:
     """The mixture of ``hlbl score`` and ``hlbl serve``, its weights given, read from a file, or
     fitted (``--weight auto``) on the valid split of the first run's corpus (``--data``: another
-    corpus's), as ``hlbl eval`` fits them; written to ``--save-mixture`` if asked."""
+    corpus's), as ``hlbl eval`` fits them; written to ``--save-mixture`` if asked. With it, the
+    blank-line protocol to read text with (:func:`mixture_blank_lines`)."""
     from ..data import load_corpus, run_corpus
     from ..run import read_run
 
     mix = load_mixture(args, device)
+    info = read_run(mix.components[0].path)
+    blank_lines = mixture_blank_lines(mix, getattr(args, "blank_lines", None), info.get("blank_lines", "drop"))
     if mix.weights is None:
-        info = read_run(mix.components[0].path)
-        corpus = load_corpus(
-            args.data or run_corpus(info),
-            vocab=mix.vocab,
-            splits=("valid",),
-            blank_lines=info.get("blank_lines", "drop"),
-        )
+        corpus = load_corpus(args.data or run_corpus(info), vocab=mix.vocab, splits=("valid",), blank_lines=blank_lines)
         mix.fit(corpus)
     if args.save_mixture:
         mix.save(args.save_mixture)
-    return mix
+    return mix, blank_lines
+
+
+def ngram_blank_lines(source, given: str | None, default: str) -> str:
+    """The blank-line protocol to use with an n-gram file: the one it records (a different
+    ``--blank-lines`` refused; followed, with a note, where none was given), else ``given or default``."""
+    from ..ngram.protocol import blank_lines_to_use
+
+    protocol, note = blank_lines_to_use(source.protocol, given, default, str(source.path), "--blank-lines")
+    if note:
+        print(note, file=sys.stderr)
+    return protocol
+
+
+def mixture_blank_lines(mix: Mixture, given: str | None, default: str) -> str:
+    """The blank-line protocol to read text with for ``mix``: its n-gram model's recorded one (a
+    different ``--blank-lines`` refused; followed, with a note, over the run's ``default`` where
+    none was given), else ``given or default``."""
+    ngram = next((c.model for c in mix.components if c.kind == "ngram"), None)
+    return ngram_blank_lines(ngram, given, default) if ngram is not None else (given or default)
 
 
 def fit_weights(mix: Mixture, corpus) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..config import BLANK_LINES
 from ..errors import DataError
 from .common import DATA_HELP, min_count_arg, score_output_args
+from .mix import ngram_blank_lines
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,7 +27,11 @@ SPLITS = ("train", "valid", "test")
 NGRAM_HELP = "ARPA file (from hlbl ngram train, KenLM, SRILM, ...) or hlbl's binary form"
 BLANK_HELP = (
     "drop: a blank line is no sentence; keep: every line, blank or not, is a sentence ending in </s> "
-    "(as KenLM reads a file); use the same for train and eval"
+    "(as KenLM reads a file); recorded in the model file"
+)
+BLANK_USE_HELP = (
+    "drop or keep, as for train; default: the one the model file records (another is refused), "
+    "drop for a file without the record (KenLM's, SRILM's)"
 )
 
 
@@ -35,12 +40,14 @@ def cmd_ngram_train(args) -> int:
     from ..ngram.arpa import write_arpa
     from ..ngram.binary import write_binary
     from ..ngram.kneser_ney import train_kneser_ney
+    from ..ngram.protocol import make_protocol
 
     if args.order < 1:
         raise DataError(f"--order must be at least 1, got {args.order}")
     t0 = time.perf_counter()
     corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",), blank_lines=args.blank_lines)
     model = train_kneser_ney(corpus["train"], corpus.vocab, args.order)
+    model.protocol = make_protocol(args.blank_lines, args.max_vocab, args.min_count)  # recorded in the file
     t1 = time.perf_counter()
     try:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -57,6 +64,7 @@ def cmd_ngram_train(args) -> int:
                 "out": str(args.out),
                 "order": model.order,
                 "ngrams": model.sizes(),
+                **model.protocol,
                 "discounts": [[round(d, 6) for d in ds] for ds in model.discounts or []],
                 "train_seconds": round(t1 - t0, 3),
                 "write_seconds": round(t2 - t1, 3),
@@ -81,8 +89,9 @@ def cmd_ngram_eval(args) -> int:
 
     splits = list(dict.fromkeys(s for group in (args.split or [["test"]]) for s in group))  # in order, once each
     source = NgramFile(args.arpa)
+    blank_lines = ngram_blank_lines(source, args.blank_lines, "drop")
     vocab = source.model.as_vocab()  # read once for every split
-    corpus = load_corpus(args.data, vocab=vocab, splits=tuple(splits), blank_lines=args.blank_lines)
+    corpus = load_corpus(args.data, vocab=vocab, splits=tuple(splits), blank_lines=blank_lines)
     for split in splits:
         stream = corpus[split]
         lp = source.stream_log10(stream, vocab.words, vocab.eos)[0] * LN10
@@ -109,9 +118,11 @@ def cmd_ngram_score(args) -> int:
     from ..scoring import ngram_token_scores
     from .infer import print_scores
 
-    model = NgramFile(args.arpa).model
+    source = NgramFile(args.arpa)
+    blank_lines = ngram_blank_lines(source, args.blank_lines, "drop")
+    model = source.model
     vocab = model.as_vocab()  # every word the model knows scored as itself, as KenLM's query does
-    return print_scores(lambda lines: ngram_token_scores(model, vocab, lines), args, args.blank_lines)
+    return print_scores(lambda lines: ngram_token_scores(model, vocab, lines), args, blank_lines)
 
 
 def _refuse_zero_probabilities(lp: np.ndarray, stream, vocab: Vocab, arpa, split: str, why: str = "") -> None:
@@ -155,7 +166,7 @@ def add_subcommands(subparsers) -> None:
         default=None,
         help="split(s) to score, comma-separated or repeated (valid,test), the model read once (default: test)",
     )
-    e.add_argument("--blank-lines", choices=BLANK_LINES, default="drop", help=BLANK_HELP)
+    e.add_argument("--blank-lines", choices=BLANK_LINES, default=None, help=BLANK_USE_HELP)
     e.set_defaults(func=cmd_ngram_eval)
 
     s = nsub.add_parser(
@@ -167,6 +178,6 @@ def add_subcommands(subparsers) -> None:
         "JSON line with the totals and perplexity, as hlbl score does.",
     )
     s.add_argument("arpa", help=NGRAM_HELP)
-    s.add_argument("--blank-lines", choices=BLANK_LINES, default="drop", help=BLANK_HELP)
+    s.add_argument("--blank-lines", choices=BLANK_LINES, default=None, help=BLANK_USE_HELP)
     score_output_args(s)
     s.set_defaults(func=cmd_ngram_score)

@@ -51,7 +51,7 @@ def cmd_serve(args) -> int:
             raise DataError(f"cannot listen on {args.host} port {args.port}: {e.strerror or e}") from None
         limits = Limits(max_body=args.max_body)
         if mixing(args):  # scores and next words of a mixture (docs/serve.md)
-            service = Service.from_mixture(ready_mixture(args, pick_device(args.device)), limits)
+            service = Service.from_mixture(ready_mixture(args, pick_device(args.device))[0], limits)
         else:
             service = Service.load(args.run, which=args.which, device=pick_device(args.device), limits=limits)
         service.warm_up()

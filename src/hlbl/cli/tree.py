@@ -273,7 +273,15 @@ def add_commands(sub) -> None:
 
 
 def _add_stats(tsub) -> None:
-    ts = tsub.add_parser("stats", help="Table 1 statistics of a tree, or sizes of word classes (one JSON line)")
+    ts = tsub.add_parser(
+        "stats",
+        help="Table 1 statistics of a tree, or sizes of word classes (one JSON line)",
+        description="Fields: words (V); internal_nodes; leaves (codes in all); codes_per_word and "
+        "mean_code_length (the summed length of a word's codes), averaged by training counts with a corpus "
+        "or run, else uniformly (weighting); max_depth, the longest code of the tree (a joined xK tree's top "
+        "nodes included). hlbl tree build adds levels, its splitting rounds summed over the copies (not a "
+        "depth). Word classes: shortlist, classes, largest_class, mean_scores_per_word. See docs/reproduction.md.",
+    )
     ts.add_argument("tree", help="tree file (JSON or npz), or a run directory (its tree and training counts)")
     ts.add_argument("--data", default=None, help="corpus whose training counts weight the averages")
     ts.add_argument("--max-vocab", type=int, default=None, help="as for hlbl train")
@@ -323,7 +331,8 @@ def _add_build(tsub) -> None:
         "--max-leaves-per-word",
         type=float,
         default=None,
-        help=f"leaf budget per tree, in units of V (default {DEFAULT_MAX_LEAVES_PER_WORD})",
+        help=f"leaf budget per tree, in units of V (default {DEFAULT_MAX_LEAVES_PER_WORD}): caps leaves/words "
+        "at copies x this; give the previous bootstrap round's leaves / (copies x words) to hold the tree's size",
     )
     tb.add_argument(
         "--senses",

@@ -9,7 +9,8 @@ whitespace):
 * a blank line (nothing but whitespace) is dropped by default (``blank_lines="drop"``): it is not a
   sentence and gets no ``<eos>``. ``blank_lines="keep"`` is the protocol of WikiText's published
   perplexities (and of KenLM fed the same file): every line, blank or not, gets one ``<eos>``, so
-  a blank line is an empty sentence. A run records its protocol, and reports say which was used;
+  a blank line is an empty sentence. A run records its protocol, an n-gram model file too
+  (:mod:`hlbl.ngram.protocol`), and reports say which was used;
 * every other line is its tokens followed by one ``<eos>``;
 * a token not in the vocabulary becomes ``<unk>``. Reports count these (``oov``) apart from the
   ``<unk>`` tokens the text itself holds (``unk_in_text``: PTB's preprocessing wrote them).

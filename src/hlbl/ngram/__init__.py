@@ -45,6 +45,9 @@ context of a sentence's first word: the previous sentence's tail for the neural 
 for the n-gram. Per-token log-probabilities therefore pair up one to one, which is what
 interpolation needs. Perplexity is ``exp(nll)`` with ``nll`` the mean natural-log NLL per token.
 
+A model estimated here records its blank-line protocol and vocabulary rule in its file
+(:mod:`.protocol`); the CLI reads text with that protocol and refuses another.
+
 Interpolation
 -------------
 :func:`interpolate` mixes per-token probabilities linearly; :func:`tune_weight` picks the weight

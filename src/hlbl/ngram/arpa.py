@@ -15,7 +15,10 @@ Format (Doug Paul's; what SRILM and KenLM write)::
 
     \\end\\
 
-Fields may be separated by any whitespace. Reading checks the header counts, the number of
+Lines starting with ``#`` may come before ``\\data\\`` (KenLM allows exactly these); the one
+starting ``# hlbl-ngram-protocol`` records how the model's text was read (:mod:`.protocol`), and
+:func:`write_arpa` writes it for a model that carries the record. Fields may be separated by any
+whitespace. Reading checks the header counts, the number of
 fields of every line, the numbers, and that every word of a higher-order n-gram is a unigram;
 each problem is one :class:`ArpaError` line naming the file and line number. Numbers are plain
 decimals (``-1.5``, ``-2e-05``: no ``_``, ``nan`` or ``inf``; a log10 probability may be ``-inf``,
@@ -36,6 +39,7 @@ unchanged file is then loaded in a fraction of a second. ``cache=False`` turns t
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -45,6 +49,7 @@ from ..atomic import atomic_path
 from ..data import DataError, default_cache_dir
 from ..files import refuse_special
 from ..progress import progress
+from .protocol import ARPA_TAG, arpa_line, parse_protocol
 from .model import BOS_WORD, MAX_LOG10_BACKOFF, UNIGRAM_MASS_SLACK, UNK_WORD, NgramModel, unigram_mass
 
 
@@ -73,6 +78,8 @@ def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True, c
     bar = progress(sum(model.sizes()), "writing ARPA", "lines", heartbeat=True)
     try:
         with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            if model.protocol is not None:  # a comment line other readers skip (hlbl.ngram.protocol)
+                f.write(arpa_line(model.protocol))
             f.write("\\data\\\n")
             for k, n in enumerate(model.sizes(), 1):
                 f.write(f"ngram {k}={n}\n")
@@ -109,7 +116,7 @@ def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True, c
     finally:
         bar.close()
     if cache:
-        as_read = NgramModel(model.words, list(model.keys), written_lp, written_bo)
+        as_read = NgramModel(model.words, list(model.keys), written_lp, written_bo, protocol=model.protocol)
         _save_cached(as_read, _cache_file(path))
 
 
@@ -142,7 +149,7 @@ def read_arpa(path: str | os.PathLike, cache: bool = True) -> NgramModel:
     return model
 
 
-_CACHE_VERSION = 2  # 2: values checked (a copy of an earlier parse may hold what is now refused)
+_CACHE_VERSION = 3  # 2: values checked (a copy of an earlier parse may hold what is now refused); 3: protocol
 
 
 def _cache_file(path: Path) -> Path | None:
@@ -159,6 +166,8 @@ def _save_cached(model: NgramModel, where: Path | None) -> None:
     if where is None:
         return
     arrays = {"words": np.frombuffer("\n".join(model.words).encode("utf-8"), dtype=np.uint8)}
+    if model.protocol is not None:
+        arrays["protocol"] = np.frombuffer(json.dumps(model.protocol).encode("utf-8"), dtype=np.uint8)
     for k in range(model.order):
         arrays[f"keys{k}"] = model.keys[k]
         arrays[f"lp{k}"] = model.log10_prob[k]
@@ -182,6 +191,7 @@ def _load_cached(where: Path) -> NgramModel | None:
                 [z[f"keys{k}"] for k in range(order)],
                 [z[f"lp{k}"] for k in range(order)],
                 [z[f"bo{k}"] for k in range(order)],
+                protocol=json.loads(z["protocol"].tobytes()) if "protocol" in z.files else None,
             )
     except (OSError, ValueError, KeyError, UnicodeDecodeError):
         return None
@@ -225,24 +235,7 @@ def parse_arpa(data: bytes | str, name: str = "<arpa>") -> NgramModel:
             j += 1
         return j
 
-    i = skip_blank(0)
-    if i >= nlines or line(i) != "\\data\\":
-        raise ArpaError(f"{where(i)}: expected the \\data\\ header of an ARPA file")
-    i += 1
-    counts: list[int] = []
-    while i < nlines and line(i).startswith("ngram "):
-        k_s, _, n_s = line(i)[len("ngram ") :].partition("=")
-        if not all(x.strip().isascii() and x.strip().isdigit() for x in (k_s, n_s)):  # (int() takes 1_0, +2)
-            raise ArpaError(f"{where(i)}: expected 'ngram K=COUNT', got {line(i)!r}")
-        k, n = int(k_s), int(n_s)
-        if k != len(counts) + 1 or n < 0:
-            raise ArpaError(f"{where(i)}: expected 'ngram {len(counts) + 1}=COUNT', got {line(i)!r}")
-        counts.append(n)
-        i += 1
-    if not counts:
-        raise ArpaError(f"{where(i)}: the \\data\\ section lists no 'ngram K=COUNT' line")
-    if counts[0] == 0:
-        raise ArpaError(f"{where(i - len(counts))}: the model has no unigrams")
+    i, counts, protocol = _header(line, nlines, where, skip_blank)
 
     order = len(counts)
     vocab: tuple[list[str], dict[bytes, int], np.ndarray, np.ndarray] | None = None
@@ -290,7 +283,38 @@ def parse_arpa(data: bytes | str, name: str = "<arpa>") -> NgramModel:
             raise ArpaError(f"{where(i)}: more {len(counts)}-grams than the header's {counts[-1]}")
         raise ArpaError(f"{where(i)}: expected \\end\\, got {got!r}")
     assert vocab is not None
-    return _assemble(vocab, higher, name)
+    model = _assemble(vocab, higher, name)
+    model.protocol = protocol
+    return model
+
+
+def _header(line, nlines: int, where, skip_blank) -> tuple[int, list[int], dict | None]:
+    """The ``\\data\\`` section and the comments before it: (the line after it, the n-gram counts,
+    the protocol record or None). ``line``, ``where``, ``skip_blank``: :func:`parse_arpa`'s."""
+    i = skip_blank(0)
+    protocol = None
+    while i < nlines and line(i).startswith("#"):  # comments before \data\, as KenLM allows
+        if line(i).startswith(ARPA_TAG):
+            protocol = parse_protocol(line(i)[len(ARPA_TAG) :], where(i))
+        i = skip_blank(i + 1)
+    if i >= nlines or line(i) != "\\data\\":
+        raise ArpaError(f"{where(i)}: expected the \\data\\ header of an ARPA file")
+    i += 1
+    counts: list[int] = []
+    while i < nlines and line(i).startswith("ngram "):
+        k_s, _, n_s = line(i)[len("ngram ") :].partition("=")
+        if not all(x.strip().isascii() and x.strip().isdigit() for x in (k_s, n_s)):  # (int() takes 1_0, +2)
+            raise ArpaError(f"{where(i)}: expected 'ngram K=COUNT', got {line(i)!r}")
+        k, n = int(k_s), int(n_s)
+        if k != len(counts) + 1 or n < 0:
+            raise ArpaError(f"{where(i)}: expected 'ngram {len(counts) + 1}=COUNT', got {line(i)!r}")
+        counts.append(n)
+        i += 1
+    if not counts:
+        raise ArpaError(f"{where(i)}: the \\data\\ section lists no 'ngram K=COUNT' line")
+    if counts[0] == 0:
+        raise ArpaError(f"{where(i - len(counts))}: the model has no unigrams")
+    return i, counts, protocol
 
 
 def _unigrams(raw: list[bytes], start: int, name: str) -> tuple[list[str], dict[bytes, int]]:

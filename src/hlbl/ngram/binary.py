@@ -4,8 +4,9 @@ Writing a 5-gram of a 50M-token corpus as ARPA text means formatting about 10^8 
 (minutes, and gigabytes of strings); this form is the model's arrays as they are in memory, so
 writing and loading run at disk speed. Tensors, per order ``k = 1..N`` (safetensors names count
 from 0): ``keys{k-1}`` int64, ``lp{k-1}`` and ``bo{k-1}`` float64, as in :class:`NgramModel`. The
-metadata holds ``format`` (``hlbl-ngram``), ``version`` and ``words`` (a JSON list, ``<s>`` and
-``</s>`` spelled as in ARPA). :func:`hlbl.ngram.read_arpa` recognises the file by its content, so
+metadata holds ``format`` (``hlbl-ngram``), ``version``, ``words`` (a JSON list, ``<s>`` and
+``</s>`` spelled as in ARPA) and, for a model estimated here, ``protocol`` (how its text was read:
+:mod:`.protocol`). :func:`hlbl.ngram.read_arpa` recognises the file by its content, so
 ``hlbl ngram eval`` and ``hlbl eval --interpolate`` take either form.
 """
 
@@ -21,6 +22,7 @@ import numpy as np
 from ..atomic import atomic_path
 from ..data import DataError
 from .model import MAX_LOG10_BACKOFF, UNIGRAM_MASS_SLACK, NgramModel, unigram_mass
+from .protocol import parse_protocol
 
 FORMAT = "hlbl-ngram"
 VERSION = "1"
@@ -36,6 +38,8 @@ def write_binary(model: NgramModel, path: str | os.PathLike) -> None:
         tensors[f"lp{k}"] = np.ascontiguousarray(model.log10_prob[k], dtype=np.float64)
         tensors[f"bo{k}"] = np.ascontiguousarray(model.log10_backoff[k], dtype=np.float64)
     meta = {"format": FORMAT, "version": VERSION, "words": json.dumps(list(model.words), ensure_ascii=False)}
+    if model.protocol is not None:  # how the text was read (hlbl.ngram.protocol)
+        meta["protocol"] = json.dumps(model.protocol, sort_keys=True)
     with atomic_path(Path(path)) as tmp:
         save_file(tensors, str(tmp), metadata=meta)
 
@@ -63,6 +67,7 @@ def read_binary(path: str | os.PathLike) -> NgramModel:
             if meta.get("version") != VERSION:
                 raise DataError(f"{path}: n-gram model version {meta.get('version')!r} is not supported")
             words = tuple(json.loads(meta["words"]))
+            protocol = parse_protocol(meta["protocol"], str(path)) if "protocol" in meta else None
             order = sum(1 for n in f.keys() if n.startswith("keys"))
             arrays = {n: f.get_tensor(n) for n in f.keys()}
         model = NgramModel(
@@ -70,6 +75,7 @@ def read_binary(path: str | os.PathLike) -> NgramModel:
             [arrays[f"keys{k}"] for k in range(order)],
             [arrays[f"lp{k}"] for k in range(order)],
             [arrays[f"bo{k}"] for k in range(order)],
+            protocol=protocol,
         )
     except (SafetensorError, OSError, KeyError, ValueError) as e:
         raise DataError(

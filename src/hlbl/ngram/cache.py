@@ -28,7 +28,10 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..data import DataError, default_cache_dir, stream_fingerprint
+from ..files import refuse_special
+from .binary import is_binary
 from .model import LN10, NgramModel, stream_log10
+from .protocol import arpa_protocol, parse_protocol
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +56,26 @@ def words_sha256(words: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(words).encode("utf-8")).hexdigest()
 
 
+def read_protocol(path: str | os.PathLike) -> dict | None:
+    """The record of an n-gram model file (ARPA or binary), reading only its head; None if it has none."""
+    refuse_special(path, DataError, "an n-gram model file")  # (a named pipe would block the read)
+    if is_binary(path):
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                text = (f.metadata() or {}).get("protocol")
+        except (SafetensorError, OSError):
+            return None  # (reading the model says what is wrong with it)
+        return parse_protocol(text, str(path)) if text else None
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return None
+    return arpa_protocol(head, str(path))
+
+
 class NgramFile:
     """An n-gram model file (ARPA or hlbl's binary form): its digest and its model, each computed
     once and only when asked, so that scores found in the cache cost no reading of the model."""
@@ -65,6 +88,14 @@ class NgramFile:
             raise DataError(f"{self.path}: no such file")
         self._digest: str | None = None
         self._model: NgramModel | None = None
+        self._protocol: tuple[dict | None] | None = None
+
+    @property
+    def protocol(self) -> dict | None:
+        """The token protocol and vocabulary rule the file records (:mod:`.protocol`), or None."""
+        if self._protocol is None:
+            self._protocol = (self._model.protocol if self._model is not None else read_protocol(self.path),)
+        return self._protocol[0]
 
     @property
     def digest(self) -> str:

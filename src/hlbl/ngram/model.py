@@ -64,6 +64,8 @@ class NgramModel:
     discounts: list[tuple[float, float, float]] | None = None
     _index: dict[str, int] | None = field(default=None, repr=False, compare=False)
     source: str | None = field(default=None, repr=False, compare=False)  # the file, for messages
+    # How the text was read (blank lines, vocabulary rule: hlbl.ngram.protocol); None if unknown.
+    protocol: dict | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if not (len(self.keys) == len(self.log10_prob) == len(self.log10_backoff) >= 1):
