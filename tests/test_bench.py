@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 SCRIPTS = sorted(p.name for p in BENCH.glob("*") if p.suffix in (".py", ".sh") and not p.name.startswith("_"))
 # Quick, but each still a pipeline of dozens of commands (minutes on two cores): `pytest -m slow`.
-SLOW = {"gutenberg.py", "frontier.sh", "frontier_kjv.sh"}
+SLOW = {"gutenberg.py", "scale.py", "frontier.sh", "frontier_kjv.sh"}
 TIMEOUT_S = 600
 SLOW_TIMEOUT_S = 3600  # frontier.sh: about 25 minutes on a loaded 2-core machine
 # Children at once: most scripts spend part of their time waiting (on their own children, a server,

@@ -291,15 +291,21 @@ class Reproduction:
         return tree
 
     def kn(self) -> dict | None:
-        done = self.result("KN5")
-        if done is not None:
+        """KN5 of the training prefix, scored; the model is kept as ``kn5.safetensors`` in the work
+        directory, so that a table's run can be mixed with it (``hlbl eval --interpolate``)."""
+        done, path = self.result("KN5"), self.work / "kn5.safetensors"
+        if done is not None and path.exists():
             return done
         from .ngram import token_log_probs, train_kneser_ney
+        from .ngram.binary import write_binary
+        from .ngram.protocol import make_protocol
         from .evaluate import perplexity_report
 
         t0 = time.perf_counter()
         lm = train_kneser_ney(self.train_stream, self.corpus.vocab, self.cfg.kn_order)
         train_s = time.perf_counter() - t0
+        lm.protocol = make_protocol("drop", self.cfg.max_vocab, "auto")  # how load_corpus read the text
+        write_binary(lm, path)
         ev = {
             s: perplexity_report(token_log_probs(lm, self.eval_stream(s), self.corpus.vocab)) for s in ("valid", "test")
         }
