@@ -844,9 +844,96 @@ def stage_summary(args) -> dict:
         "peak_anon_100m_within_10pct": summary["peak_anon_mb_100m"] <= 1.1 * summary["peak_anon_mb_50m"],
     }
     summary["targets_met"] = targets
+    summary.update(scale_keys(out, hl, kn))
     write_json(out / "summary.json", summary)
-    (out / "table.md").write_text(table(summary, kn, hl, vocab) + "\n")
+    (out / "table.md").write_text(table(summary, kn, hl, vocab) + scale_table(out) + "\n")
     return summary
+
+
+def scale_keys(out: Path, hl: dict, kn: dict) -> dict:
+    """The figures of ``bench/scale.py``'s files (where written): the best tree with its command,
+    the 50k-word bests against KN5, the paper's regime, and words/s at d = 300 over d = 100."""
+    load = lambda n: json.loads((out / f"{n}.json").read_text()) if (out / f"{n}.json").exists() else None  # noqa: E731
+    dims, grid, paper = load("scale_dims"), load("scale_grid"), load("paper_regime")
+    rows = [  # (vocabulary, name, test perplexity, command) of every trained tree model
+        (v, r, h["evals"][r]["perplexity"], h["steps"][f"train_{r.replace('-', '_')}"]["command"])
+        for v, h in hl.items()
+        for r, _, _ in HLBL_RUNS
+        if r in h["evals"] and f"train_{r.replace('-', '_')}" in h["steps"]
+    ]
+    rows += [("50k", f"d{c['dim']} context {c['context']}", c["test_ppl"], c["command"]) for c in (grid or {}).get("cells", {}).values()]  # fmt: skip
+    mixes = [
+        hl["50k"]["evals"][f"mix_{r}"]["perplexity"]
+        for r, _, _ in HLBL_RUNS
+        if f"mix_{r}" in hl.get("50k", {}).get("evals", {})
+    ]
+    mixes += [c["mixture_test_ppl"] for c in (grid or {}).get("cells", {}).values() if c.get("mixture_test_ppl")]
+    best = min(rows, key=lambda x: x[2]) if rows else None
+    fifty = [x[2] for x in rows if x[0] == "50k"]
+    regime = None
+    if paper is not None:
+        trees = {
+            f"{r['model']} {r['tree']}": r["test_perplexity"] for r in paper["rows"].values() if r["test_perplexity"]
+        }
+        regime = {
+            "train_tokens": paper["train_tokens"],
+            "vocab_size": paper["vocab_size"],
+            "kn5_test_ppl": paper["rows"].get("KN5", {}).get("test_perplexity"),
+            "x4_test_ppl": paper["rows"].get("T7", {}).get("test_perplexity"),
+            "mixture_test_ppl": paper["mixture_test_ppl"],
+            "trees": trees,
+            "command": paper["command"],
+        }
+    return {
+        "best_tree": {"vocab": best[0], "name": best[1], "test_ppl": best[2], "command": best[3]} if best else None,
+        "kn_50k_test_ppl": kn["rows"].get("50k", {}).get("test_ppl"),
+        "best_50k_test_ppl": min(fifty) if fifty else None,
+        "mixture_50k_test_ppl": min(mixes) if mixes else None,
+        "paper_regime": regime,
+        "wps_d300_over_d100": dims["wps_d300_over_d100"] if dims else None,
+    }
+
+
+def scale_table(out: Path) -> str:
+    """Markdown for ``bench/scale.py``'s files: the d x context cells, words/s against d and
+    context, and the paper's regime (empty where none is written)."""
+    load = lambda n: json.loads((out / f"{n}.json").read_text()) if (out / f"{n}.json").exists() else None  # noqa: E731
+    dims, grid, paper = load("scale_dims"), load("scale_grid"), load("paper_regime")
+    lines = []
+    if grid:
+        lines += ["", "## Feature size and context, 50,000 words (`bench/scale.py grid`)", "",
+                  "| d | context | test ppl | valid ppl | + KN5 | epochs (passes) | stopped by | hours | words/s | peak RSS | command |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for c in grid["cells"].values():
+            mix = f"{c['mixture_test_ppl']:.2f}" if c.get("mixture_test_ppl") else "-"
+            how = "the schedule" if c["stopped_by_schedule"] else "time (not converged)"
+            lines.append(
+                f"| {c['dim']} | {c['context']} | {c['test_ppl']:.2f} | {c['valid_ppl']:.2f} | {mix} | {c['epochs']} "
+                f"({c['passes']}) | {how} | {c['train_hours']} | {c['words_per_sec']:,} | {c['peak_rss_mb']} MB | `{c['command']}` |"
+            )
+    if dims:
+        lines += ["", f"Training words/s on the same tree, {dims['positions']:,} positions a run, the cells "
+                  f"alternating (`{dims['command']}`); d = 300 over d = 100 (5 words): **{dims['wps_d300_over_d100']}**.", "",
+                  "| round | " + " | ".join(dims["rounds"][0]) + " |", "|---|" + "---|" * len(dims["rounds"][0])]  # fmt: skip
+        for i, r in enumerate(dims["rounds"], 1):
+            cells = " | ".join(
+                f"{v['words_per_sec']:,} ({v['words_per_sec_times_d'] / 1e6:.2f}M x d)" for v in r.values()
+            )
+            lines.append(f"| {i} | {cells} |")
+    if paper:
+        lines += ["", f"## The paper's regime: {paper['train_tokens']:,} training tokens, {paper['vocab_size']:,} words",
+                  "", f"`{paper['command']}`; the mixture: `{paper['mixture_command']}`.", "",
+                  "| row | model | tree | test ppl | valid ppl | epochs | words/s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for name, r in paper["rows"].items():
+            if r["test_perplexity"] is not None:
+                wps = f"{r['words_per_sec']:,.0f}" if r["words_per_sec"] else "-"
+                lines.append(f"| {name} | {r['model']} | {r['tree']} | {r['test_perplexity']:.2f} | "
+                             f"{r['valid_perplexity']:.2f} | {r['epochs'] or '-'} | {wps} |")  # fmt: skip
+        if paper["mixture_test_ppl"]:
+            lines.append(
+                f"| T7 + KN5 | mixture (w = {paper['mixture_weight']:.3f}) | | {paper['mixture_test_ppl']:.2f} | | | |"
+            )
+    return "\n".join(lines)
 
 
 def table(s: dict, kn: dict, hl: dict, vocab: dict) -> str:

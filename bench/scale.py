@@ -148,6 +148,10 @@ def stage_grid(args) -> dict:
             "words_per_sec": round(statistics.median(x["words_per_sec"] for x in lines)),
             "peak_rss_mb": call["peak_rss_mb"] if call else rows.get(key, {}).get("peak_rss_mb"),
         }
+        if args.interpolate:  # the cell mixed with the n-gram model, the weight tuned on valid
+            mix = ["eval", str(out), "--interpolate", args.interpolate, "--weight", "auto"]
+            mixed = json.loads(run(mix + ["--threads", "1"], work / "eval.log")["stdout"])
+            rows[key].update(mixture_command="hlbl " + shlex.join(mix), mixture_test_ppl=mixed["perplexity"])
     return {"cells": rows, "machine": machine()}
 
 
@@ -189,6 +193,7 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=100, help="grid: epoch cap (the schedule stops a run first)")
     ap.add_argument("--time-budget", default=None, help="grid: training time of one call (e.g. 2h); then resume")
     ap.add_argument("--collect", action="store_true", help="grid: read the cells' runs as they are, no training")
+    ap.add_argument("--interpolate", default=None, help="grid: also mix each cell with this n-gram model")
     ap.add_argument("--max-train-tokens", type=int, default=14_000_000, help="paper: training tokens")
     ap.add_argument("--skip", default=None, help="paper: rows left out, as for hlbl reproduce --skip")
     args = ap.parse_args(argv)
