@@ -70,7 +70,7 @@ from pathlib import Path
 
 from _common import ROOT, add_common, finish_args, quick_dir, tiny_corpus, write_json
 
-# KenLM lmplz / query on this corpus and machine (the issue's reference figures).
+# KenLM lmplz / query on this corpus and machine (reference figures).
 KENLM = {
     "build_s": 66.0,
     "peak_rss_mb": 3.9 * 1024,
@@ -1001,7 +1001,7 @@ def table(s: dict, kn: dict, hl: dict, vocab: dict) -> str:
     yes = lambda k: "not measured" if t[k] is None else "met" if t[k] else "**missed**"  # noqa: E731
     lines += [
         "",
-        "## Costs (targets from the issue; every figure is in [`summary.json`](summary.json))",
+        "## Costs (every figure is in [`summary.json`](summary.json))",
         "",
         "| step | measured | target | |",
         "|---|---|---|---|",

@@ -177,7 +177,7 @@ def _run_row(run: Path, speed_ratio: dict) -> dict:
 # Reference rows, copied from results/ptb/table3.md (same corpus, dim, context, recipe and seed;
 # trained earlier on the same shared machine, so their words/s are not side by side with ours:
 # the flat layer's side-by-side words/s is in speed.json). The flat run hit its 14-epoch cap, and
-# its validation perplexity rises at epoch 15 when run on (issue 15's rerun): converged.
+# its validation perplexity rises at epoch 15 when run on: converged.
 REFERENCE = [
     {
         "model": "flat",

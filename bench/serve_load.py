@@ -23,7 +23,7 @@ Next to it, in this process: the in-process time of the model's exact top-k for 
 (``model.topk``, batch of 1) and per context in batches of 8 (what the server's batching does),
 and the same for the server's own call (``Service.topk``), median over the same contexts.
 
-Target (issue 20): p50 under 2 ms and at least 1,000 requests/s with 8 clients, k = 10, on a PTB
+The reference load: 8 clients, k = 10, on a PTB
 model. The figures depend on what else the machine runs: the output records its load average.
 Writes one JSON object (``--out``, and the last line of stdout). ``--quick`` trains a model of one
 epoch on the synthetic corpus of ``bench/_common.py`` (no ``--run``), loads it with 2 clients for
@@ -299,7 +299,7 @@ def measure(run: Path | None, requests_of, args) -> dict:
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", help="run directory (a PTB model for the issue's target)")
+    p.add_argument("--run", help="run directory (a PTB model for the reference load)")
     p.add_argument("--floor-port", type=int, help=argparse.SUPPRESS)  # (the child process of the floor measurement)
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--k", type=int, default=10)
