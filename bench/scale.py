@@ -99,7 +99,8 @@ def stage_dims(args) -> dict:
         x["300x5"]["words_per_sec"] / x["100x5"]["words_per_sec"] for x in rounds if {"300x5", "100x5"} <= x.keys()
     ]
     return {
-        "command": "hlbl " + shlex.join(cmd[:-2] + ["--out", "DIR"]),
+        "command": "hlbl "
+        + shlex.join(cmd[:-2] + ["--out", "DIR"]).replace(f"--dim {d} --context {c}", "--dim D --context C"),
         "positions": args.positions,
         "rounds": rounds,
         "wps_d300_over_d100": round(statistics.median(ratio), 4) if ratio else None,
