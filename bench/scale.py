@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shlex
 import statistics
@@ -122,6 +123,15 @@ def _train_cell(args, d: int, c: int, out: Path, log: Path) -> tuple[list[str], 
     return cmd, run(cmd + again + budget, log)
 
 
+def _logged_peak_rss(log: Path) -> int | None:
+    """The last peak RSS (MB) that ``/usr/bin/time -v`` wrote into a cell's log, for a run
+    trained outside this script with its log there (``--collect``)."""
+    if not log.exists():
+        return None
+    found = re.findall(r"Maximum resident set size \(kbytes\): (\d+)", log.read_text(errors="replace"))
+    return int(found[-1]) // 1024 if found else None
+
+
 def stage_grid(args) -> dict:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -147,7 +157,7 @@ def stage_grid(args) -> dict:
             "stopped_by_schedule": bool(state.get("done")),
             "train_hours": round(sum(x["epoch_minutes"] for x in lines) / 60, 2),
             "words_per_sec": round(statistics.median(x["words_per_sec"] for x in lines)),
-            "peak_rss_mb": call["peak_rss_mb"] if call else rows.get(key, {}).get("peak_rss_mb"),
+            "peak_rss_mb": call["peak_rss_mb"] if call else _logged_peak_rss(work / f"d{d}c{c}.log"),
         }
         if args.interpolate:  # the cell mixed with the n-gram model, the weight tuned on valid
             mix = ["eval", str(out), "--interpolate", args.interpolate, "--weight", "auto"]
