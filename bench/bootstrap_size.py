@@ -99,6 +99,7 @@ def describe(args, name: str, run: Path, command: str, built: dict | None) -> di
         "mean_code_length": stats["mean_code_length"],
         "weighting": stats["weighting"],
         "words_per_s": float(np.mean([x["words_per_sec"] for x in lines])),
+        "words_per_s_epochs": [x["words_per_sec"] for x in lines],
         "valid_ppl": state["best_valid_ppl"],
         "test_ppl": test["perplexity"],
         "epochs": state["epoch"],
