@@ -347,9 +347,10 @@ def _add_build(tsub) -> None:
         "--classes",
         type=int,
         default=None,
-        help="build word classes for --output classes instead of a binary tree: C classes (about sqrt(V) is "
-        "the classic choice), by k-means on the word features of --from, or without --from by frequency "
-        "binning of --data's training counts",
+        help="build word classes for --output classes instead of a binary tree: C classes, by k-means on the word features of --from, or without --from by frequency "
+        "binning of --data's training counts. Start at about sqrt(V) (100 for 10,000 words): a word's step then "
+        "scores fewest entries (C + V/C); fewer or more classes cost time per word (on PTB C = 50 and 30 "
+        "trained slower than 100). See docs/classes.md, 'How many classes'",
     )
     tb.add_argument(
         "--shortlist",
