@@ -1,0 +1,218 @@
+"""TreeSoftmax as a PyTorch layer: its tree in the state_dict, one-vector inputs, predict, clear
+errors, the fast log_prob, and sampling by tensor operations."""
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from conftest import all_trees, duplicated_tree, multi_code_tree
+from hlbl.output import TreeSoftmax
+from hlbl.tree import huffman_tree, random_tree
+
+
+def layer_on(tree, d=5, seed=0, dtype=torch.float64, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    layer = TreeSoftmax(d, tree).to(dtype)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=g, dtype=torch.float64) * scale)
+        layer.bias.copy_(torch.randn(layer.bias.shape, generator=g, dtype=torch.float64))
+    return layer, torch.randn(7, d, generator=g, dtype=torch.float64).to(dtype)
+
+
+def enumerate_log_prob(tree, layer, h):
+    """float64 reference: every leaf's path, summed over a word's leaves."""
+    W, b = layer.weight.detach().double(), layer.bias.detach().double()
+    out = torch.full((h.shape[0], tree.num_words), -math.inf, dtype=torch.float64)
+    for w in range(tree.num_words):
+        for nodes, bits in tree.codes(w):
+            s = h.double() @ W[nodes].t() + b[nodes]  # (B, depth)
+            sign = torch.tensor([1.0 if x else -1.0 for x in bits], dtype=torch.float64)
+            out[:, w] = torch.logaddexp(out[:, w], torch.nn.functional.logsigmoid(sign * s).sum(1))
+    return out
+
+
+def round_trip(obj):
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=True)
+
+
+# ---- the tree in the state_dict -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tree", [huffman_tree([50, 20, 9, 9, 5, 1]), multi_code_tree()])
+def test_a_saved_state_loads_into_a_fresh_layer_with_identical_log_probs(tree):
+    layer, h = layer_on(tree)
+    state = round_trip(layer.state_dict())
+    assert torch.equal(state["tree_children"], torch.from_numpy(tree.children.copy()))
+    fresh = TreeSoftmax(5, tree).double()
+    fresh.load_state_dict(state)
+    with torch.no_grad():
+        assert torch.equal(fresh.log_prob(h), layer.log_prob(h))
+    rebuilt = TreeSoftmax.from_state_dict(state)  # the tree from the state alone
+    assert rebuilt.tree.fingerprint() == tree.fingerprint() and rebuilt.weight.dtype == torch.float64
+    with torch.no_grad():
+        assert torch.equal(rebuilt.log_prob(h), layer.log_prob(h))
+
+
+def test_a_state_of_another_tree_of_the_same_shape_is_refused():
+    a, b = random_tree(12, 0), random_tree(12, 1)
+    assert a.num_nodes == b.num_nodes and a.fingerprint() != b.fingerprint()
+    state = TreeSoftmax(4, a).state_dict()
+    other = TreeSoftmax(4, b)
+    before = other.weight.detach().clone()
+    for strict in (True, False):
+        with pytest.raises(RuntimeError, match="another word tree.*from_state_dict"):
+            other.load_state_dict(state, strict=strict)
+    assert torch.equal(other.weight, before)  # nothing was loaded
+    with pytest.raises(RuntimeError, match="another word tree"):  # another size: the same message
+        TreeSoftmax(4, random_tree(13, 0)).load_state_dict(state)
+
+
+def test_a_model_holding_the_layer_saves_and_rebuilds_it_by_prefix():
+    tree = huffman_tree([9, 8, 7, 3, 2, 1, 1])
+    model = nn.ModuleDict({"encoder": nn.Linear(3, 4), "decoder": TreeSoftmax(4, tree, 0.5, torch.Generator())})
+    state = round_trip(model.state_dict())
+    assert "decoder.tree_children" in state
+    layer = TreeSoftmax.from_state_dict(state, prefix="decoder.")
+    h = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(layer.log_prob(h), model["decoder"].log_prob(h))
+    with pytest.raises(ValueError, match="no encoder.tree_children"):
+        TreeSoftmax.from_state_dict(state, prefix="encoder.")
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tree", [random_tree(9, 0), multi_code_tree()])
+def test_one_vector_gives_outputs_without_a_batch_dimension(tree):
+    layer, h = layer_on(tree)
+    x = h[2]
+    out = layer(x, torch.tensor(3))
+    assert out.output.shape == () and out.loss.shape == ()
+    assert torch.allclose(out.output, layer(h, torch.full((7,), 3)).output[2])
+    assert layer.log_prob(x).shape == (tree.num_words,)
+    values, ids = layer.topk(x, 2)
+    assert values.shape == ids.shape == (2,)
+    assert layer.predict(x).shape == () and layer.predict(x) == ids[0]
+    assert layer.sample(x, torch.Generator().manual_seed(0)).shape == ()
+    assert layer.sample(x, torch.Generator().manual_seed(0), temperature=0.5).shape == ()
+
+
+def test_shape_and_type_mistakes_are_one_clear_error():
+    layer = TreeSoftmax(4, random_tree(10, 0))
+    for bad in (torch.zeros(3, 5), torch.zeros(2, 3, 4), torch.zeros(())):
+        with pytest.raises(ValueError, match=r"shape \(B, 4\) or \(4,\)"):
+            layer.log_prob(bad)
+        with pytest.raises(ValueError, match=r"shape \(B, 4\) or \(4,\)"):
+            layer.predict(bad)
+    with pytest.raises(ValueError, match=r"target must have shape \(3,\)"):
+        layer(torch.zeros(3, 4), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"target must have shape \(\)"):
+        layer(torch.zeros(4), torch.zeros(1, dtype=torch.long))
+    with pytest.raises(TypeError, match="floating point"):
+        layer.log_prob(torch.zeros(3, 4, dtype=torch.long))  # word ids given for hidden vectors
+    with pytest.raises(ValueError, match="torch.float64, the layer's weights torch.float32"):
+        layer.log_prob(torch.zeros(3, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="torch.float64, the layer's weights torch.float32"):
+        layer(torch.zeros(3, 4, dtype=torch.float64), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(TypeError, match="a tensor"):
+        layer.log_prob([[0.0] * 4])
+    with pytest.raises(TypeError, match="WordTree"):
+        TreeSoftmax(4, [[0, 1]])
+
+
+# ---- log_prob: the in-place path, the autograd path, the reference ------------------------------
+
+
+@pytest.mark.parametrize("name,tree", {**all_trees(), "duplicated": duplicated_tree(40, 25, 0)}.items())
+def test_both_log_prob_paths_equal_the_enumeration(name, tree):
+    layer, h = layer_on(tree)
+    ref = enumerate_log_prob(tree, layer, h)
+    with torch.no_grad():
+        fast = layer.log_prob(h)  # in place
+    slow = layer.log_prob(h)  # differentiable
+    assert slow.requires_grad and not fast.requires_grad
+    assert torch.allclose(fast, ref, atol=1e-10) and torch.allclose(slow, ref, atol=1e-10)
+    with torch.no_grad():
+        assert torch.allclose(layer.float().log_prob(h.float()).double(), ref, atol=1e-4)
+
+
+def test_log_prob_is_exact_for_scores_past_where_sigmoid_underflows():
+    """log(sigmoid(s)) is -inf below s = -104 in float32: the layer must give s itself."""
+    tree = random_tree(8, 0)
+    layer = TreeSoftmax(2, tree)
+    with torch.no_grad():
+        layer.weight.fill_(-100.0)  # scores of -200 at every node for h = (1, 1)
+        lp = layer.log_prob(torch.ones(3, 2))
+        ref = enumerate_log_prob(tree, layer, torch.ones(3, 2, dtype=torch.float64))
+    assert torch.isfinite(lp).all() and torch.allclose(lp.double(), ref, rtol=1e-6)
+
+
+def test_the_gradient_of_log_prob_is_that_of_target_log_prob():
+    tree = duplicated_tree(30, 12, 1)
+    layer, h = layer_on(tree)
+    h.requires_grad_(True)
+    targets = torch.tensor([0, 5, 29, 7, 7, 3, 11])
+    layer.log_prob(h)[torch.arange(7), targets].sum().backward()
+    grads = [h.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()]
+    h.grad = layer.weight.grad = layer.bias.grad = None
+    layer.target_log_prob(h, targets).sum().backward()
+    for a, b in zip(grads, (h.grad, layer.weight.grad, layer.bias.grad)):
+        assert torch.allclose(a, b, atol=1e-10)
+
+
+# ---- predict, top-k and sampling ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name,tree", all_trees().items())
+def test_predict_is_the_argmax_of_log_prob(name, tree):
+    layer, h = layer_on(tree, scale=2.0)
+    with torch.no_grad():
+        assert torch.equal(layer.predict(h), layer.log_prob(h).argmax(1))
+    assert layer.predict(h).dtype == torch.int64
+
+
+def test_the_tensor_walk_draws_what_the_cpu_kernel_draws():
+    """The walk of tensor operations (for inputs off the CPU) takes the same uniforms and the
+    same decisions as the numba kernel: equal words for equal seeds."""
+    from hlbl.sampling import ancestral_sample
+
+    tree = duplicated_tree(50, 20, 2)
+    layer, _ = layer_on(tree, d=6)
+    h = torch.randn(300, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    for T in (1.0, 0.6):
+        walk = layer._walk(h, torch.Generator().manual_seed(7), T)
+        kernel = ancestral_sample(tree, layer.weight, layer.bias, h, torch.Generator().manual_seed(7), T)
+        assert torch.equal(walk, kernel)
+
+
+def test_the_tensor_walk_follows_the_distribution():
+    tree = multi_code_tree()
+    layer, _ = layer_on(tree, d=3)
+    h = torch.randn(1, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).expand(40000, 3)
+    words = layer._walk(h, torch.Generator().manual_seed(0), 1.0)
+    freq = np.bincount(words.numpy(), minlength=tree.num_words) / len(words)
+    with torch.no_grad():
+        p = layer.log_prob(h[:1]).exp()[0].numpy()
+    assert np.abs(freq - p).max() < 0.01
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_inference_stays_on_the_device():
+    tree = duplicated_tree(200, 50, 3)
+    layer, h = layer_on(tree, d=8, dtype=torch.float32)
+    cpu_lp = layer.log_prob(h).detach()
+    layer, h = layer.cuda(), h.cuda()
+    with torch.no_grad():
+        assert torch.allclose(layer.log_prob(h).cpu(), cpu_lp, atol=1e-4)
+    values, ids = layer.topk(h, 5)
+    assert values.device == ids.device == h.device
+    assert torch.equal(layer.predict(h).cpu(), cpu_lp.argmax(1))
+    assert layer.sample(h, torch.Generator("cuda").manual_seed(0)).device == h.device
