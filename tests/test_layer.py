@@ -216,3 +216,60 @@ def test_on_a_gpu_inference_stays_on_the_device():
     assert values.device == ids.device == h.device
     assert torch.equal(layer.predict(h).cpu(), cpu_lp.argmax(1))
     assert layer.sample(h, torch.Generator("cuda").manual_seed(0)).device == h.device
+
+
+# ---- word features of any model, a tree learned from them ----------------------------------------
+
+
+def test_hidden_features_are_the_exact_mean_hidden_vector_of_each_word():
+    import hlbl
+
+    g = torch.Generator().manual_seed(0)
+    V, d = 6, 3
+    batches = [(torch.randn(4, 5, d, generator=g), torch.randint(0, V - 1, (4, 5), generator=g)) for _ in range(3)]
+    X, n = hlbl.hidden_features(iter(batches), V)  # word 5 is never a target
+    H = torch.cat([h.reshape(-1, d) for h, _ in batches]).double().numpy()
+    T = torch.cat([t.reshape(-1) for _, t in batches]).numpy()
+    for w in range(V - 1):
+        assert n[w] == (T == w).sum() and np.allclose(X[w], H[T == w].mean(0), atol=1e-12)
+    assert n[V - 1] == 0 and np.allclose(X[V - 1], H.mean(0), atol=1e-12)
+    acc = hlbl.WordFeatures(V)  # step by step, float32 and float64 batches alike
+    for h, t in batches:
+        acc.add(h.double(), t)
+    assert np.array_equal(acc.result()[1], n) and np.allclose(acc.result()[0], X, atol=1e-12)
+
+
+def test_feature_mistakes_are_one_clear_error():
+    from hlbl import TreeError, WordFeatures, hidden_features, word_features
+
+    acc = WordFeatures(5)
+    with pytest.raises(ValueError, match=r"hidden must have shape \(B, d\) with targets \(B,\)"):
+        acc.add(torch.zeros(4, 3), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"word ids in 0\.\.4"):
+        acc.add(torch.zeros(2, 3), torch.tensor([0, 5]))
+    with pytest.raises(TypeError, match="targets word ids"):
+        acc.add(torch.zeros(2, 3), torch.zeros(2))
+    with pytest.raises(TreeError, match="at least one"):
+        acc.result()
+    with pytest.raises(TypeError, match=r"\(hidden \(B, d\), targets \(B,\)\) pairs"):
+        hidden_features([torch.zeros(2, 3)], 5)
+    with pytest.raises(TypeError, match="hidden_features"):  # the LBL reader, given another model
+        word_features(nn.LSTM(3, 3), np.zeros(10, dtype=np.int32), 0)
+
+
+def test_a_tree_learned_from_features_groups_similar_words():
+    import hlbl
+
+    g = torch.Generator().manual_seed(0)
+    centres = torch.tensor([[5.0, 0.0], [-5.0, 0.0]])
+    X = centres[torch.arange(40) % 2] + 0.3 * torch.randn(40, 2, generator=g)  # even words left, odd right
+    tree = hlbl.learn_tree(X, "adaptive")
+    assert tree.num_words == 40 and tree.stats()["codes_per_word"] == 1.0
+    top = [{int(w) for w in range(40) if tree.codes(w)[0][1][0] == side} for side in (1, 0)]
+    assert sorted(map(sorted, top)) == [list(range(0, 40, 2)), list(range(1, 40, 2))]
+    same = hlbl.build_tree_from_features(X.double().numpy(), "adaptive")
+    assert same.fingerprint() == tree.fingerprint()  # tensors and arrays alike
+    joined = hlbl.learn_tree(hlbl.embedding_features(X), "adaptive:0.3", copies=2, seed=1)
+    assert joined.num_words == 40 and joined.stats()["codes_per_word"] >= 2.0
+    with pytest.raises(hlbl.TreeError, match=r"\(V, d\)"):
+        hlbl.embedding_features(torch.zeros(5))
