@@ -273,3 +273,41 @@ def test_a_tree_learned_from_features_groups_similar_words():
     assert joined.num_words == 40 and joined.stats()["codes_per_word"] >= 2.0
     with pytest.raises(hlbl.TreeError, match=r"\(V, d\)"):
         hlbl.embedding_features(torch.zeros(5))
+
+
+# ---- per-node gradient scaling ------------------------------------------------------------------
+
+
+def test_node_gradient_scaling_changes_only_the_parameter_gradients():
+    counts = [500, 200, 100, 80, 60, 30, 20, 10]
+    tree = huffman_tree(counts)
+    layer, h = layer_on(tree, d=4)
+    h = h[:, :4].clone().requires_grad_(True)
+    targets = torch.tensor([0, 1, 2, 3, 4, 5, 7])
+
+    def grads():
+        for t in (h, layer.weight, layer.bias):
+            t.grad = None
+        out = layer(h, targets)
+        out.loss.backward()
+        return out.output.detach(), h.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()
+
+    plain = grads()
+    layer.scale_node_gradients(counts)
+    scale = layer.node_grad_scale
+    p = np.asarray(counts) / sum(counts)
+    # the root carries every token: scaled to the most frequent word's share; no node above 1
+    assert scale[0].item() == pytest.approx(p.max()) and (scale <= 1).all() and (scale == 1).any()
+    scaled = grads()
+    assert torch.equal(scaled[0], plain[0]) and torch.allclose(scaled[1], plain[1], atol=1e-12)
+    assert torch.allclose(scaled[2], plain[2] * scale[:, None], atol=1e-12)
+    assert torch.allclose(scaled[3], plain[3] * scale, atol=1e-12)
+    full = layer.log_prob(h)[torch.arange(7), targets].mean()  # the full distribution's path too
+    layer.weight.grad = None
+    (-full).backward()
+    assert torch.allclose(layer.weight.grad, scaled[2], atol=1e-10)
+    assert "node_grad_scale" not in layer.state_dict()
+    layer.scale_node_gradients(None)
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(grads(), plain))
+    with pytest.raises(ValueError, match="power"):
+        layer.scale_node_gradients(counts, power=-1)

@@ -63,6 +63,8 @@ class TreeSoftmax(OutputLayer):
         self.register_buffer("word_leaves", torch.from_numpy(tree.word_leaves), persistent=False)
         self.multi_code = tree.word_leaves.shape[1] > 1
         self._register_level_tables(tree)
+        # (N,) per-node gradient scale, or None: a training setting (scale_node_gradients), not saved
+        self.register_buffer("node_grad_scale", None, persistent=False)
 
     def _register_level_tables(self, tree: WordTree) -> None:
         """Index tables of the level-by-level ``log_prob``.
@@ -189,12 +191,9 @@ class TreeSoftmax(OutputLayer):
 
     # ---- the model ----------------------------------------------------------------------------
 
-    def init_unigram(self, counts: Sequence[float]) -> None:
-        """Biases so that zero weights give the unigram distribution.
-
-        A word with k codes puts p(w)/k on each of its leaves; node j's bias is
-        ``log(mass(left subtree) / mass(right subtree))``.
-        """
+    def _child_mass(self, counts: Sequence[float]) -> np.ndarray:
+        """(N, 2) unigram probability mass below each node's left and right child (a word with k
+        codes puts p(w)/k on each of its leaves)."""
         tree = self.tree
         p = unigram_distribution(counts, self.vocab_size)
         leaf_mass = p[tree.leaf_word] / tree.codes_per_word[tree.leaf_word]
@@ -208,8 +207,50 @@ class TreeSoftmax(OutputLayer):
                 m = ch[:, s] >= 0
                 child_mass[nodes[m], s] = mass[ch[m, s]]
             mass[nodes] = child_mass[nodes].sum(1)
+        return child_mass
+
+    def init_unigram(self, counts: Sequence[float]) -> None:
+        """Biases so that zero weights give the unigram distribution.
+
+        A word with k codes puts p(w)/k on each of its leaves; node j's bias is
+        ``log(mass(left subtree) / mass(right subtree))``.
+        """
+        child_mass = self._child_mass(counts)
         with torch.no_grad():
             self.bias.copy_(torch.from_numpy(np.log(child_mass[:, 0] / child_mass[:, 1])))
+
+    def scale_node_gradients(self, counts: Sequence[float] | None, power: float = 1.0) -> None:
+        """Scale the gradient of node j's vector and bias by ``min(1, (s_max / s_j)^power)``,
+        where ``s_j`` is the share of training tokens (unigram ``counts``) whose path passes node
+        j and ``s_max`` the most frequent word's share; None removes the scaling.
+
+        Why: node j's loss sums over every token through it, so the root's gradient gathers all
+        of a batch and the top nodes' curvature is about ``1 / s_max`` times that of any row of
+        a full softmax. Under a step size tuned for a softmax (SGD lr 20, total-norm clipping at
+        0.25, PyTorch's word_language_model) the top biases then overshoot and oscillate, their
+        gradient fills the clipped norm and the encoder gets almost none of the step
+        (``docs/layer.md``). The scaling gives no node a larger effective learning rate than the
+        softmax's busiest row. Only gradients change: the forward pass, the gradient reaching
+        the input, and the state_dict are as without it. Not saved: set it again to resume.
+        """
+        if counts is None:
+            self.node_grad_scale = None
+            return
+        if not (power >= 0 and np.isfinite(power)):
+            raise ValueError(f"power must be a finite number >= 0, got {power!r}")
+        p = unigram_distribution(counts, self.vocab_size)
+        share = self._child_mass(counts).sum(1)  # (N,) mass through each node
+        scale = np.minimum(1.0, (p.max() / share) ** power)
+        self.node_grad_scale = torch.from_numpy(scale).to(self.weight.device, self.weight.dtype)
+
+    def _params(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight, bias) as the forward pass reads them: with their gradients scaled per node
+        when :meth:`scale_node_gradients` asked for it."""
+        g = self.node_grad_scale
+        if g is None or not torch.is_grad_enabled():
+            return self.weight, self.bias
+        g = g.to(self.weight.dtype)
+        return _ScaleGrad.apply(self.weight, g[:, None]), _ScaleGrad.apply(self.bias, g)
 
     def path_log_probs(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """(B, K) log-probability of each of the targets' paths; -inf where a word has fewer."""
@@ -218,8 +259,9 @@ class TreeSoftmax(OutputLayer):
         nodes = self.path_nodes[leaves.clamp(min=0)]  # (B, K, D)
         sign = self.path_sign[leaves.clamp(min=0)]  # (B, K, D): +1 left, -1 right, 0 padding
         B, K, D = nodes.shape
-        q = self.weight[nodes.reshape(B, K * D)]  # (B, KD, d)
-        scores = torch.bmm(q, input.unsqueeze(2)).squeeze(2).view(B, K, D) + self.bias[nodes]
+        weight, bias = self._params()
+        q = weight[nodes.reshape(B, K * D)]  # (B, KD, d)
+        scores = torch.bmm(q, input.unsqueeze(2)).squeeze(2).view(B, K, D) + bias[nodes]
         real = sign != 0
         z = torch.where(real, sign * scores, 0.0)  # padding: 0 x an overflowed score would be NaN
         path = F.logsigmoid(z).masked_fill(~real, 0.0).sum(-1)  # (B, K)
@@ -286,7 +328,7 @@ class TreeSoftmax(OutputLayer):
 
     def _edge_log_probs(self, h: torch.Tensor) -> torch.Tensor:
         """:meth:`_edge_log_probs_inplace` out of place, for autograd (and mixed dtypes)."""
-        S = F.linear(h, self.weight, self.bias)  # (B, N)
+        S = F.linear(h, *self._params())  # (B, N)
         left_all = F.logsigmoid(S)
         lefts, rights, above = [], [], None
         for start, end, lo, hi in self._levels:
@@ -374,6 +416,20 @@ class TreeSoftmax(OutputLayer):
             node = torch.where(open_ & (child >= 0), child, node)
         torch._assert_async(~nan.any(), "cannot sample: a tree decision is NaN (non-finite weights or input)")
         return word
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; the gradient multiplied by ``scale`` (broadcast to the input's shape)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(scale)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (scale,) = ctx.saved_tensors
+        return grad * scale, None
 
 
 def _autocast_on(device_type: str) -> bool:
