@@ -112,8 +112,10 @@ def make_head(kind: str, nhid: int, corpus: Corpus, args, tree: hlbl.WordTree | 
         return head
     tree = tree if tree is not None else hlbl.huffman_tree(corpus.counts)
     head = hlbl.TreeSoftmax(nhid, tree)
-    if args.tree_init == "unigram":
+    if args.tree_init in ("scaled", "unigram"):  # zero node vectors, biases giving the unigram distribution
         head.init_unigram(corpus.counts)
+    if args.tree_init == "scaled":  # no node learns faster than the softmax's busiest row (docs/layer.md)
+        head.scale_node_gradients(corpus.counts)
     elif args.tree_init == "uniform":  # as the recipe's decoder: uniform +-0.1 node vectors, zero biases
         nn.init.uniform_(head.weight, -0.1, 0.1)
     return head
@@ -316,7 +318,13 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0: none)")
     p.add_argument("--cutoffs", type=lambda s: [int(c) for c in s.split(",")], default=[2000, 5000])
     p.add_argument("--samples", type=int, default=100, help="noise words of the sampled softmax")
-    p.add_argument("--tree-init", choices=("unigram", "uniform", "zero"), default="unigram")
+    p.add_argument(
+        "--tree-init",
+        choices=("scaled", "unigram", "uniform", "zero"),
+        default="scaled",
+        help="scaled: unigram biases and per-node gradient scaling (the recipe that trains well); unigram: "
+        "unigram biases only; uniform: +-0.1 node vectors; zero: the layer as constructed",
+    )
     p.add_argument("--tree-features", choices=("hidden", "embedding"), default="hidden")
     p.add_argument("--tree-policy", default="adaptive:0.25")
     p.add_argument("--tree-copies", type=int, default=1)
