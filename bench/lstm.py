@@ -93,6 +93,7 @@ def parse_args(argv=None):
     p.add_argument("--outputs", default="full,adaptive,tree,learned-tree")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--speed-only", action="store_true")
+    p.add_argument("--grad-study", type=int, metavar="STEPS", default=0, help="only the gradient-norm study")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "lstm")
     p.add_argument("--quick", action="store_true")
     return p.parse_args(argv)
@@ -102,6 +103,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(1)
     ex = example_module()
+    if args.grad_study:
+        return grad_study(ex, args)
     with tempfile.TemporaryDirectory() as tmp:
         if args.quick:
             args.out, args.data, args.rounds = Path(tmp) / "out", ex.synthetic_corpus(Path(tmp) / "toy"), 2
@@ -159,6 +162,28 @@ def train_all(ex, args) -> tuple[dict, list]:
         if "bootstrap_s" in r:  # the Huffman model, its features and the tree, before the timed epochs
             summary[f"{names[kind]}_bootstrap_s"] = r["bootstrap_s"]
     return summary, runs
+
+
+GRAD_STUDY = [("full", "scaled"), ("adaptive", "scaled")] + [
+    ("tree", init) for init in ("zero", "uniform", "unigram", "frozen", "scaled")
+]
+
+
+def grad_study(ex, args) -> int:
+    """``--grad-study STEPS``: the first STEPS steps of the recipe for each output layer and each
+    tree initialisation; the median ratio of the output layer's gradient norm to the encoder's
+    (before clipping) and the validation perplexity after them. Writes grad_study.json."""
+    corpus = ex.Corpus(args.data)
+    rows = []
+    for kind, init in GRAD_STUDY:
+        argv = ["--emsize", str(args.emsize), "--nhid", str(args.nhid), "--max-steps", str(args.grad_study)]
+        r = ex.run(corpus, kind, ex.parse_args(argv + ["--tree-init", init, "--log-every", "10"]), log=lambda m: None)
+        e = r["epochs"][0]
+        rows.append({"output": kind, "tree_init": init if kind == "tree" else None, "valid_ppl": r["valid_ppl"], **e})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_text(args.out / "grad_study.json", json.dumps({"steps": args.grad_study, "rows": rows}, indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

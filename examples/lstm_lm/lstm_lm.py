@@ -112,8 +112,10 @@ def make_head(kind: str, nhid: int, corpus: Corpus, args, tree: hlbl.WordTree | 
         return head
     tree = tree if tree is not None else hlbl.huffman_tree(corpus.counts)
     head = hlbl.TreeSoftmax(nhid, tree)
-    if args.tree_init in ("scaled", "unigram"):  # zero node vectors, biases giving the unigram distribution
+    if args.tree_init in ("scaled", "unigram", "frozen"):  # zero node vectors, biases giving the unigram distribution
         head.init_unigram(corpus.counts)
+    if args.tree_init == "frozen":  # the unigram biases kept fixed
+        head.bias.requires_grad_(False)
     if args.tree_init == "scaled":  # no node learns faster than the softmax's busiest row (docs/layer.md)
         head.scale_node_gradients(corpus.counts)
     elif args.tree_init == "uniform":  # as the recipe's decoder: uniform +-0.1 node vectors, zero biases
@@ -159,7 +161,7 @@ def train_epoch(model: LSTMLM, data: torch.Tensor, args, lr: float) -> dict:
     (before clipping), whose ratio shows whether clipping starves the encoder."""
     model.train()
     enc = [p for n, p in model.named_parameters() if not n.startswith("head.")]
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
     state, norms, losses = None, [], []
     steps = range(0, data.size(0) - 1, args.bptt)
     t0 = time.perf_counter()
@@ -320,10 +322,11 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=int, default=100, help="noise words of the sampled softmax")
     p.add_argument(
         "--tree-init",
-        choices=("scaled", "unigram", "uniform", "zero"),
+        choices=("scaled", "unigram", "frozen", "uniform", "zero"),
         default="scaled",
         help="scaled: unigram biases and per-node gradient scaling (the recipe that trains well); unigram: "
-        "unigram biases only; uniform: +-0.1 node vectors; zero: the layer as constructed",
+        "unigram biases only; frozen: unigram biases kept fixed; uniform: +-0.1 node vectors; zero: the layer as "
+        "constructed",
     )
     p.add_argument("--tree-features", choices=("hidden", "embedding"), default="hidden")
     p.add_argument("--tree-policy", default="adaptive:0.25")
