@@ -366,7 +366,12 @@ class TreeSoftmax(OutputLayer):
     def predict(self, input: torch.Tensor) -> torch.Tensor:
         """The most probable word, exactly: (B,) ids, or () for one vector (as
         ``nn.AdaptiveLogSoftmaxWithLoss.predict``); ties go to the lower word id."""
-        return self.topk(input, 1)[1][..., 0]
+        h, one = self._batch(input)
+        if h.device.type == "cpu":
+            word = self.topk(h, 1)[1][:, 0]
+        else:  # argmax takes the first of equal maxima: the lower word id, as the search does
+            word = self.log_prob(h.to(self.weight.dtype)).argmax(1)
+        return word[0] if one else word
 
     @torch.no_grad()
     def sample(
