@@ -93,6 +93,7 @@ def parse_args(argv=None):
     p.add_argument("--outputs", default="full,adaptive,tree,learned-tree")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--speed-only", action="store_true")
+    p.add_argument("--step-speed", action="store_true", help="only the training-step speed, side by side")
     p.add_argument("--grad-study", type=int, metavar="STEPS", default=0, help="only the gradient-norm study")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "lstm")
     p.add_argument("--quick", action="store_true")
@@ -105,6 +106,8 @@ def main(argv=None) -> int:
     ex = example_module()
     if args.grad_study:
         return grad_study(ex, args)
+    if args.step_speed:
+        return step_speed(ex, args)
     with tempfile.TemporaryDirectory() as tmp:
         if args.quick:
             args.out, args.data, args.rounds = Path(tmp) / "out", ex.synthetic_corpus(Path(tmp) / "toy"), 2
@@ -137,7 +140,7 @@ def train_all(ex, args) -> tuple[dict, list]:
     """Every output layer of ``--outputs`` trained and tested with the example's recipe."""
     argv = ["--epochs", str(args.epochs), "--emsize", str(args.emsize), "--nhid", str(args.nhid)]
     argv += ["--max-steps", str(args.max_steps), "--bootstrap-epochs", str(args.epochs)]
-    argv += ["--quick"] if args.quick else []
+    argv += ["--quick"] if args.quick else ["--save-tree", str(args.out / "learned_tree.npz")]
     ex_args = ex.parse_args(argv)
     corpus = ex.Corpus(args.data)
     names = {"full": "full", "adaptive": "adaptive", "tree": "huffman", "learned-tree": "learned_tree"}
@@ -162,6 +165,54 @@ def train_all(ex, args) -> tuple[dict, list]:
         if "bootstrap_s" in r:  # the Huffman model, its features and the tree, before the timed epochs
             summary[f"{names[kind]}_bootstrap_s"] = r["bootstrap_s"]
     return summary, runs
+
+
+def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
+    """``--step-speed``: training steps (forward, backward, clipping, SGD) of the whole model with
+    each output layer, ``steps`` at a time in turn for ``rounds`` rounds, on the same batches, one
+    thread: the medians over rounds of each layer's seconds per step and of adaptive / tree. The
+    learned tree is the one the full benchmark saved (learned_tree.npz), rebuilt by the bootstrap
+    when missing. Writes step_speed.json and adds its ratios to summary.json."""
+    corpus = ex.Corpus(args.data)
+    ex_args = ex.parse_args(["--emsize", str(args.emsize), "--nhid", str(args.nhid), "--log-every", "1000000"])
+    train = ex.batchify(corpus.splits["train"], ex_args.batch_size)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "learned_tree.npz"
+    if path.is_file():
+        learned = hlbl.WordTree.load(path)
+    else:
+        learned, _ = ex.learn_tree(corpus, train, ex_args, log=lambda m: print(m, file=sys.stderr))
+        learned.save(path)
+    models = {}
+    for name, kind, tree in (("full", "full", None), ("adaptive", "adaptive", None), ("huffman", "tree", None)) + (
+        ("learned_tree", "tree", learned),
+    ):
+        torch.manual_seed(ex_args.seed)
+        models[name] = ex.build_model(corpus, kind, ex_args, tree)
+    ex_args.max_steps = steps
+    times = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            times[name].append(ex.train_epoch(model, train, ex_args, ex_args.lr)["seconds"] / steps)
+    a = np.array(times["adaptive"])
+    out = {
+        "steps_per_round": steps,
+        "rounds": rounds,
+        "s_per_step": {n: float(np.median(t)) for n, t in times.items()},
+        **{
+            f"{n}_step_speed_vs_adaptive": float(np.median(a / np.array(t)))
+            for n, t in times.items()
+            if n != "adaptive"
+        },
+        "learned_tree": learned.stats(corpus.counts),
+    }
+    write_text(args.out / "step_speed.json", json.dumps(out, indent=1) + "\n")
+    if (args.out / "summary.json").is_file():
+        old = json.loads((args.out / "summary.json").read_text())
+        ratios = {k: v for k, v in out.items() if k.endswith("_vs_adaptive")}
+        write_text(args.out / "summary.json", json.dumps({**old, **ratios}, indent=1) + "\n")
+    print(json.dumps(out))
+    return 0
 
 
 GRAD_STUDY = [("full", "scaled"), ("adaptive", "scaled")] + [

@@ -265,6 +265,8 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
     tree, info = (None, {})
     if kind == "learned-tree":
         tree, info = learn_tree(corpus, batches["train"], args, log)
+        if args.save_tree:
+            tree.save(args.save_tree)  # .json or .npz; hlbl.WordTree.load reads it back
     torch.manual_seed(args.seed)
     model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, tree)
     lr, best, epochs = args.lr, math.inf, []
@@ -332,6 +334,7 @@ def parse_args(argv=None):
     p.add_argument("--tree-policy", default="adaptive:0.25")
     p.add_argument("--tree-copies", type=int, default=1)
     p.add_argument("--bootstrap-epochs", type=int, default=1)
+    p.add_argument("--save-tree", type=Path, help="write the learned tree here (.json or .npz)")
     p.add_argument("--generate", type=int, default=0, help="sample this many words after training")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=1111)
