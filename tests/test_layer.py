@@ -311,3 +311,21 @@ def test_node_gradient_scaling_changes_only_the_parameter_gradients():
     assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(grads(), plain))
     with pytest.raises(ValueError, match="power"):
         layer.scale_node_gradients(counts, power=-1)
+
+
+def test_the_packed_and_the_padded_multi_code_paths_agree():
+    """On the CPU a multi-code batch computes only its real (example, leaf) pairs; elsewhere every
+    example is padded to the most codes. Same values, same gradients."""
+    tree = duplicated_tree(30, 12, 4)
+    layer, h = layer_on(tree)
+    targets = torch.tensor([0, 5, 29, 7, 7, 3, 11])
+    packed = layer.path_log_probs(h, targets)
+    leaves = layer.word_leaves[targets]
+    assert leaves.shape[1] > 1 and (leaves < 0).any()
+    padded = layer._leaf_log_probs(h.unsqueeze(1).expand(-1, leaves.shape[1], -1), leaves.clamp(min=0))
+    padded = padded.masked_fill(leaves < 0, float("-inf"))
+    assert torch.equal(torch.isinf(packed), torch.isinf(padded))
+    assert torch.allclose(packed[leaves >= 0], padded[leaves >= 0], atol=1e-12)
+    (ga,) = torch.autograd.grad(torch.logsumexp(packed, 1).sum(), layer.weight)
+    (gb,) = torch.autograd.grad(torch.logsumexp(padded, 1).sum(), layer.weight)
+    assert torch.allclose(ga, gb, atol=1e-12)

@@ -255,17 +255,30 @@ class TreeSoftmax(OutputLayer):
     def path_log_probs(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """(B, K) log-probability of each of the targets' paths; -inf where a word has fewer."""
         check_targets(target, self.vocab_size)
-        leaves = self.word_leaves[target]  # (B, K)
-        nodes = self.path_nodes[leaves.clamp(min=0)]  # (B, K, D)
-        sign = self.path_sign[leaves.clamp(min=0)]  # (B, K, D): +1 left, -1 right, 0 padding
-        B, K, D = nodes.shape
+        leaves = self.word_leaves[target]  # (B, K), -1 padded
+        if leaves.shape[1] == 1:
+            return self._leaf_log_probs(input, leaves[:, 0]).unsqueeze(1)
+        if input.device.type != "cpu" or torch.compiler.is_compiling():  # one shape, no host synchronisation
+            lp = self._leaf_log_probs(input.unsqueeze(1).expand(-1, leaves.shape[1], -1), leaves.clamp(min=0))
+            return lp.masked_fill(leaves < 0, float("-inf"))
+        # CPU, multi-code: only the real (example, leaf) pairs. Padding every example to the most
+        # codes of any word made a step about 3x slower on a tree where 4% of words have two.
+        tok, col = (leaves >= 0).nonzero(as_tuple=True)  # (P,) pairs, P = total codes of the targets
+        lp = self._leaf_log_probs(input[tok], leaves[tok, col])
+        return input.new_full(leaves.shape, float("-inf")).index_put((tok, col), lp)
+
+    def _leaf_log_probs(self, h: torch.Tensor, leaf: torch.Tensor) -> torch.Tensor:
+        """log-probability of reaching ``leaf`` (...,) from ``h`` (..., d): the sum over its path
+        of ``log sigmoid(+-(h . q_j + b_j))``."""
+        nodes = self.path_nodes[leaf]  # (..., D), 0-padded past the leaf's depth
+        sign = self.path_sign[leaf]  # (..., D): +1 left, -1 right, 0 padding
         weight, bias = self._params()
-        q = weight[nodes.reshape(B, K * D)]  # (B, KD, d)
-        scores = torch.bmm(q, input.unsqueeze(2)).squeeze(2).view(B, K, D) + bias[nodes]
+        shape = nodes.shape
+        q = weight[nodes.reshape(-1, shape[-1])]  # (M, D, d) for M paths
+        scores = torch.bmm(q, h.reshape(-1, h.shape[-1], 1)).view(shape) + bias[nodes]
         real = sign != 0
         z = torch.where(real, sign * scores, 0.0)  # padding: 0 x an overflowed score would be NaN
-        path = F.logsigmoid(z).masked_fill(~real, 0.0).sum(-1)  # (B, K)
-        return path.masked_fill(leaves < 0, float("-inf"))
+        return F.logsigmoid(z).masked_fill(~real, 0.0).sum(-1)
 
     def target_log_prob(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """(B, d), (B,) -> (B,) log P(target | input); (d,), () -> () for one vector."""
