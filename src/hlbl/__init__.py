@@ -41,6 +41,10 @@ _LAZY = {
     "build_tree_from_features": "treebuild",
     "word_features": "treebuild",
     "join_trees": "treebuild",
+    "WordFeatures": "features",
+    "hidden_features": "features",
+    "embedding_features": "features",
+    "learn_tree": "features",
     "WordClasses": "classes",
     "frequency_classes": "classes",
     "kmeans_classes": "classes",
@@ -83,6 +87,10 @@ __all__ = [  # the errors and __version__, then every name of _LAZY
     "build_tree_from_features",
     "word_features",
     "join_trees",
+    "WordFeatures",
+    "hidden_features",
+    "embedding_features",
+    "learn_tree",
     "WordClasses",
     "frequency_classes",
     "kmeans_classes",
@@ -119,6 +127,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .classes import WordClasses, frequency_classes, kmeans_classes
     from .data import Corpus, Vocab, load_corpus, resolve_corpus
     from .evaluate import evaluate, token_log_probs
+    from .features import WordFeatures, embedding_features, hidden_features, learn_tree
     from .mixture import Mixture
     from .config import LBLConfig, TrainConfig
     from .model import LBL

@@ -107,6 +107,11 @@ def word_features(
     r_hat over all positions (module docstring). ``engine``: ``auto`` takes the numba pass for a
     diagonal-context model on the CPU (:func:`_word_features_cpu`), ``torch`` the batched one.
     """
+    if not (hasattr(model, "context_vector") and hasattr(getattr(model, "config", None), "context")):
+        raise TypeError(
+            f"word_features reads an hlbl LBL model, not a {type(model).__name__}; for any other model use "
+            "hlbl.hidden_features (its hidden vectors) or hlbl.embedding_features (an output embedding)"
+        )
     V, d = model.config.vocab_size, model.config.dim
     if len(stream) == 0:
         raise TreeError("word features need a non-empty training stream")

@@ -1,0 +1,242 @@
+"""TreeSoftmax inside an LSTM language model: perplexity against the full and adaptive softmax,
+training time, and the speed of the full distribution (``log_prob``).
+
+    python bench/lstm.py                          # PTB, the word_language_model recipe, 1 epoch each
+    python bench/lstm.py --nhid 100 --epochs 1    # a cheaper model
+    python bench/lstm.py --speed-only             # only the log_prob measurement
+    python bench/lstm.py --quick                  # seconds: a synthetic corpus, a tiny model
+
+Training (``examples/lstm_lm``): 2-layer LSTM, bptt 35, batch 20, SGD lr 20, clip 0.25, dropout
+0.2, one thread, the same seed for every output layer: ``full`` (Linear + softmax), ``adaptive``
+(``nn.AdaptiveLogSoftmaxWithLoss``, cutoffs 2000, 5000), ``huffman`` (TreeSoftmax on a Huffman
+tree) and ``learned_tree`` (the bootstrap: a Huffman model trained for as many epochs, the mean
+hidden state before each word, an ADAPTIVE(0.25) tree learned from those, a fresh model on it).
+Test perplexity is exact for every layer.
+
+Speed: ``log_prob`` of (700, 200) hidden vectors at V = 10,000 (PTB's counts) and V = 33,278
+(WikiText-2's size, Zipf counts; adaptive cutoffs 2000, 10000), one thread, float32, no autograd:
+TreeSoftmax on a Huffman tree and the adaptive softmax called alternately for ``--rounds``
+rounds; the ratio is the median over rounds of adaptive time / tree time (> 1: the tree is faster).
+
+Writes ``results/lstm/summary.json`` (and ``runs.json``, every run's epochs); ``--quick`` writes
+under a temporary directory instead and checks the pipeline only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+import hlbl
+from hlbl.atomic import write_text
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def example_module():
+    """examples/lstm_lm/lstm_lm.py, imported by path (examples are not a package)."""
+    path = ROOT / "examples" / "lstm_lm" / "lstm_lm.py"
+    spec = importlib.util.spec_from_file_location("lstm_lm", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def log_prob_speed(counts: np.ndarray, cutoffs: list[int], d: int, batch: int, rounds: int) -> dict:
+    """Median over interleaved rounds of adaptive time / tree time for ``log_prob`` (and each
+    median time), one thread, float32, without autograd."""
+    V = len(counts)
+    tree_layer = hlbl.TreeSoftmax(
+        d, hlbl.huffman_tree(counts), init_std=0.1, generator=torch.Generator().manual_seed(0)
+    )
+    torch.manual_seed(0)
+    adaptive = nn.AdaptiveLogSoftmaxWithLoss(d, V, cutoffs, div_value=4.0)
+    h = torch.randn(batch, d, generator=torch.Generator().manual_seed(1))
+    times = {"tree": [], "adaptive": []}
+    with torch.no_grad():
+        tree_layer.log_prob(h), adaptive.log_prob(h)  # warm-up
+        for _ in range(rounds):
+            for name, layer in (("tree", tree_layer), ("adaptive", adaptive)):
+                t0 = time.perf_counter()
+                layer.log_prob(h)
+                times[name].append(time.perf_counter() - t0)
+    t, a = np.array(times["tree"]), np.array(times["adaptive"])
+    return {
+        "vocab": V,
+        "tree_ms": float(np.median(t) * 1e3),
+        "adaptive_ms": float(np.median(a) * 1e3),
+        "speed_vs_adaptive": float(np.median(a / t)),
+    }
+
+
+def zipf_counts(V: int) -> np.ndarray:
+    return np.floor(1e7 / np.arange(1, V + 1)) + 1
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="ptb")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--emsize", type=int, default=200)
+    p.add_argument("--nhid", type=int, default=200)
+    p.add_argument("--max-steps", type=int, default=0, help="steps per epoch (0: the whole epoch)")
+    p.add_argument("--outputs", default="full,adaptive,tree,learned-tree")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--speed-only", action="store_true")
+    p.add_argument("--step-speed", action="store_true", help="only the training-step speed, side by side")
+    p.add_argument("--grad-study", type=int, metavar="STEPS", default=0, help="only the gradient-norm study")
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "lstm")
+    p.add_argument("--quick", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    ex = example_module()
+    if args.grad_study:
+        return grad_study(ex, args)
+    if args.step_speed:
+        return step_speed(ex, args)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.quick:
+            args.out, args.data, args.rounds = Path(tmp) / "out", ex.synthetic_corpus(Path(tmp) / "toy"), 2
+        args.out.mkdir(parents=True, exist_ok=True)
+        summary, runs = train_all(ex, args) if not args.speed_only else ({}, [])
+        speed_vocab = (2000, 5000) if args.quick else (10_000, 33_278)
+        batch, d = (50, 32) if args.quick else (700, 200)
+        for V, key in zip(speed_vocab, ("10k", "33k")):
+            counts = ex.Corpus(args.data).counts if (V == 10_000 and not args.quick) else zipf_counts(V)
+            cut = [2000, 5000] if V == 10_000 else [2000, 10_000]
+            cut = [c for c in cut if c < V - 1] if not args.quick else [200, 1000]
+            res = log_prob_speed(counts, cut, d, batch, args.rounds)
+            summary[f"logprob_speed_vs_adaptive_{key}"] = res["speed_vs_adaptive"]
+            summary[f"logprob_ms_{key}"] = {"tree": res["tree_ms"], "adaptive": res["adaptive_ms"]}
+            print(
+                f"log_prob at V={V}: tree {res['tree_ms']:.0f} ms, adaptive {res['adaptive_ms']:.0f} ms",
+                file=sys.stderr,
+            )
+        if not args.speed_only:
+            write_text(args.out / "runs.json", json.dumps(runs, indent=1) + "\n")
+            write_text(args.out / "summary.json", json.dumps(summary, indent=1) + "\n")
+        elif (args.out / "summary.json").is_file():  # keep the perplexities, refresh the speeds
+            old = json.loads((args.out / "summary.json").read_text())
+            write_text(args.out / "summary.json", json.dumps({**old, **summary}, indent=1) + "\n")
+        print(json.dumps(summary))
+    return 0
+
+
+def train_all(ex, args) -> tuple[dict, list]:
+    """Every output layer of ``--outputs`` trained and tested with the example's recipe."""
+    argv = ["--epochs", str(args.epochs), "--emsize", str(args.emsize), "--nhid", str(args.nhid)]
+    argv += ["--max-steps", str(args.max_steps), "--bootstrap-epochs", str(args.epochs)]
+    argv += ["--quick"] if args.quick else ["--save-tree", str(args.out / "learned_tree.npz")]
+    ex_args = ex.parse_args(argv)
+    corpus = ex.Corpus(args.data)
+    names = {"full": "full", "adaptive": "adaptive", "tree": "huffman", "learned-tree": "learned_tree"}
+    summary = {
+        "recipe": {
+            k: getattr(ex_args, k) for k in ("emsize", "nhid", "nlayers", "dropout", "bptt", "batch_size", "lr", "clip")
+        },
+        "epochs": args.epochs,
+        "max_steps": args.max_steps,
+        "threads": 1,
+        "data": str(args.data) if not args.quick else "synthetic",
+    }
+    runs = []
+    for kind in args.outputs.split(","):
+        r = ex.run(corpus, kind, ex_args, log=lambda m: print(m, file=sys.stderr))
+        runs.append(r)
+        summary[f"{names[kind]}_test_ppl"] = r["test_ppl"]
+        summary[f"{names[kind]}_s_per_epoch"] = r["s_per_epoch"]
+        summary[f"{names[kind]}_head_over_encoder_grad"] = float(
+            np.median([e["head_over_encoder"] for e in r["epochs"]])
+        )
+        if "bootstrap_s" in r:  # the Huffman model, its features and the tree, before the timed epochs
+            summary[f"{names[kind]}_bootstrap_s"] = r["bootstrap_s"]
+    return summary, runs
+
+
+def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
+    """``--step-speed``: training steps (forward, backward, clipping, SGD) of the whole model with
+    each output layer, ``steps`` at a time in turn for ``rounds`` rounds, on the same batches, one
+    thread: the medians over rounds of each layer's seconds per step and of adaptive / tree. The
+    learned tree is the one the full benchmark saved (learned_tree.npz), rebuilt by the bootstrap
+    when missing. Writes step_speed.json and adds its ratios to summary.json."""
+    corpus = ex.Corpus(args.data)
+    ex_args = ex.parse_args(["--emsize", str(args.emsize), "--nhid", str(args.nhid), "--log-every", "1000000"])
+    train = ex.batchify(corpus.splits["train"], ex_args.batch_size)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "learned_tree.npz"
+    if path.is_file():
+        learned = hlbl.WordTree.load(path)
+    else:
+        learned, _ = ex.learn_tree(corpus, train, ex_args, log=lambda m: print(m, file=sys.stderr))
+        learned.save(path)
+    models = {}
+    for name, kind, tree in (("full", "full", None), ("adaptive", "adaptive", None), ("huffman", "tree", None)) + (
+        ("learned_tree", "tree", learned),
+    ):
+        torch.manual_seed(ex_args.seed)
+        models[name] = ex.build_model(corpus, kind, ex_args, tree)
+    ex_args.max_steps = steps
+    times = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            times[name].append(ex.train_epoch(model, train, ex_args, ex_args.lr)["seconds"] / steps)
+    a = np.array(times["adaptive"])
+    out = {
+        "steps_per_round": steps,
+        "rounds": rounds,
+        "s_per_step": {n: float(np.median(t)) for n, t in times.items()},
+        **{
+            f"{n}_step_speed_vs_adaptive": float(np.median(a / np.array(t)))
+            for n, t in times.items()
+            if n != "adaptive"
+        },
+        "learned_tree": learned.stats(corpus.counts),
+    }
+    write_text(args.out / "step_speed.json", json.dumps(out, indent=1) + "\n")
+    if (args.out / "summary.json").is_file():
+        old = json.loads((args.out / "summary.json").read_text())
+        ratios = {k: v for k, v in out.items() if k.endswith("_vs_adaptive")}
+        write_text(args.out / "summary.json", json.dumps({**old, **ratios}, indent=1) + "\n")
+    print(json.dumps(out))
+    return 0
+
+
+GRAD_STUDY = [("full", "scaled"), ("adaptive", "scaled")] + [
+    ("tree", init) for init in ("zero", "uniform", "unigram", "frozen", "scaled")
+]
+
+
+def grad_study(ex, args) -> int:
+    """``--grad-study STEPS``: the first STEPS steps of the recipe for each output layer and each
+    tree initialisation; the median ratio of the output layer's gradient norm to the encoder's
+    (before clipping) and the validation perplexity after them. Writes grad_study.json."""
+    corpus = ex.Corpus(args.data)
+    rows = []
+    for kind, init in GRAD_STUDY:
+        argv = ["--emsize", str(args.emsize), "--nhid", str(args.nhid), "--max-steps", str(args.grad_study)]
+        r = ex.run(corpus, kind, ex.parse_args(argv + ["--tree-init", init, "--log-every", "10"]), log=lambda m: None)
+        e = r["epochs"][0]
+        rows.append({"output": kind, "tree_init": init if kind == "tree" else None, "valid_ppl": r["valid_ppl"], **e})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_text(args.out / "grad_study.json", json.dumps({"steps": args.grad_study, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())

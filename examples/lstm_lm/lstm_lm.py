@@ -1,0 +1,374 @@
+"""An LSTM language model with a choice of output layer: full softmax, adaptive softmax, hlbl's
+tree softmax on a Huffman tree or on a tree learned for this model, or a sampled softmax.
+
+The recipe is PyTorch's word_language_model (2-layer LSTM, bptt 35, batch 20, SGD lr 20, clip
+0.25, dropout 0.2), on PTB or any directory of train/valid/test text (``train.txt`` ... or
+WikiText's ``wiki.train.tokens`` ...; one ``<eos>`` per line). Evaluation is always exact: every
+output layer gives normalised log-probabilities in eval mode. See README.md and docs/layer.md.
+
+    python examples/lstm_lm/lstm_lm.py --data ptb --output tree --epochs 1
+    python examples/lstm_lm/lstm_lm.py --data ptb --output learned-tree --generate 20
+    python examples/lstm_lm/lstm_lm.py --quick          # seconds, a synthetic corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+import hlbl
+from hlbl.output import SampledSoftmax
+
+OUTPUTS = ("full", "adaptive", "tree", "learned-tree", "sampled")
+
+
+# ---- data -------------------------------------------------------------------------------------
+
+
+def split_file(root: Path, split: str) -> Path:
+    for name in (f"{split}.txt", f"wiki.{split}.tokens"):
+        if (root / name).is_file():
+            return root / name
+    raise SystemExit(f"{root}: no {split}.txt or wiki.{split}.tokens")
+
+
+def read_tokens(path: Path) -> list[str]:
+    """Whitespace tokens with ``<eos>`` ending every line (blank lines too, as word_language_model)."""
+    out: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            out.extend(line.split())
+            out.append("<eos>")
+    return out
+
+
+class Corpus:
+    """Word ids by descending training frequency (ties by first occurrence), so that adaptive
+    softmax cutoffs split frequent from rare words."""
+
+    def __init__(self, root: str | Path):
+        root = Path(root) if Path(root).is_dir() else hlbl.resolve_corpus(str(root))
+        tokens = {s: read_tokens(split_file(root, s)) for s in ("train", "valid", "test")}
+        counts = Counter(tokens["train"])
+        self.words = [w for w, _ in counts.most_common()]  # most_common keeps first-seen order on ties
+        ids = {w: i for i, w in enumerate(self.words)}
+        missing = {w for s in ("valid", "test") for w in tokens[s] if w not in ids}
+        if missing:
+            raise SystemExit(f"{root}: {len(missing)} valid/test words are not in train (e.g. {sorted(missing)[0]!r})")
+        self.counts = np.array([counts[w] for w in self.words], dtype=np.float64)
+        self.splits = {s: torch.tensor([ids[w] for w in t], dtype=torch.int64) for s, t in tokens.items()}
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+
+def batchify(stream: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """(T, batch_size): the stream cut into batch_size columns (the tail dropped)."""
+    n = len(stream) // batch_size
+    return stream[: n * batch_size].view(batch_size, n).t().contiguous()
+
+
+# ---- model ------------------------------------------------------------------------------------
+
+
+class FullSoftmax(nn.Module):
+    """The recipe's decoder (Linear, uniform +-0.1 weights, zero bias) with the output layers'
+    interface: ``forward(h, y) -> (log P(y), mean NLL)`` and ``log_prob(h)``."""
+
+    def __init__(self, nhid: int, vocab_size: int):
+        super().__init__()
+        self.decoder = nn.Linear(nhid, vocab_size)
+        nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+        nn.init.zeros_(self.decoder.bias)
+
+    def log_prob(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.decoder(h), dim=-1)
+
+    def forward(self, h: torch.Tensor, y: torch.Tensor):
+        lp = self.log_prob(h).gather(1, y.unsqueeze(1)).squeeze(1)
+        return hlbl.output.LayerOutput(lp, -lp.mean())
+
+
+def make_head(kind: str, nhid: int, corpus: Corpus, args, tree: hlbl.WordTree | None = None) -> nn.Module:
+    V = len(corpus)
+    if kind == "full":
+        return FullSoftmax(nhid, V)
+    if kind == "adaptive":
+        cutoffs = [c for c in args.cutoffs if c < V - 1] or [max(1, V // 2)]
+        return nn.AdaptiveLogSoftmaxWithLoss(nhid, V, cutoffs, div_value=4.0)
+    if kind == "sampled":
+        head = SampledSoftmax(nhid, V, samples=args.samples, init_std=0.1, generator=torch.Generator().manual_seed(1))
+        head.init_unigram(corpus.counts)  # the noise distribution (and unigram biases)
+        return head
+    tree = tree if tree is not None else hlbl.huffman_tree(corpus.counts)
+    head = hlbl.TreeSoftmax(nhid, tree)
+    if args.tree_init in ("scaled", "unigram", "frozen"):  # zero node vectors, biases giving the unigram distribution
+        head.init_unigram(corpus.counts)
+    if args.tree_init == "frozen":  # the unigram biases kept fixed
+        head.bias.requires_grad_(False)
+    if args.tree_init == "scaled":  # no node learns faster than the softmax's busiest row (docs/layer.md)
+        head.scale_node_gradients(corpus.counts)
+    elif args.tree_init == "uniform":  # as the recipe's decoder: uniform +-0.1 node vectors, zero biases
+        nn.init.uniform_(head.weight, -0.1, 0.1)
+    return head
+
+
+class LSTMLM(nn.Module):
+    def __init__(self, vocab_size: int, head: nn.Module, emsize: int, nhid: int, nlayers: int, dropout: float):
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.encoder = nn.Embedding(vocab_size, emsize)
+        nn.init.uniform_(self.encoder.weight, -0.1, 0.1)
+        self.rnn = nn.LSTM(emsize, nhid, nlayers, dropout=dropout if nlayers > 1 else 0.0)
+        self.head = head
+        self.nhid = nhid
+
+    def hidden(self, x: torch.Tensor, state):
+        """(T, B) word ids -> hidden vectors (T, B, nhid), the new LSTM state."""
+        out, state = self.rnn(self.drop(self.encoder(x)), state)
+        return self.drop(out), state
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, state):
+        h, state = self.hidden(x, state)
+        return self.head(h.reshape(-1, self.nhid), y.reshape(-1)), state
+
+
+def detach(state):
+    return tuple(s.detach() for s in state) if state is not None else None
+
+
+# ---- training and evaluation ------------------------------------------------------------------
+
+
+def grad_norm(params) -> float:
+    grads = [p.grad for p in params if p.grad is not None]
+    return float(torch.norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
+
+
+def train_epoch(model: LSTMLM, data: torch.Tensor, args, lr: float) -> dict:
+    """One epoch of the recipe: truncated BPTT, SGD, clipping of the total gradient norm.
+    Returns the seconds and the median gradient norms of the encoder and the output layer
+    (before clipping), whose ratio shows whether clipping starves the encoder."""
+    model.train()
+    enc = [p for n, p in model.named_parameters() if not n.startswith("head.")]
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+    state, norms, losses = None, [], []
+    steps = range(0, data.size(0) - 1, args.bptt)
+    t0 = time.perf_counter()
+    for step, i in enumerate(steps):
+        if args.max_steps and step >= args.max_steps:
+            break
+        x, y = data[i : i + args.bptt], data[i + 1 : i + 1 + args.bptt]
+        x = x[: len(y)]
+        state = detach(state)
+        opt.zero_grad(set_to_none=True)
+        out, state = model(x, y, state)
+        out.loss.backward()
+        if step % args.log_every == 0:
+            norms.append((grad_norm(enc), grad_norm(model.head.parameters())))
+        nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        opt.step()
+        losses.append(out.loss.item())
+    seconds = time.perf_counter() - t0
+    n = np.array(norms)
+    return {
+        "seconds": seconds,
+        "train_loss": float(np.mean(losses[-50:])),
+        "encoder_grad_norm": float(np.median(n[:, 0])),
+        "head_grad_norm": float(np.median(n[:, 1])),
+        "head_over_encoder": float(np.median(n[:, 1] / np.maximum(n[:, 0], 1e-12))),
+    }
+
+
+@torch.no_grad()
+def evaluate(model: LSTMLM, data: torch.Tensor, bptt: int) -> float:
+    """Exact perplexity: every output layer gives normalised log P(y) in eval mode."""
+    model.eval()
+    state, total, count = None, 0.0, 0
+    for i in range(0, data.size(0) - 1, bptt):
+        x, y = data[i : i + bptt], data[i + 1 : i + 1 + bptt]
+        out, state = model(x[: len(y)], y, state)
+        total -= float(out.output.double().sum())
+        count += y.numel()
+    return math.exp(total / count)
+
+
+@torch.no_grad()
+def generate(model: LSTMLM, corpus: Corpus, n: int, seed: int, temperature: float = 1.0) -> str:
+    """``n`` words sampled from the model (the tree: ancestral sampling down the tree)."""
+    model.eval()
+    g = torch.Generator().manual_seed(seed)
+    word = torch.tensor([[corpus.words.index("<eos>")]])
+    state, out = None, []
+    for _ in range(n):
+        h, state = model.hidden(word, state)
+        h = h.reshape(-1, model.nhid)
+        if hasattr(model.head, "sample"):
+            w = model.head.sample(h, g, temperature)
+        else:
+            w = torch.multinomial(torch.softmax(model.head.log_prob(h) / temperature, -1), 1, generator=g)[:, 0]
+        out.append(corpus.words[int(w)])
+        word = w.view(1, 1)
+    return " ".join(out)
+
+
+def hidden_pairs(model: LSTMLM, data: torch.Tensor, bptt: int):
+    """(hidden (T*B, nhid), next words (T*B,)) over ``data``, the model in eval mode: what
+    :func:`hlbl.hidden_features` averages into each word's feature vector."""
+    model.eval()
+    state = None
+    with torch.no_grad():
+        for i in range(0, data.size(0) - 1, bptt):
+            x, y = data[i : i + bptt], data[i + 1 : i + 1 + bptt]
+            h, state = model.hidden(x[: len(y)], state)
+            yield h.reshape(-1, model.nhid), y.reshape(-1)
+
+
+def learn_tree(corpus: Corpus, train: torch.Tensor, args, log) -> tuple[hlbl.WordTree, dict]:
+    """The bootstrap: a model with a Huffman tree (or a full softmax, for ``--tree-features
+    embedding``) trained ``--bootstrap-epochs``, its word features, a tree learned from them."""
+    boot_kind = "full" if args.tree_features == "embedding" else "tree"
+    torch.manual_seed(args.seed)
+    boot = build_model(corpus, boot_kind, args)
+    t0 = time.perf_counter()
+    for epoch in range(args.bootstrap_epochs):
+        train_epoch(boot, train, args, args.lr)
+    if args.tree_features == "embedding":
+        X = hlbl.embedding_features(boot.head.decoder.weight)  # (V, nhid): the vector each word is scored by
+    else:
+        X, _ = hlbl.hidden_features(hidden_pairs(boot, train, args.bptt), len(corpus))
+    tree = hlbl.learn_tree(X, args.tree_policy, copies=args.tree_copies, seed=args.seed)
+    info = {"bootstrap_output": boot_kind, "bootstrap_s": time.perf_counter() - t0, "tree": tree.stats(corpus.counts)}
+    log(f"learned tree from {args.tree_features} features: {json.dumps(info['tree'])}")
+    return tree, info
+
+
+def build_model(corpus: Corpus, kind: str, args, tree=None) -> LSTMLM:
+    head = make_head(kind, args.nhid, corpus, args, tree)
+    return LSTMLM(len(corpus), head, args.emsize, args.nhid, args.nlayers, args.dropout)
+
+
+def run(corpus: Corpus, kind: str, args, log=print) -> dict:
+    """Train ``kind`` for ``args.epochs`` (lr divided by 4 after an epoch without a validation
+    gain, as the recipe), evaluate exactly; the result as a dict."""
+    batches = {s: batchify(corpus.splits[s], args.batch_size if s == "train" else 10) for s in corpus.splits}
+    tree, info = (None, {})
+    if kind == "learned-tree":
+        tree, info = learn_tree(corpus, batches["train"], args, log)
+        if args.save_tree:
+            tree.save(args.save_tree)  # .json or .npz; hlbl.WordTree.load reads it back
+    torch.manual_seed(args.seed)
+    model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, tree)
+    lr, best, epochs = args.lr, math.inf, []
+    for epoch in range(1, args.epochs + 1):
+        stats = train_epoch(model, batches["train"], args, lr)
+        stats["valid_ppl"] = evaluate(model, batches["valid"], args.bptt)
+        log(f"{kind} epoch {epoch}: " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items()))
+        epochs.append(stats)
+        if stats["valid_ppl"] < best:
+            best = stats["valid_ppl"]
+        else:
+            lr /= 4.0
+    result = {
+        "output": kind,
+        "valid_ppl": epochs[-1]["valid_ppl"],
+        "test_ppl": evaluate(model, batches["test"], args.bptt),
+        "s_per_epoch": float(np.mean([e["seconds"] for e in epochs])),
+        "epochs": epochs,
+        **info,
+    }
+    if args.generate:
+        result["sample"] = generate(model, corpus, args.generate, args.seed)
+    return result
+
+
+def synthetic_corpus(root: Path, seed: int = 0) -> Path:
+    """A small corpus with structure (a toy grammar over ~60 words) for --quick."""
+    rng = np.random.default_rng(seed)
+    nouns, verbs, adjs = [f"n{i}" for i in range(25)], [f"v{i}" for i in range(15)], [f"a{i}" for i in range(15)]
+
+    def sentence():
+        return " ".join(["the", rng.choice(adjs), rng.choice(nouns), rng.choice(verbs), "a", rng.choice(nouns)])
+
+    root.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", 1500), ("valid", 100), ("test", 100)):
+        (root / f"{split}.txt").write_text("\n".join(sentence() for _ in range(n)) + "\n", encoding="utf-8")
+    return root
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", default="ptb", help="ptb, or a directory of train/valid/test text")
+    p.add_argument("--output", default="tree", help=f"comma-separated: {', '.join(OUTPUTS)}")
+    p.add_argument("--emsize", type=int, default=200)
+    p.add_argument("--nhid", type=int, default=200)
+    p.add_argument("--nlayers", type=int, default=2)
+    p.add_argument("--dropout", type=float, default=0.2)
+    p.add_argument("--bptt", type=int, default=35)
+    p.add_argument("--batch-size", type=int, default=20)
+    p.add_argument("--lr", type=float, default=20.0)
+    p.add_argument("--clip", type=float, default=0.25)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0: none)")
+    p.add_argument("--cutoffs", type=lambda s: [int(c) for c in s.split(",")], default=[2000, 5000])
+    p.add_argument("--samples", type=int, default=100, help="noise words of the sampled softmax")
+    p.add_argument(
+        "--tree-init",
+        choices=("scaled", "unigram", "frozen", "uniform", "zero"),
+        default="scaled",
+        help="scaled: unigram biases and per-node gradient scaling (the recipe that trains well); unigram: "
+        "unigram biases only; frozen: unigram biases kept fixed; uniform: +-0.1 node vectors; zero: the layer as "
+        "constructed",
+    )
+    p.add_argument("--tree-features", choices=("hidden", "embedding"), default="hidden")
+    p.add_argument("--tree-policy", default="adaptive:0.25")
+    p.add_argument("--tree-copies", type=int, default=1)
+    p.add_argument("--bootstrap-epochs", type=int, default=1)
+    p.add_argument("--save-tree", type=Path, help="write the learned tree here (.json or .npz)")
+    p.add_argument("--generate", type=int, default=0, help="sample this many words after training")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1111)
+    p.add_argument("--log-every", type=int, default=20, help="gradient norms every this many steps")
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--quick", action="store_true", help="every output on a synthetic corpus, a tiny model")
+    args = p.parse_args(argv)
+    args.output = args.output.split(",")
+    bad = [k for k in args.output if k not in OUTPUTS]
+    if bad:
+        p.error(f"unknown output {bad[0]!r}; choose from {', '.join(OUTPUTS)}")
+    if args.quick:
+        args.emsize, args.nhid, args.nlayers, args.bptt, args.log_every = 16, 16, 1, 10, 5
+        args.output, args.generate, args.cutoffs, args.samples = list(OUTPUTS), 8, [10, 30], 10
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = synthetic_corpus(Path(tmp) / "toy") if args.quick else args.data
+        corpus = Corpus(data)
+        results = [run(corpus, kind, args, log=lambda m: print(m, file=sys.stderr)) for kind in args.output]
+    for r in results:
+        print(
+            f"{r['output']:>12}: valid {r['valid_ppl']:.1f} test {r['test_ppl']:.1f} ({r['s_per_epoch']:.1f} s/epoch)"
+        )
+        if "sample" in r:
+            print(f"{'':>12}  {r['sample']}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
