@@ -873,7 +873,9 @@ def scale_keys(out: Path, hl: dict, kn: dict) -> dict:
     regime = None
     if paper is not None:
         trees = {
-            f"{r['model']} {r['tree']}": r["test_perplexity"] for r in paper["rows"].values() if r["test_perplexity"]
+            r["tree"]: r["test_perplexity"]
+            for r in paper["rows"].values()
+            if r["model"] == "HLBL" and r["test_perplexity"]
         }
         regime = {
             "train_tokens": paper["train_tokens"],
