@@ -29,13 +29,14 @@ import importlib.util
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
+
+from _common import add_common, quick_dir
 
 import hlbl
 from hlbl.atomic import write_text
@@ -96,7 +97,7 @@ def parse_args(argv=None):
     p.add_argument("--step-speed", action="store_true", help="only the training-step speed, side by side")
     p.add_argument("--grad-study", type=int, metavar="STEPS", default=0, help="only the gradient-norm study")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "lstm")
-    p.add_argument("--quick", action="store_true")
+    add_common(p)  # --quick: a synthetic corpus and a tiny model, outputs under quick_dir()
     return p.parse_args(argv)
 
 
@@ -108,31 +109,30 @@ def main(argv=None) -> int:
         return grad_study(ex, args)
     if args.step_speed:
         return step_speed(ex, args)
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.quick:
-            args.out, args.data, args.rounds = Path(tmp) / "out", ex.synthetic_corpus(Path(tmp) / "toy"), 2
-        args.out.mkdir(parents=True, exist_ok=True)
-        summary, runs = train_all(ex, args) if not args.speed_only else ({}, [])
-        speed_vocab = (2000, 5000) if args.quick else (10_000, 33_278)
-        batch, d = (50, 32) if args.quick else (700, 200)
-        for V, key in zip(speed_vocab, ("10k", "33k")):
-            counts = ex.Corpus(args.data).counts if (V == 10_000 and not args.quick) else zipf_counts(V)
-            cut = [2000, 5000] if V == 10_000 else [2000, 10_000]
-            cut = [c for c in cut if c < V - 1] if not args.quick else [200, 1000]
-            res = log_prob_speed(counts, cut, d, batch, args.rounds)
-            summary[f"logprob_speed_vs_adaptive_{key}"] = res["speed_vs_adaptive"]
-            summary[f"logprob_ms_{key}"] = {"tree": res["tree_ms"], "adaptive": res["adaptive_ms"]}
-            print(
-                f"log_prob at V={V}: tree {res['tree_ms']:.0f} ms, adaptive {res['adaptive_ms']:.0f} ms",
-                file=sys.stderr,
-            )
-        if not args.speed_only:
-            write_text(args.out / "runs.json", json.dumps(runs, indent=1) + "\n")
-            write_text(args.out / "summary.json", json.dumps(summary, indent=1) + "\n")
-        elif (args.out / "summary.json").is_file():  # keep the perplexities, refresh the speeds
-            old = json.loads((args.out / "summary.json").read_text())
-            write_text(args.out / "summary.json", json.dumps({**old, **summary}, indent=1) + "\n")
-        print(json.dumps(summary))
+    if args.quick:
+        args.out, args.data, args.rounds = quick_dir() / "lstm", ex.synthetic_corpus(quick_dir() / "toy"), 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary, runs = train_all(ex, args) if not args.speed_only else ({}, [])
+    speed_vocab = (2000, 5000) if args.quick else (10_000, 33_278)
+    batch, d = (50, 32) if args.quick else (700, 200)
+    for V, key in zip(speed_vocab, ("10k", "33k")):
+        counts = ex.Corpus(args.data).counts if (V == 10_000 and not args.quick) else zipf_counts(V)
+        cut = [2000, 5000] if V == 10_000 else [2000, 10_000]
+        cut = [c for c in cut if c < V - 1] if not args.quick else [200, 1000]
+        res = log_prob_speed(counts, cut, d, batch, args.rounds)
+        summary[f"logprob_speed_vs_adaptive_{key}"] = res["speed_vs_adaptive"]
+        summary[f"logprob_ms_{key}"] = {"tree": res["tree_ms"], "adaptive": res["adaptive_ms"]}
+        print(
+            f"log_prob at V={V}: tree {res['tree_ms']:.0f} ms, adaptive {res['adaptive_ms']:.0f} ms",
+            file=sys.stderr,
+        )
+    if not args.speed_only:
+        write_text(args.out / "runs.json", json.dumps(runs, indent=1) + "\n")
+        write_text(args.out / "summary.json", json.dumps(summary, indent=1) + "\n")
+    elif (args.out / "summary.json").is_file():  # keep the perplexities, refresh the speeds
+        old = json.loads((args.out / "summary.json").read_text())
+        write_text(args.out / "summary.json", json.dumps({**old, **summary}, indent=1) + "\n")
+    print(json.dumps(summary))
     return 0
 
 
