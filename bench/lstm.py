@@ -126,12 +126,17 @@ def main(argv=None) -> int:
             f"log_prob at V={V}: tree {res['tree_ms']:.0f} ms, adaptive {res['adaptive_ms']:.0f} ms",
             file=sys.stderr,
         )
-    if not args.speed_only:
+    # A rerun of some outputs (--outputs) or of the speeds alone replaces their keys and runs only.
+    if (args.out / "summary.json").is_file():
+        summary = {**json.loads((args.out / "summary.json").read_text()), **summary}
+    if (args.out / "runs.json").is_file() and runs:
+        kept = [
+            r for r in json.loads((args.out / "runs.json").read_text()) if r["output"] not in args.outputs.split(",")
+        ]
+        runs = kept + runs
+    if runs:
         write_text(args.out / "runs.json", json.dumps(runs, indent=1) + "\n")
-        write_text(args.out / "summary.json", json.dumps(summary, indent=1) + "\n")
-    elif (args.out / "summary.json").is_file():  # keep the perplexities, refresh the speeds
-        old = json.loads((args.out / "summary.json").read_text())
-        write_text(args.out / "summary.json", json.dumps({**old, **summary}, indent=1) + "\n")
+    write_text(args.out / "summary.json", json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary))
     return 0
 
