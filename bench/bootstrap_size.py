@@ -1,6 +1,6 @@
 """Benchmark: bootstrap rounds with and without a cap on the tree's size, on PTB.
 
-    python bench/bootstrap_size.py --work /tmp/bootstrap [--epochs 6] [--round2-epochs 3] [--threads 1]
+    python bench/bootstrap_size.py --work runs/bootstrap [--epochs 6] [--round2-epochs 3] [--threads 1]
     python bench/bootstrap_size.py --quick     # a check of the script: tiny synthetic corpus
 
 The iterated bootstrap, as a user runs it with the CLI (each step one ``hlbl`` command):

@@ -106,7 +106,7 @@ def run(name: str, out: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def quick_runs(request, tmp_path_factory):
-    """The quick runs of the scripts this session selected, started together, WORKERS at a time."""
+    """The quick runs of the selected scripts, started together, WORKERS at a time."""
     names = [
         item.callspec.params["name"]
         for item in request.session.items

@@ -50,7 +50,8 @@ import numpy as np
 
 from . import atomic
 from .errors import ConfigError, DataError
-from .ngram.cache import NgramFile, file_sha256, words_sha256
+from .files import file_sha256
+from .ngram.cache import NgramFile, words_sha256
 from .scoring import SentenceScore, TokenScores, ngram_token_scores, token_scores
 
 MIXTURE_FORMAT = "hlbl-mixture"

@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import atomic
 from ..errors import DataError
+from ..files import file_sha256
 from .vocab import BLANK_LINES, EOS, UNK, Vocab, count_file, iter_sentences
 
 logger = logging.getLogger(__name__)
@@ -85,17 +86,10 @@ def default_cache_dir() -> Path:
 
 
 def _file_key(path: Path) -> str:
-    """What a cached encoding of ``path`` is keyed on: a SHA-256 of its bytes, read in blocks
-    (path, size and modification time alone reuse a stale encoding when a file is replaced by
-    same-size text with its old timestamp). Hashing runs at disk speed, far below encoding's cost."""
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    return h.hexdigest()
+    """What a cached encoding of ``path`` is keyed on: a SHA-256 of its bytes (path, size and
+    modification time alone reuse a stale encoding when a file is replaced by same-size text with
+    its old timestamp). Hashing runs at disk speed, far below encoding's cost."""
+    return file_sha256(path)
 
 
 def _cache_error(cache: Path, e: OSError) -> DataError:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..data import DataError, default_cache_dir, stream_fingerprint
-from ..files import refuse_special
+from ..files import file_sha256, refuse_special
 from .binary import is_binary
 from .model import LN10, NgramModel, stream_log10
 from .protocol import arpa_protocol, parse_protocol
@@ -37,18 +37,6 @@ logger = logging.getLogger(__name__)
 
 SCORES_FORMAT = "hlbl-ngram-scores"
 SCORES_VERSION = 1  # part of every key: raise it when the same model and stream would score differently
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    """SHA-256 of a file's bytes, read in blocks (what names an n-gram model or a run's weights)."""
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    return h.hexdigest()
 
 
 def words_sha256(words: Sequence[str]) -> str:
