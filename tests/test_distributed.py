@@ -4,7 +4,9 @@ One spawn of two processes (a FileStore in tmp_path: no port, no network) runs e
 scenario; the tests compare what the ranks saved with single-process runs of the same recipe.
 The recipe goes through an odd batch size (shards of 32 and 31), a last minibatch of one position
 (rank 1's shard is empty), the learning-rate drop with the best weights restored, early stopping,
-and a resume.
+and a resume. The fast engine's scenarios (summed updates, hlbl.fast._Sync) check its own rules:
+with a synchronisation every step it is the one-process step at batch W x B; with longer rounds
+the ranks agree to the bit, a seed fixes the run, and a resume continues it to the bit.
 """
 
 import json
@@ -24,7 +26,9 @@ from hlbl import distributed as ddp
 from hlbl.data import Corpus, DataError, load_corpus
 from hlbl.model import LBL, LBLConfig
 from hlbl.config import TrainConfig
-from hlbl.engine import choose_engine, train_epoch
+from hlbl import fast
+from hlbl.engine import choose_engine, fast_parallel_epoch, train_epoch
+from hlbl.optim import make_optimizer
 from hlbl.errors import ConfigError
 from hlbl.run import fit
 from hlbl.tree import random_tree
@@ -44,6 +48,8 @@ DROP = dict(
     max_train_tokens=TOKENS,
 )
 RESUME = dict(batch_size=BATCH, seed=0, progress=False, engine="torch", max_train_tokens=TOKENS)
+# The fast engine: momentum and weight decay (the summed updates must apply them once), whole passes.
+FAST = dict(batch_size=BATCH, seed=0, progress=False, engine="fast", epoch_tokens=0, lr=0.005, weight_decay_words=1e-3)
 
 
 def make_model(corpus) -> LBL:
@@ -75,13 +81,26 @@ def _worker(rank: int, root: str) -> None:
         log = out["logs"].append
         corpus = load_corpus(root / "corpus")
 
-        # The fast engine is single-process: asked for explicitly it is an error; auto falls back.
+        # The fast engine runs as one of the processes; auto picks it too.
         model = make_model(corpus)
-        try:
-            choose_engine(model, TrainConfig(engine="fast"))
-        except ConfigError as e:
-            out["fast_error"] = str(e)
-        out["auto_is_torch"] = choose_engine(model, TrainConfig(engine="auto")) is train_epoch
+        out["fast_engines"] = [
+            choose_engine(model, TrainConfig(engine=e)) is fast_parallel_epoch for e in ("fast", "auto")
+        ]
+        stream = np.ascontiguousarray(corpus["train"][:TOKENS])
+        for every in (1, 4):  # 1: the one-process step at batch 2B; 4: rounds of 4 steps
+            cfg = TrainConfig(**FAST, sync_every=every)
+            model = make_model(corpus)
+            opt = make_optimizer(model, cfg, cfg.lr)
+            losses = [fast_parallel_epoch(model, opt, stream, corpus.vocab.eos, cfg, e, False)[0] for e in (1, 2)]
+            buffers = {k: opt.state[p]["momentum_buffer"].clone() for k, p in model.named_parameters()}
+            out[f"fast_sync{every}"] = (params(model), buffers, losses)
+
+        # fit: two epochs, then a resume to three, against three at once (rounds of 4 steps).
+        for name, epochs, again in (("fast_resume", 2, False), ("fast_resume", 3, True), ("fast_whole", 3, False)):
+            model = make_model(corpus)
+            cfg = TrainConfig(**FAST, sync_every=4, max_epochs=epochs)
+            fit(model, corpus, cfg, root / name, resume=again, log=log)
+            out[name] = params(model)
 
         # Gradient sum: a parameter with a gradient on one rank only gets that rank's gradient on
         # both; one with no gradient on any rank stays None (the optimiser must skip it).
@@ -231,11 +250,50 @@ def test_ranks_reading_different_text_are_stopped(runs):
         assert "disagree on the model, its word tree, the corpus" in r["other_text_error"]
 
 
-def test_fast_engine_is_refused_under_a_process_group(runs):
+def test_fast_engine_runs_under_a_process_group(runs):
     _, ranks, _ = runs
     for r in ranks:
-        assert "single process" in r["fast_error"] and "use the torch engine" in r["fast_error"]
-        assert r["auto_is_torch"]
+        assert r["fast_engines"] == [True, True]
+
+
+def test_fast_sync_every_step_is_the_one_process_step_at_twice_the_batch(runs):
+    """Rule: with a synchronisation after every step, W processes on minibatches of B take the
+    one-process steps on minibatches of W x B (momentum and decay applied once), up to rounding."""
+    root, ranks, _ = runs
+    corpus = load_corpus(root / "corpus")
+    cfg = TrainConfig(**{**FAST, "batch_size": WORLD * BATCH})
+    model = make_model(corpus)
+    opt = make_optimizer(model, cfg, cfg.lr)
+    stream = np.ascontiguousarray(corpus["train"][:TOKENS])
+    losses = [fast.train_epoch(model, opt, stream, corpus.vocab.eos, cfg, e, False)[0] for e in (1, 2)]
+    want = params(model)
+    for r in ranks:
+        got, buffers, got_losses = r["fast_sync1"]
+        assert_close(got, want)
+        for k, p in model.named_parameters():
+            assert torch.allclose(buffers[k], opt.state[p]["momentum_buffer"], rtol=1e-4, atol=1e-4), k
+        assert got_losses == pytest.approx(losses, rel=1e-6)
+
+
+def test_fast_ranks_agree_to_the_bit_and_learn(runs):
+    _, ranks, _ = runs
+    for every in (1, 4):
+        a, b = (r[f"fast_sync{every}"] for r in ranks)
+        for k in a[0]:
+            assert torch.equal(a[0][k], b[0][k]) and torch.equal(a[1][k], b[1][k]), k
+        assert a[2] == b[2] and a[2][1] < a[2][0]  # the same global loss, and it falls
+    # rounds of 4 steps are not the synchronous steps: the rule of one step does not hold there
+    one, four = ranks[0]["fast_sync1"][0], ranks[0]["fast_sync4"][0]
+    assert any(not torch.allclose(one[k], four[k], atol=1e-6) for k in one)
+
+
+def test_fast_resume_continues_to_the_bit(runs):
+    _, ranks, _ = runs
+    for r in ranks + ranks[:1]:
+        for k, v in r["fast_whole"].items():
+            assert torch.equal(r["fast_resume"][k], v), k
+    for k, v in ranks[0]["fast_whole"].items():
+        assert torch.equal(ranks[1]["fast_whole"][k], v), k
 
 
 def test_torchrun_cli_matches_one_process(tmp_path):

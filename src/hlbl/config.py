@@ -125,12 +125,15 @@ class TrainConfig:
     progress: bool = True
     engine: str = "auto"  # "fast" (hlbl.fast, CPU numba), "torch" (autograd), "auto": fast where it applies
     hogwild: int = 1  # fast engine threads; 1 is deterministic, more run lock-free (not reproducible)
+    # Fast engine under torchrun: local steps of each process between two sums of the processes'
+    # updates (hlbl.fast._Sync; docs/distributed.md). 1 is synchronous SGD at batch W x batch_size.
+    sync_every: int = 32
     # Seconds of training this call may spend: it stops at the first checkpoint after them (not
     # an early stop: a resume goes on). None: no budget.
     time_budget: float | None = None
 
     # How a run is computed, not what it learns: the only settings a resume may change.
-    RUNTIME = ("max_epochs", "device", "progress", "engine", "hogwild", "time_budget")
+    RUNTIME = ("max_epochs", "device", "progress", "engine", "hogwild", "sync_every", "time_budget")
 
     def __post_init__(self):
         _need(
@@ -144,7 +147,7 @@ class TrainConfig:
             "lr_schedule",
             f"{self.lr_schedule!r} is unknown; choose from {', '.join(LR_SCHEDULES)}",
         )
-        for name in ("hogwild", "batch_size", "max_epochs"):
+        for name in ("hogwild", "sync_every", "batch_size", "max_epochs"):
             value = getattr(self, name)
             _need(_is_int(value) and value >= 1, name, f"must be at least 1, got {value!r}")
         _need(_number(self.lr) and 0 < self.lr < math.inf, "lr", f"must be positive, got {self.lr}")

@@ -31,6 +31,7 @@ import json
 import os
 from dataclasses import asdict
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -212,3 +213,44 @@ def check_same_run(model: nn.Module, vocab, train, valid, cfg) -> None:
         sort_keys=True,
     )
     check_same(description, cfg.device, "the model, its word tree, the corpus or the training recipe")
+
+
+SYNC_CHUNK = 1 << 22  # elements per collective of UpdateMixer (16 MiB of float32): bounds its temporaries
+
+
+class UpdateMixer:
+    """The fast engine's link between W processes (``hlbl.fast.train_epoch(mixer=...)``): every
+    ``every`` local steps each array becomes ``ref + sum over the processes of (array - ref)``,
+    where ``ref`` is what the array would be had no process seen a gradient since the last
+    synchronisation (the engine computes it; docs/distributed.md has the scheme and its costs).
+
+    One all-reduce (gloo on the CPU) per chunk of at most ``SYNC_CHUNK`` elements: the bytes sent
+    per synchronisation are those of the parameters and momentum buffers (``bytes_per_sync``).
+    Within a chunk the sum of W float32 numbers is the same on every process, so the processes
+    leave every synchronisation with the same state, bit for bit.
+    """
+
+    def __init__(self, every: int):
+        if every < 1:
+            raise ValueError(f"every must be at least 1 step, got {every}")
+        self.every, self.rank, self.world = int(every), rank(), world_size()
+        self.bytes_per_sync = 0
+        self.syncs = 0
+
+    def sum_updates(self, arrays: list, refs: list, bases: list) -> None:
+        """In place: ``array = base + all_reduce_sum(array - ref)`` for each (numpy) triple."""
+        sent = 0
+        for a, ref, base in zip(arrays, refs, bases):
+            rows = max(1, SYNC_CHUNK // max(1, a[0].size if a.ndim > 1 else 1))
+            for lo in range(0, len(a), rows):
+                delta = np.subtract(a[lo : lo + rows], ref[lo : lo + rows])  # (rows, ...) contiguous
+                dist.all_reduce(torch.from_numpy(delta), op=dist.ReduceOp.SUM)
+                np.add(base[lo : lo + rows], delta, out=a[lo : lo + rows])
+                sent += delta.nbytes
+        self.bytes_per_sync, self.syncs = sent, self.syncs + 1
+
+    def totals(self, nll: float, seen: int, elapsed: float) -> tuple[float, int, float]:
+        """The epoch's summed NLL and positions over the processes, and the slowest one's seconds."""
+        nll, seen_all = all_sum([nll, float(seen)], "cpu")
+        (elapsed,) = all_max([elapsed], "cpu")
+        return nll, int(seen_all), elapsed

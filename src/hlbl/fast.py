@@ -108,7 +108,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import numba
 import numpy as np
@@ -338,10 +338,29 @@ def _workspace(B: int, n: int, d: int, K: int, D: int, slot_n: np.ndarray, slot_
 CHUNK_STEPS = 16  # steps per kernel call: progress updates without per-step Python overhead
 
 
+class Mixer(Protocol):
+    """What a data-parallel epoch needs from its process group (``hlbl.distributed.UpdateMixer``):
+    this process's rank of ``world``, the steps between synchronisations, and two collectives."""
+
+    rank: int
+    world: int
+    every: int
+
+    def sum_updates(self, arrays: list[np.ndarray], refs: list[np.ndarray], bases: list[np.ndarray]) -> None:
+        """Every array becomes base + the sum over the processes of (array - ref), in place."""
+
+    def totals(self, nll: float, seen: int, elapsed: float) -> tuple[float, int, float]:
+        """Summed NLL and positions over the processes, and the slowest one's seconds."""
+
+
 @dataclass
 class _Schedule:
-    """The steps of one epoch: positions ``span.lo .. span.hi-1`` of ``order``, ``steps``
-    minibatches of ``B`` (the last one shorter), thread r of ``T`` taking steps r+1, r+1+T, ..."""
+    """The steps of one epoch: positions ``span.lo .. span.hi-1`` of ``order``, in global minibatches
+    of ``B``; this process takes minibatches ``rank``, ``rank + world``, ... as its local steps 1 ..
+    ``steps`` (all of them in one process), thread r of ``T`` taking local steps r+1, r+1+T, ...
+
+    ``clock``: the step count every process's row stamps run to (the longest share's ``steps``),
+    so that all processes' rows are caught up to the same step when they synchronise."""
 
     span: EpochSpan
     order: EpochOrder
@@ -350,14 +369,34 @@ class _Schedule:
     S: int  # examples per block of a step (kernels._step)
     steps: int
     T: int  # threads
+    rank: int = 0
+    world: int = 1
+    clock: int = 0
 
     @property
     def seen(self) -> int:
-        """The positions the steps train on (fewer than ``size`` when stopped early)."""
-        return min(self.size, self.steps * self.B)
+        """The positions this process's steps train on (fewer than its share when stopped early)."""
+        if self.steps == 0:
+            return 0
+        last = (self.steps - 1) * self.world + self.rank  # the global minibatch of the last local step
+        return (self.steps - 1) * self.B + min(self.B, self.size - last * self.B)
+
+    def window(self, reader: EpochReader, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(tokens, positions, lo) of local steps t0..t1 (inclusive) for ``_train_steps``: position
+        j of the window is the one local step ``lo // B + j // B + 1`` reads at ``j % B``."""
+        B, W, lo = self.B, self.world, (t0 - 1) * self.B
+        if W == 1:
+            tokens, win = reader.window(self.span.lo + lo, self.span.lo + min(t1 * B, self.size))
+            return tokens, win, lo
+        g0, g1 = (t0 - 1) * W + self.rank, (t1 - 1) * W + self.rank  # global minibatches, 0-based
+        tokens, win = reader.window(self.span.lo + g0 * B, self.span.lo + min((g1 + 1) * B, self.size))
+        mine = (np.arange(t1 - t0 + 1)[:, None] * (W * B) + np.arange(B)).ravel()  # this rank's slices
+        return tokens, win[mine[mine < len(win)]], lo
 
 
-def _schedule(n: int, cfg, epoch: int, threads: int | None, max_batches: int | None, block: int) -> _Schedule:
+def _schedule(
+    n: int, cfg, epoch: int, threads: int | None, max_batches: int | None, block: int, mixer: Mixer | None = None
+) -> _Schedule:
     """The steps of epoch ``epoch`` over a stream of ``n`` positions (train_epoch's arguments)."""
     T = max(1, int(threads or getattr(cfg, "hogwild", 1)))
     B = int(cfg.batch_size)
@@ -366,10 +405,21 @@ def _schedule(n: int, cfg, epoch: int, threads: int | None, max_batches: int | N
     size = span.hi - span.lo
     if block < 1:
         raise ValueError(f"block must be at least 1, got {block}")
-    steps = (size + B - 1) // B
+    rank, world = (mixer.rank, mixer.world) if mixer is not None else (0, 1)
+    if world > 1 and T > 1:
+        raise ValueError("Hogwild threads and several processes do not mix: one thread a process")
+    minibatches = (size + B - 1) // B
+    steps, clock = max(0, minibatches - rank + world - 1) // world, (minibatches + world - 1) // world
     if max_batches is not None:
-        steps = min(steps, max_batches)
-    return _Schedule(span, order, size, B, min(int(block), B), steps, min(T, steps) or 1)
+        steps, clock = min(steps, max_batches), min(clock, max_batches)
+    return _Schedule(span, order, size, B, min(int(block), B), steps, min(T, steps) or 1, rank, world, clock)
+
+
+def _rounds(sched: _Schedule, mixer: Mixer | None) -> list[tuple[int, int]]:
+    """The epoch's rounds of local steps (first, last]: the processes synchronise after each (the
+    same count on every process); one round in a single process."""
+    every = mixer.every if mixer is not None and mixer.world > 1 else max(sched.clock, 1)
+    return [(a, min(a + every, sched.clock)) for a in range(0, sched.clock, every)] or [(0, 0)]
 
 
 @dataclass
@@ -394,7 +444,7 @@ def _shared(model, optimizer: torch.optim.Optimizer, sched: _Schedule) -> _Share
     epoch's steps, and the per-row records and per-thread workspaces the kernels need."""
     T = sched.T
     opt = _Optim(model, optimizer)
-    P = opt.powers(sched.steps)
+    P = opt.powers(sched.clock)
     R, C, Q, qb = _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias)
     _huge_pages_once(model, R, Q, *(opt.buf[k] for k in ("R", "Q") if opt.hyper[k][1] != 0.0))
     paths = _word_paths(model.out)
@@ -423,33 +473,101 @@ def _keep_biases(model, shared: _Shared) -> None:
         shared.opt.buf["qb"][:] = shared.params.qbbuf
 
 
-def _thread_steps(r: int, sched: _Schedule, shared: _Shared, reader: EpochReader, pad: int, bar) -> float:
-    """Thread r's steps of the epoch, CHUNK_STEPS per kernel call; returns their summed NLL."""
-    B, size = sched.B, sched.size
-    mine = np.arange(r + 1, sched.steps + 1, sched.T, dtype=np.int64)
+def _thread_steps(
+    r: int, sched: _Schedule, shared: _Shared, reader: EpochReader, pad: int, bar, first: int, last: int
+) -> float:
+    """Thread r's local steps of the round (first, last], CHUNK_STEPS per kernel call; returns
+    their summed NLL."""
+    mine = np.arange(first + r + 1, min(last, sched.steps) + 1, sched.T, dtype=np.int64)
     total = 0.0
     for c0 in range(0, len(mine), CHUNK_STEPS):
         part = mine[c0 : c0 + CHUNK_STEPS]
-        lo = (int(part[0]) - 1) * B  # the epoch's positions these steps read: lo .. hi-1
-        hi = min(int(part[-1]) * B, size)
-        tokens, win = reader.window(sched.span.lo + lo, sched.span.lo + hi)
-        total += _train_steps(part, win, lo, B, tokens, pad, *shared.kernel_args(r), sched.S, shared.clocks[r])
-        bar.update(int(sum(min(B, size - (t - 1) * B) for t in part)))
+        tokens, win, lo = sched.window(reader, int(part[0]), int(part[-1]))
+        total += _train_steps(part, win, lo, sched.B, tokens, pad, *shared.kernel_args(r), sched.S, shared.clocks[r])
+        bar.update(len(win) if sched.T == 1 else int(sum(min(sched.B, sched.size - (t - 1) * sched.B) for t in part)))
     return total
 
 
-def _catch_up_share(r: int, sched: _Schedule, shared: _Shared) -> None:
-    """Thread r's share of the end-of-epoch catch-up of every row to the last step (rows are
-    independent), after which parameters and momentum buffers are exact."""
+def _catch_up_share(r: int, sched: _Schedule, shared: _Shared, step: int) -> None:
+    """Thread r's share of the catch-up of every row to ``step`` (rows are independent), after
+    which parameters and momentum buffers are exact: at the end of an epoch or of a round."""
     p, st, hyper, T = shared.params, shared.state, shared.opt.hyper, sched.T
     V, N = p.R.shape[0], p.Q.shape[0]
     empty = shared.works[0].empty
     rows_w = np.arange(r * V // T, (r + 1) * V // T)
-    _catch_up(rows_w, p.R, p.Rbuf, empty, empty, st.last_w, sched.steps, st.P_words, hyper["R"][1], st.P_bias, 0.0)
+    _catch_up(rows_w, p.R, p.Rbuf, empty, empty, st.last_w, step, st.P_words, hyper["R"][1], st.P_bias, 0.0)
     rows_n = np.arange(r * N // T, (r + 1) * N // T)
-    _catch_up(
-        rows_n, p.Q, p.Qbuf, p.qb, p.qbbuf, st.last_n, sched.steps, st.P_other, hyper["Q"][1], st.P_bias, hyper["qb"][1]
-    )
+    _catch_up(rows_n, p.Q, p.Qbuf, p.qb, p.qbbuf, st.last_n, step, st.P_other, hyper["Q"][1], st.P_bias, hyper["qb"][1])
+
+
+class _Sync:
+    """Summed updates between W processes, every round (docs/distributed.md has the scheme).
+
+    The W processes stand for one process taking minibatches of W x B: at a round's start they
+    hold the same state s0 (parameters and momentum buffers); without gradients, k steps of that
+    process would take it to A_W^k s0 (A_W: the gradient-free step of the module docstring at the
+    weight decay of W x B examples). What process p's own minibatches (its gradients and its share
+    of the decay) added is its state after the round minus A^k s0 (A: its own gradient-free step).
+    Every process ends the round at A_W^k s0 plus the sum of all the processes' additions, so
+    momentum is applied once and every example's gradient and penalty once. With a round of one
+    step this is exactly the one-process step on the W minibatches together; longer rounds let each
+    process run on without waiting, from a state that misses the others' latest steps (as Hogwild
+    threads do, over more steps).
+    """
+
+    def __init__(self, shared: _Shared, mixer: Mixer):
+        p, st, opt = shared.params, shared.state, shared.opt
+        longest = max(mixer.every, 1)
+
+        def pair(name: str, value: np.ndarray, buf: np.ndarray, powers: np.ndarray):
+            lr, mu, wd = opt.hyper[name]
+            together = _powers(lr, mu, wd * mixer.world, min(longest, len(powers) - 1))  # A_W^k
+            return value, (buf if mu != 0.0 else None), powers, together
+
+        # (value, momentum buffer or None, A^k, A_W^k): the bias pair are the node records' columns.
+        self.pairs = [
+            pair("R", p.R, p.Rbuf, st.P_words),
+            pair("C", p.C, p.Cbuf, st.P_other),
+            pair("Q", p.Q, p.Qbuf, st.P_other),
+            pair("qb", p.qb, p.qbbuf, st.P_bias),
+        ]
+        self.mixer = mixer
+        self.start()
+
+    def start(self) -> None:
+        """Remember s0, the state every process holds at the start of a round."""
+        self.s0 = [(v.copy(), None if b is None else b.copy()) for v, b, _, _ in self.pairs]
+
+    def advance_dense(self, steps: int) -> None:
+        """Apply ``steps`` gradient-free steps to C (dense, stepped by every step, not lazy): for a
+        process whose share ended before the round's last step, as the lazy rows are caught up."""
+        value, buf, powers, _ = self.pairs[1]
+        if steps > 0:
+            _gradient_free(value, buf, powers[steps], value, buf)
+
+    def finish(self, steps: int) -> None:
+        """After a round of ``steps`` steps (every row caught up to its end): the summed updates."""
+        arrays, refs, together = [], [], []
+        for (value, buf, powers, joint), (v0, b0) in zip(self.pairs, self.s0):
+            alone = (np.empty_like(v0), None if b0 is None else np.empty_like(b0))
+            _gradient_free(v0, b0, powers[steps], *alone)  # A^k s0: what this process did without gradients
+            arrays += [value] + ([buf] if buf is not None else [])
+            refs += [alone[0]] + ([alone[1]] if buf is not None else [])
+            _gradient_free(v0, b0, joint[steps], v0, b0)  # s0 <- A_W^k s0, in place
+            together += [v0] + ([b0] if b0 is not None else [])
+        self.mixer.sum_updates(arrays, refs, together)
+
+
+def _gradient_free(value: np.ndarray, buf: np.ndarray | None, A: np.ndarray, out_value, out_buf) -> None:
+    """(value, buf) <- A (value, buf) for a 2x2 ``A`` (float32 coefficients, as the kernels' catch-up);
+    without momentum only value <- A[0, 0] value. ``out_*`` may be the inputs."""
+    a00, a01, a10, a11 = (np.float32(x) for x in A.ravel())
+    if buf is None:
+        np.multiply(value, a00, out=out_value)
+        return
+    new_value = a00 * value + a01 * buf
+    np.add(a10 * value, a11 * buf, out=out_buf)
+    out_value[...] = new_value
 
 
 def _record_stats(stats: dict, shared: _Shared, sched: _Schedule, steps_s: float, catch_up_s: float) -> None:
@@ -478,6 +596,7 @@ def train_epoch(
     max_batches: int | None = None,
     stats: dict | None = None,
     block: int = BLOCK,
+    mixer: Mixer | None = None,
 ) -> tuple[float, float]:
     """Drop-in for :func:`hlbl.train.train_epoch`: one epoch (a pass, or its share of one:
     :func:`hlbl.data.epoch_span`) in the same seeded order.
@@ -488,45 +607,74 @@ def train_epoch(
     each step is still an exact minibatch step, but it may read rows another thread is
     writing, so results vary slightly from run to run. ``max_batches`` stops early (benchmarks).
     ``stats``, if given, receives the seconds spent in steps and in the end-of-epoch catch-up of
-    every row (O(V d), split over the threads), the steps' seconds split by phase
-    (``kernels.PHASES``) and the mean number of distinct rows a step touches.
-    ``block``: examples per block of a step (a speed setting only: the step is the same).
+    every row (O(V d), split over the threads; with a ``mixer``, also the synchronisations), the
+    steps' seconds split by phase (``kernels.PHASES``) and the mean number of distinct rows a step
+    touches. ``block``: examples per block of a step (a speed setting only: the step is the same).
+    ``mixer``: this process is one of W that train one model (each calls this with the same
+    arguments and state, one thread each): process r takes global minibatches r, r + W, ... and
+    the processes sum their updates every ``mixer.every`` steps and at the end (:class:`_Sync`),
+    so that they return with the same state; the loss and words/s returned are global.
     Parameters and optimiser state are caught up (exact) at return.
     """
     why = unsupported(model, optimizer, cfg)
     if why:
         raise ValueError(f"the fast engine cannot train this model: {why}")
     stream = _check_stream(stream, pad, model.config.vocab_size)
-    sched = _schedule(len(stream), cfg, epoch, threads, max_batches, block)
+    sched = _schedule(len(stream), cfg, epoch, threads, max_batches, block, mixer)
     shared = _shared(model, optimizer, sched)
     T, B, n = sched.T, sched.B, shared.params.C.shape[0]
-    # Each thread reads its windows (CHUNK_STEPS steps, T apart) through its own reader: the stream
-    # itself, or for a long one its current groups of blocks in a bounded buffer (data.EpochReader).
-    readers = [EpochReader(stream, sched.order, n, pad, max_window=T * CHUNK_STEPS * B) for _ in range(T)]
+    # Each thread reads its windows (CHUNK_STEPS steps, T apart; W global minibatches apart between
+    # processes) through its own reader: the stream itself, or for a long one its current groups of
+    # blocks in a bounded buffer (data.EpochReader).
+    readers = [EpochReader(stream, sched.order, n, pad, max_window=T * CHUNK_STEPS * B * sched.world) for _ in range(T)]
     # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
     # cache before the progress bar and the clock start, so neither counts compilation.
     tokens, none = readers[0].window(0, 0)
     _train_steps(np.empty(0, np.int64), none, 0, B, tokens, pad, *shared.kernel_args(0), sched.S, shared.clocks[0])
-    bar = progress(sched.seen, f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
-
-    def run(r: int) -> float:
-        return _thread_steps(r, sched, shared, readers[r], pad, bar)
-
+    bar = progress(sched.seen * sched.world, f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
     begin = time.perf_counter()
     try:
-        with torch.no_grad(), ThreadPoolExecutor(T) as pool:
-            total = run(0) if T == 1 else sum(pool.map(run, range(T)))
-            steps_done = time.perf_counter()
-            list(pool.map(lambda r: _catch_up_share(r, sched, shared), range(T)))
+        with torch.no_grad():
+            total, steps_s, rest_s = _train_rounds(sched, shared, readers, pad, bar, mixer)
     finally:  # (after an interruption too: the biases' progress is not lost)
         _keep_biases(model, shared)
     elapsed = time.perf_counter() - begin
     if stats is not None:
-        _record_stats(stats, shared, sched, steps_done - begin, elapsed - (steps_done - begin))
+        _record_stats(stats, shared, sched, steps_s, rest_s)
     bar.close()
+    seen = sched.seen
+    if sched.world > 1:
+        total, seen, elapsed = mixer.totals(total, seen, elapsed)
     if not math.isfinite(total):
         total = math.inf
-    return total / max(sched.seen, 1), sched.seen / elapsed
+    return total / max(seen, 1), seen / elapsed
+
+
+def _train_rounds(sched: _Schedule, shared: _Shared, readers, pad: int, bar, mixer) -> tuple[float, float, float]:
+    """The epoch's steps round by round, each round ending with every row caught up (and, with
+    several processes, the summed updates); returns the summed NLL, the seconds in steps and the
+    seconds in catch-up and synchronisation."""
+    T = sched.T
+    sync = _Sync(shared, mixer) if sched.world > 1 else None
+    total, steps_s, rest_s = 0.0, 0.0, 0.0
+    rounds = _rounds(sched, mixer)
+    with ThreadPoolExecutor(T) as pool:
+        for i, (first, last) in enumerate(rounds):
+
+            def run(r: int) -> float:
+                return _thread_steps(r, sched, shared, readers[r], pad, bar, first, last)
+
+            t0 = time.perf_counter()
+            total += run(0) if T == 1 else sum(pool.map(run, range(T)))
+            t1 = time.perf_counter()
+            list(pool.map(lambda r: _catch_up_share(r, sched, shared, last), range(T)))
+            if sync is not None:
+                sync.advance_dense(last - max(first, min(last, sched.steps)))  # a share that ended early
+                sync.finish(last - first)
+                if i + 1 < len(rounds):
+                    sync.start()
+            steps_s, rest_s = steps_s + (t1 - t0), rest_s + (time.perf_counter() - t1)
+    return total, steps_s, rest_s
 
 
 SCORE_CHUNK = 1 << 19  # positions per scoring call (a progress update each)

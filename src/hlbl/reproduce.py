@@ -41,7 +41,7 @@ from .data import Corpus, DataError, corpus_record, load_corpus, resolve_corpus
 from .evaluate import evaluate
 from .model import LBL, LBLConfig
 from .config import TREES, ReproConfig, TrainConfig
-from .engine import choose_engine
+from .engine import choose_engine, train_epoch
 from .run import fit
 from .tree import WordTree, build_tree
 from .treebuild import BuildReport, build_tree_from_features, tree_label, word_features
@@ -86,7 +86,7 @@ def git_commit() -> str:
 
 def _engine_name(model: LBL, cfg: TrainConfig) -> str:
     """Which training step implementation ``fit`` used for this model ("fast" or "torch")."""
-    return "fast" if choose_engine(model, cfg).__module__.endswith("fast") else "torch"
+    return "torch" if choose_engine(model, cfg) is train_epoch else "fast"
 
 
 class Reproduction:

@@ -55,6 +55,7 @@ FLAGS = {
     "device": "--device",
     "engine": "--engine",
     "hogwild": "--hogwild",
+    "sync_every": "--sync-every",
     "time_budget": "--time-budget",
     "threads": "--threads",
     # the paper's pipeline (ReproConfig)

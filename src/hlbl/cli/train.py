@@ -35,6 +35,7 @@ def cmd_train(args) -> int:
         ("--epochs", args.epochs),
         ("--max-train-tokens", args.max_train_tokens),
         ("--hogwild", args.hogwild),
+        ("--sync-every", args.sync_every),
     ):
         if value is not None and value < 1:
             raise DataError(f"{flag} must be at least 1, got {value}")
@@ -44,8 +45,8 @@ def cmd_train(args) -> int:
     if distributed.world_size() > 1 and args.hogwild is not None and args.hogwild > 1:
         distributed.cleanup(finished=False)
         raise DataError(
-            "--hogwild runs threads of the fast engine, which trains in one process; under torchrun the "
-            "torch engine runs (use --threads)"
+            "--hogwild runs threads of the fast engine in one process; under torchrun each process "
+            "trains with one thread (start more processes instead)"
         )
     try:
         rc = _train(args, device, distributed.rank() == 0)
@@ -142,7 +143,7 @@ def _say_where_resuming(run, cfg) -> None:
     )
     print(
         f"resuming {run.path} {where}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
-        "--hogwild, --device, --threads and --time-budget apply)",
+        "--hogwild, --sync-every, --device, --threads and --time-budget apply)",
         file=sys.stderr,
     )
 
@@ -235,6 +236,7 @@ def _new_run(args, splits: tuple[str, ...], device: str):
         weight_decay_words=args.weight_decay_words,
         weight_decay_other=args.weight_decay,
         hogwild=args.hogwild,
+        sync_every=args.sync_every,
         seed=args.seed,
         device=device,
         max_train_tokens=args.max_train_tokens,
@@ -279,6 +281,7 @@ def _train(args, device: str, first: bool) -> int:
     splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
     model, corpus, cfg = _resumed_run(args, out, first) if resuming else _new_run(args, splits, device)
     cfg.device, cfg.engine, cfg.hogwild = device, args.engine, args.hogwild  # how to run, not what is learned
+    cfg.sync_every = args.sync_every
     cfg.time_budget = args.time_budget  # this call's budget, never a recorded one
     n_train = min(len(corpus["train"]), cfg.max_train_tokens or len(corpus["train"]))
     if first:
@@ -511,6 +514,14 @@ def _how_to_run_args(t) -> None:
         type=int,
         default=d.hogwild,
         help="threads of the fast engine; 1 is bit-reproducible, more run lock-free Hogwild steps",
+    )
+    t.add_argument(
+        "--sync-every",
+        type=int,
+        default=d.sync_every,
+        metavar="STEPS",
+        help="fast engine under torchrun: each process's steps between two sums of the processes' "
+        "updates (1: synchronous SGD at batch processes x --batch-size; docs/distributed.md)",
     )
     t.add_argument("--seed", type=seed_arg, default=0, help="initial weights and example order")
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
