@@ -237,16 +237,24 @@ class UpdateMixer:
         self.bytes_per_sync = 0
         self.syncs = 0
 
-    def sum_updates(self, arrays: list, refs: list, bases: list) -> None:
-        """In place: ``array = base + all_reduce_sum(array - ref)`` for each (numpy) triple."""
-        sent = 0
-        for a, ref, base in zip(arrays, refs, bases):
-            rows = max(1, SYNC_CHUNK // max(1, a[0].size if a.ndim > 1 else 1))
-            for lo in range(0, len(a), rows):
-                delta = np.subtract(a[lo : lo + rows], ref[lo : lo + rows])  # (rows, ...) contiguous
-                dist.all_reduce(torch.from_numpy(delta), op=dist.ReduceOp.SUM)
-                np.add(base[lo : lo + rows], delta, out=a[lo : lo + rows])
-                sent += delta.nbytes
+    def average_updates(self, tables: list) -> None:
+        """In place, for each table (arrays, refs, touched): row j of every array becomes
+        ``ref[j] + all_reduce_sum(array[j] - ref[j]) / (the processes that touched row j)``
+        (``touched``: this process's (rows,) bools; a row no process touched keeps ``ref[j]``)."""
+        flags = np.concatenate([touched for _, _, touched in tables]).astype(np.float32)
+        dist.all_reduce(torch.from_numpy(flags), op=dist.ReduceOp.SUM)  # (sum of rows,) touch counts
+        sent, offset = flags.nbytes, 0
+        for arrays, refs, touched in tables:
+            share = 1.0 / np.maximum(flags[offset : offset + len(touched)], 1.0)  # (rows,)
+            offset += len(touched)
+            for a, ref in zip(arrays, refs):
+                rows = max(1, SYNC_CHUNK // max(1, a[0].size if a.ndim > 1 else 1))
+                for lo in range(0, len(a), rows):
+                    delta = np.subtract(a[lo : lo + rows], ref[lo : lo + rows])  # (rows, ...) contiguous
+                    dist.all_reduce(torch.from_numpy(delta), op=dist.ReduceOp.SUM)
+                    scale = share[lo : lo + rows].reshape((-1,) + (1,) * (delta.ndim - 1))
+                    np.add(ref[lo : lo + rows], delta * scale, out=a[lo : lo + rows])
+                    sent += delta.nbytes
         self.bytes_per_sync, self.syncs = sent, self.syncs + 1
 
     def totals(self, nll: float, seen: int, elapsed: float) -> tuple[float, int, float]:

@@ -346,8 +346,9 @@ class Mixer(Protocol):
     world: int
     every: int
 
-    def sum_updates(self, arrays: list[np.ndarray], refs: list[np.ndarray], bases: list[np.ndarray]) -> None:
-        """Every array becomes base + the sum over the processes of (array - ref), in place."""
+    def average_updates(self, tables: list[tuple[list[np.ndarray], list[np.ndarray], np.ndarray]]) -> None:
+        """For each table (arrays, refs, touched rows): every array's row becomes ref + the mean of
+        (array - ref) over the processes that touched the row, in place."""
 
     def totals(self, nll: float, seen: int, elapsed: float) -> tuple[float, int, float]:
         """Summed NLL and positions over the processes, and the slowest one's seconds."""
@@ -501,61 +502,62 @@ def _catch_up_share(r: int, sched: _Schedule, shared: _Shared, step: int) -> Non
 
 
 class _Sync:
-    """Summed updates between W processes, every round (docs/distributed.md has the scheme).
+    """Averaged updates between W processes, every round (docs/distributed.md has the scheme).
 
-    The W processes stand for one process taking minibatches of W x B: at a round's start they
-    hold the same state s0 (parameters and momentum buffers); without gradients, k steps of that
-    process would take it to A_W^k s0 (A_W: the gradient-free step of the module docstring at the
-    weight decay of W x B examples). What process p's own minibatches (its gradients and its share
-    of the decay) added is its state after the round minus A^k s0 (A: its own gradient-free step).
-    Every process ends the round at A_W^k s0 plus the sum of all the processes' additions, so
-    momentum is applied once and every example's gradient and penalty once. With a round of one
-    step this is exactly the one-process step on the W minibatches together; longer rounds let each
-    process run on without waiting, from a state that misses the others' latest steps (as Hogwild
-    threads do, over more steps).
+    At a round's start every process holds the same state s0 (parameters and momentum buffers).
+    Without gradients, k steps would take it to A^k s0 (A: the gradient-free step of the module
+    docstring, per parameter group), which is where each process's lazy rows stand at the round's
+    end; what its own minibatches added to a row is the row's state minus that. Every process
+    ends the round at A^k s0 plus, row by row, the mean of the additions of the processes whose
+    minibatches touched the row: a rare word's row, touched by one process, keeps its whole
+    update; a row every process moved (C, the nodes near the root, frequent words) takes the
+    mean, the step one process would take, not W of them. Decay and momentum are applied once.
     """
 
     def __init__(self, shared: _Shared, mixer: Mixer):
         p, st, opt = shared.params, shared.state, shared.opt
-        longest = max(mixer.every, 1)
 
         def pair(name: str, value: np.ndarray, buf: np.ndarray, powers: np.ndarray):
-            lr, mu, wd = opt.hyper[name]
-            together = _powers(lr, mu, wd * mixer.world, min(longest, len(powers) - 1))  # A_W^k
-            return value, (buf if mu != 0.0 else None), powers, together
+            return value, (buf if opt.hyper[name][1] != 0.0 else None), powers
 
-        # (value, momentum buffer or None, A^k, A_W^k): the bias pair are the node records' columns.
-        self.pairs = [
-            pair("R", p.R, p.Rbuf, st.P_words),
-            pair("C", p.C, p.Cbuf, st.P_other),
-            pair("Q", p.Q, p.Qbuf, st.P_other),
-            pair("qb", p.qb, p.qbbuf, st.P_bias),
-        ]
+        # Three tables whose rows are touched together: the words (R), the context weights (C,
+        # touched by every process that took a step) and the nodes (Q and the node records' biases).
+        self.words = [pair("R", p.R, p.Rbuf, st.P_words)]
+        self.context = [pair("C", p.C, p.Cbuf, st.P_other)]
+        self.nodes = [pair("Q", p.Q, p.Qbuf, st.P_other), pair("qb", p.qb, p.qbbuf, st.P_bias)]
+        self.last_w, self.last_n = st.last_w, st.last_n
         self.mixer = mixer
         self.start()
 
     def start(self) -> None:
         """Remember s0, the state every process holds at the start of a round."""
-        self.s0 = [(v.copy(), None if b is None else b.copy()) for v, b, _, _ in self.pairs]
+        pairs = self.words + self.context + self.nodes
+        self.s0 = [(v.copy(), None if b is None else b.copy()) for v, b, _ in pairs]
+
+    def touched(self, first: int, stepped: bool) -> list[np.ndarray]:
+        """Per table, which rows this process's steps of the round (after step ``first``) touched:
+        the rows stamped past ``first`` (read before the catch-up stamps every row)."""
+        return [self.last_w > first, np.full(self.context[0][0].shape[0], stepped), self.last_n > first]
 
     def advance_dense(self, steps: int) -> None:
         """Apply ``steps`` gradient-free steps to C (dense, stepped by every step, not lazy): for a
         process whose share ended before the round's last step, as the lazy rows are caught up."""
-        value, buf, powers, _ = self.pairs[1]
+        value, buf, powers = self.context[0]
         if steps > 0:
             _gradient_free(value, buf, powers[steps], value, buf)
 
-    def finish(self, steps: int) -> None:
-        """After a round of ``steps`` steps (every row caught up to its end): the summed updates."""
-        arrays, refs, together = [], [], []
-        for (value, buf, powers, joint), (v0, b0) in zip(self.pairs, self.s0):
-            alone = (np.empty_like(v0), None if b0 is None else np.empty_like(b0))
-            _gradient_free(v0, b0, powers[steps], *alone)  # A^k s0: what this process did without gradients
-            arrays += [value] + ([buf] if buf is not None else [])
-            refs += [alone[0]] + ([alone[1]] if buf is not None else [])
-            _gradient_free(v0, b0, joint[steps], v0, b0)  # s0 <- A_W^k s0, in place
-            together += [v0] + ([b0] if b0 is not None else [])
-        self.mixer.sum_updates(arrays, refs, together)
+    def finish(self, steps: int, touched: list[np.ndarray]) -> None:
+        """After a round of ``steps`` steps (every row caught up to its end): the averaged updates."""
+        tables, s0 = [], iter(self.s0)
+        for pairs, rows in zip((self.words, self.context, self.nodes), touched):
+            arrays, refs = [], []
+            for value, buf, powers in pairs:
+                v0, b0 = next(s0)
+                _gradient_free(v0, b0, powers[steps], v0, b0)  # s0 <- A^steps s0, in place
+                arrays += [value] + ([buf] if buf is not None else [])
+                refs += [v0] + ([b0] if b0 is not None else [])
+            tables.append((arrays, refs, rows))
+        self.mixer.average_updates(tables)
 
 
 def _gradient_free(value: np.ndarray, buf: np.ndarray | None, A: np.ndarray, out_value, out_buf) -> None:
@@ -667,10 +669,12 @@ def _train_rounds(sched: _Schedule, shared: _Shared, readers, pad: int, bar, mix
             t0 = time.perf_counter()
             total += run(0) if T == 1 else sum(pool.map(run, range(T)))
             t1 = time.perf_counter()
+            if sync is not None:
+                touched = sync.touched(first, stepped=sched.steps > first)
             list(pool.map(lambda r: _catch_up_share(r, sched, shared, last), range(T)))
             if sync is not None:
                 sync.advance_dense(last - max(first, min(last, sched.steps)))  # a share that ended early
-                sync.finish(last - first)
+                sync.finish(last - first, touched)
                 if i + 1 < len(rounds):
                     sync.start()
             steps_s, rest_s = steps_s + (t1 - t0), rest_s + (time.perf_counter() - t1)
