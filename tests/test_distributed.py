@@ -92,11 +92,13 @@ def _worker(rank: int, root: str) -> None:
         stream = np.ascontiguousarray(corpus["train"][:TOKENS])
         model = make_model(corpus)
         cfg = TrainConfig(**RULE, weight_decay_words=0.0, weight_decay_other=0.0)
+        mixer = ddp.UpdateMixer(1)
         fast.train_epoch(
             model, make_optimizer(model, cfg, cfg.lr), stream, corpus.vocab.eos, cfg, 1, False,
-            max_batches=ROUNDS, mixer=ddp.UpdateMixer(1),
+            max_batches=ROUNDS, mixer=mixer,
         )  # fmt: skip
         out["fast_rule"] = params(model)
+        out["sync_bytes"] = (mixer.syncs, mixer.bytes_per_sync, ddp.sync_bytes(model, momentum=False))
         for every in (1, 4):  # 1: the one-process step at batch 2B; 4: rounds of 4 steps
             cfg = TrainConfig(**FAST, sync_every=every)
             model = make_model(corpus)
@@ -296,6 +298,8 @@ def test_fast_rows_take_the_mean_update_of_the_processes_that_touched_them(runs)
     assert one_only > 0  # some rows were moved by one process only: the rule is not a plain mean
     for r in ranks:
         assert_close(r["fast_rule"], params(model))
+        syncs, sent, predicted = r["sync_bytes"]
+        assert syncs == ROUNDS and sent == predicted  # the cost model's bytes are what a sync sends
 
 
 def test_fast_ranks_agree_to_the_bit_and_learn(runs):
@@ -366,3 +370,33 @@ def test_torchrun_cli_matches_one_process(tmp_path):
     assert sum(line.startswith("{") for line in two.stdout.splitlines()) == 1  # only process 0 prints
     for key in ("valid_perplexity", "test_perplexity"):
         assert results[0][key] == pytest.approx(results[1][key], rel=1e-5)
+
+
+def test_torchrun_fast_engine_trains_checkpoints_and_resumes(tmp_path):
+    """``torchrun ... -m hlbl train --engine fast``: 2 processes train, process 0 writes the run's
+    checkpoints, and a resume after epoch 2 ends where 3 epochs at once end, to the bit."""
+    import shutil
+    import subprocess
+    import sys
+
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    assert torchrun is not None, "torchrun is not installed beside this Python (it comes with torch)"
+    data = tiny_corpus(tmp_path / "c", n_train=400)
+    args = ["-m", "hlbl", "train", "--data", str(data), "--engine", "fast", "--dim", "8", "--threads", "1"]
+    args += ["--batch-size", "63", "--sync-every", "4", "--quiet"]
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}
+
+    def two(out: str, *more: str) -> dict:
+        launch = [torchrun, "--standalone", "--nproc_per_node", "2", *args, "--out", str(tmp_path / out), *more]
+        done = subprocess.run(launch, capture_output=True, text=True, timeout=240, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[0])
+
+    whole = two("whole", "--epochs", "3")
+    two("part", "--epochs", "2")
+    assert (tmp_path / "part" / "checkpoints").is_dir()
+    resumed = two("part", "--epochs", "3", "--resume")
+    for key in ("valid_perplexity", "test_perplexity"):
+        assert resumed[key] == whole[key]
+    lines = metrics(tmp_path / "part")
+    assert [x["epoch"] for x in lines] == [1, 2, 3] and lines[-1]["train_loss"] < lines[0]["train_loss"]

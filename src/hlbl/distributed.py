@@ -262,3 +262,14 @@ class UpdateMixer:
         nll, seen_all = all_sum([nll, float(seen)], "cpu")
         (elapsed,) = all_max([elapsed], "cpu")
         return nll, int(seen_all), elapsed
+
+
+def sync_bytes(model: nn.Module, momentum: bool) -> int:
+    """The bytes each process contributes to one synchronisation of the fast engine
+    (:class:`UpdateMixer`) for an LBL with a tree output: the word vectors, context weights, node
+    vectors and biases as float32, their momentum buffers with ``momentum``, and one touch count
+    per word, context position and node. A ring all-reduce sends about twice this per process."""
+    V, d = model.R.weight.shape
+    n, N = model.C.shape[0], model.out.weight.shape[0]
+    values = V * d + n * d + N * d + N
+    return 4 * (values * (2 if momentum else 1) + V + n + N)
