@@ -97,3 +97,34 @@ def test_hlbl_data_re_exports_the_names_of_its_modules():
         ]
         assert own and all(getattr(hlbl.data, k) is getattr(module, k) for k in own), module.__name__
         assert set(own) <= set(hlbl.data.__all__)
+
+
+@pytest.mark.parametrize("blank_lines", ["drop", "keep"])
+@pytest.mark.parametrize("max_vocab", [None, 5])
+def test_one_pass_over_train_gives_the_two_pass_vocabulary_and_stream(tmp_path, blank_lines, max_vocab):
+    """load_corpus counts and encodes train.txt in one pass (scan_file); the result is what
+    counting (count_file) and then encoding (encode_file) give: same vocabulary, same stream, same
+    counts of the text's own <unk> and blank lines; no scan file is left in the cache."""
+    from hlbl.data import count_file, encode_file
+    from hlbl.data.vocab import LONG_LINE, Vocab
+
+    long_line = " ".join(["long"] * (LONG_LINE // 4)) + " tail"
+    lines = ["b a <unk> c", "", "a <eos> b", "  ", long_line, "d e a", "f a b", "g"]
+    root = write_corpus(tmp_path / "c", {"train": lines, "valid": ["a b"], "test": ["c"]})
+    cache = tmp_path / "cache"
+    corpus = load_corpus(root, max_vocab=max_vocab, min_count=1, cache_dir=cache, blank_lines=blank_lines)
+    vocab = Vocab.from_counts(count_file(root / "train.txt", blank_lines), max_vocab, 1)
+    stats: dict = {}
+    n = encode_file(root / "train.txt", vocab, tmp_path / "two.i32", blank_lines=blank_lines, stats=stats)
+    assert corpus.vocab == vocab
+    assert np.array_equal(np.asarray(corpus["train"]), np.fromfile(tmp_path / "two.i32", "<i4", n))
+    assert corpus.token_counts("train")["unk_in_text"] == stats["unk_in_text"] == 1
+    assert not list(cache.rglob(".scan-*"))
+
+
+def test_a_failed_pass_leaves_no_scan_file(tmp_path):
+    root = write_corpus(tmp_path / "c", {"train": ["a b"], "valid": ["a"], "test": ["a"]})
+    (root / "train.txt").write_bytes(b"a b\n\xff\xfe bad\n")
+    with pytest.raises(DataError):
+        load_corpus(root, cache_dir=tmp_path / "cache")
+    assert not list((tmp_path / "cache").rglob(".scan-*"))

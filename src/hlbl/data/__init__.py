@@ -26,6 +26,7 @@ from .corpus import (
     load_corpus,
     resolve_corpus,
     run_corpus,
+    scan_file,
 )
 from .streams import (
     BLOCK_TOKENS,
@@ -97,6 +98,7 @@ __all__ = [
     "read_tokens",
     "resolve_corpus",
     "run_corpus",
+    "scan_file",
     "stream_fingerprint",
     "stream_pieces",
     "stream_windows",

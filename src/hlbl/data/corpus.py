@@ -15,7 +15,9 @@ import hashlib
 import json
 import logging
 import os
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Sequence
 
@@ -24,7 +26,7 @@ import numpy as np
 from .. import atomic
 from ..errors import DataError
 from ..files import file_sha256
-from .vocab import BLANK_LINES, EOS, UNK, Vocab, count_file, iter_sentences
+from .vocab import BLANK_LINES, EOS, UNK, Vocab, iter_sentences
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ def encode_file(
             path, desc=f"encoding {Path(path).name}", blank_lines=blank_lines, stats=seen
         ):
             unk_in_text += tokens.count(UNK)
-            buf.extend(index.get(t, unk) for t in tokens)
+            buf.extend(map(index.get, tokens, repeat(unk)))  # (a C loop: no Python call per token)
             if ends_line:
                 buf.append(eos)
             if len(buf) >= chunk:
@@ -170,14 +172,87 @@ def load_corpus(
             raise DataError(f"corpus {root} has no {s}.txt" + (" (it is a directory)" if p.is_dir() else ""))
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     keys = {s: _file_key(p) for s, p in files.items()}  # each file read once (the train split serves twice)
-    if vocab is None:
-        vocab = _cached_vocab(cache, files["train"], keys["train"], max_vocab, min_count, blank_lines)
-    vhash = hashlib.sha1("\n".join(vocab.words).encode()).hexdigest()[:16]
-    encoded, counts = {}, {}
-    for s in (s for s in SPLITS if s in splits):
-        bin_path = cache / "encoded" / f"{s}-{_cache_key(keys[s], vhash, blank_lines)}.i32"
-        encoded[s], counts[s] = _encoded_split(cache, bin_path, files[s], vocab, blank_lines)
+    scan = None  # a pass over train.txt that built the vocabulary: its encoding is a lookup away
+    try:
+        if vocab is None:
+            vocab, scan = _cached_vocab(cache, files["train"], keys["train"], max_vocab, min_count, blank_lines)
+        vhash = hashlib.sha1("\n".join(vocab.words).encode()).hexdigest()[:16]
+        encoded, counts = {}, {}
+        for s in (s for s in SPLITS if s in splits):
+            bin_path = cache / "encoded" / f"{s}-{_cache_key(keys[s], vhash, blank_lines)}.i32"
+            encoded[s], counts[s] = _encoded_split(
+                cache, bin_path, files[s], vocab, blank_lines, scan if s == "train" else None
+            )
+    finally:
+        if scan is not None:
+            scan.ids.unlink(missing_ok=True)
     return Corpus(root.name, vocab, encoded, root, blank_lines, counts)
+
+
+@dataclass
+class _Scan:
+    """One pass over a training file (:func:`scan_file`): its words in order of first appearance,
+    the file as those words' provisional ids (``ids``, raw int32, ``<eos>`` = 0 ending each
+    line), and what counting and encoding report. Encoding with the vocabulary built from the
+    counts is then a lookup per token (:meth:`encode`), not a second reading of the text."""
+
+    words: list[str]
+    counts: np.ndarray  # (len(words),) int64: occurrences, <eos> once per line
+    ids: Path
+    tokens: int
+    stats: dict
+
+    def counter(self) -> Counter:
+        return Counter(dict(zip(self.words, self.counts.tolist())))
+
+    def encode(self, vocab: Vocab, out: Path, chunk: int = 1 << 22) -> int:
+        """Write the file's stream under ``vocab`` to ``out`` (raw int32, as encode_file); its length."""
+        index, unk = vocab.index, vocab.unk
+        lookup = np.fromiter(map(index.get, self.words, repeat(unk)), np.int32, len(self.words))  # provisional -> id
+        with atomic.atomic_path(out) as tmp, open(tmp, "wb") as f, open(self.ids, "rb") as src:
+            while part := src.read(4 * chunk):
+                f.write(lookup[np.frombuffer(part, "<i4")].astype("<i4").tobytes())
+        return self.tokens
+
+
+def scan_file(path: Path, ids: Path, blank_lines: str = "drop", chunk: int = 1 << 20) -> _Scan:
+    """Count the words of ``path`` and write it as provisional ids to ``ids``, in one pass (the
+    vocabulary is built from the counts, then :meth:`_Scan.encode` maps the ids); the same
+    counts as :func:`hlbl.data.count_file` and the same stream as :func:`encode_file`."""
+    try:
+        first: defaultdict = defaultdict()
+        first.default_factory = first.__len__  # an unseen word gets the next id
+        first[EOS] = 0
+        word_id = first.__getitem__
+        buf: list[int] = []
+        seen: dict = {}
+        n = 0
+        with open(ids, "wb") as f:
+            for tokens, ends_line in iter_sentences(
+                path, desc=f"reading {Path(path).name}", blank_lines=blank_lines, stats=seen
+            ):
+                buf.extend(map(word_id, tokens))  # (a C loop: no Python call per token)
+                if ends_line:
+                    buf.append(0)
+                if len(buf) >= chunk:
+                    f.write(np.asarray(buf, dtype="<i4").tobytes())
+                    n += len(buf)
+                    buf.clear()
+            f.write(np.asarray(buf, dtype="<i4").tobytes())
+            n += len(buf)
+        if n == 0:
+            raise DataError(f"{path}: no sentences (the file is empty or blank)")
+    except BaseException:  # a bad byte or an empty file: no half-written scan is left behind
+        Path(ids).unlink(missing_ok=True)
+        raise
+    counts = np.zeros(len(first), np.int64)
+    mapped = np.memmap(ids, dtype="<i4", mode="r", shape=(n,))
+    for i in range(0, n, chunk):
+        counts += np.bincount(mapped[i : i + chunk], minlength=len(first))
+    del mapped
+    unk = first.get(UNK)
+    stats = {"unk_in_text": int(counts[unk]) if unk is not None else 0, "blank_lines": seen["blank_lines"]}
+    return _Scan(list(first), counts, ids, n, stats)
 
 
 def _cache_key(*parts) -> str:
@@ -188,35 +263,48 @@ def _cache_key(*parts) -> str:
 
 def _cached_vocab(
     cache: Path, train: Path, train_key: str, max_vocab: int | None, min_count: int | str, blank_lines: str
-) -> Vocab:
+) -> tuple[Vocab, _Scan | None]:
     """The vocabulary of ``train`` (whose SHA-256 is ``train_key``) under these options, read from
-    the cache, else built and written there (a damaged file is rebuilt, not an error)."""
+    the cache, else built and written there (a damaged file is rebuilt, not an error); with the
+    pass over the text that built it (None when the cache had it)."""
     path = cache / "corpora" / _cache_key(train_key, max_vocab, min_count, blank_lines) / "vocab.json"
     try:
-        return Vocab.from_json(json.loads(path.read_text(encoding="utf-8")))
+        return Vocab.from_json(json.loads(path.read_text(encoding="utf-8"))), None
     except (OSError, ValueError, DataError):
         pass
-    vocab = Vocab.from_counts(count_file(train, blank_lines), max_vocab, min_count)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_text(path, json.dumps(vocab.to_json()))
+        scan = scan_file(train, path.parent / f".scan-{os.getpid()}.i32", blank_lines)
     except OSError as e:
         raise _cache_error(cache, e) from None
-    return vocab
+    try:
+        vocab = Vocab.from_counts(scan.counter(), max_vocab, min_count)
+        atomic.write_text(path, json.dumps(vocab.to_json()))
+    except OSError as e:
+        scan.ids.unlink(missing_ok=True)
+        raise _cache_error(cache, e) from None
+    except BaseException:
+        scan.ids.unlink(missing_ok=True)
+        raise
+    return vocab, scan
 
 
 def _encoded_split(
-    cache: Path, bin_path: Path, text: Path, vocab: Vocab, blank_lines: str
+    cache: Path, bin_path: Path, text: Path, vocab: Vocab, blank_lines: str, scan: _Scan | None = None
 ) -> tuple[np.memmap, dict[str, int]]:
     """``text`` encoded with ``vocab``, memory-mapped from ``bin_path`` (encoded there first if the
-    cache has no valid entry), and its counts for :meth:`Corpus.token_counts`."""
+    cache has no valid entry: from ``scan``, the pass that built the vocabulary, where given), and
+    its counts for :meth:`Corpus.token_counts`."""
     meta_path = bin_path.with_suffix(".json")
     meta = _read_meta(meta_path)
     if not (meta and bin_path.exists()):
         try:
             bin_path.parent.mkdir(parents=True, exist_ok=True)
             stats: dict = {}
-            n = encode_file(text, vocab, bin_path, blank_lines=blank_lines, stats=stats)
+            if scan is not None:
+                n, stats = scan.encode(vocab, bin_path), scan.stats
+            else:
+                n = encode_file(text, vocab, bin_path, blank_lines=blank_lines, stats=stats)
             meta = {"tokens": n, "source": str(text), **stats}
             atomic.write_text(meta_path, json.dumps(meta))
         except OSError as e:
