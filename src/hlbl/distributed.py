@@ -235,35 +235,72 @@ class UpdateMixer:
             raise ValueError(f"every must be at least 1 step, got {every}")
         self.every, self.rank, self.world = int(every), rank(), world_size()
         self.bytes_per_sync = self.rows_per_sync = self.syncs = 0
+        self._buffer = np.empty(0, np.float32)  # the send buffer, kept between synchronisations
 
     def average_rows(self, tables: list) -> None:
         """In place, for each table (arrays, touched): row j of every array becomes the mean of row
         j over the processes whose ``touched[j]`` is true; rows no process touched (the same on
-        every process: caught up alike) are neither sent nor changed."""
+        every process: caught up alike) keep their values.
+
+        A table most of whose rows some process touched is sent whole, straight from its arrays
+        into one reused send buffer (no gathering of rows); a sparser one sends only those rows."""
         flags = np.concatenate([touched for _, touched in tables]).astype(np.float32)
         dist.all_reduce(torch.from_numpy(flags), op=dist.ReduceOp.SUM)  # (sum of rows,) touch counts
-        sent, offset = flags.nbytes, 0
+        self.bytes_per_sync, offset, pending = flags.nbytes, 0, []
         for arrays, touched in tables:
             counts = flags[offset : offset + len(touched)]
             offset += len(touched)
-            rows = np.flatnonzero(counts)  # touched by some process: the same rows, in the same order, everywhere
+            used = np.flatnonzero(counts)  # the same rows, in the same order, on every process
+            whole = 2 * len(used) > len(counts)
             for a in arrays:
-                step = max(1, SYNC_CHUNK // max(1, a[0].size if a.ndim > 1 else 1))
-                for lo in range(0, len(rows), step):
-                    idx = rows[lo : lo + step]
-                    shape = (-1,) + (1,) * (a.ndim - 1)
-                    part = a[idx] * touched[idx].reshape(shape)  # (m, ...) this process's rows, 0 where untouched
-                    dist.all_reduce(torch.from_numpy(part), op=dist.ReduceOp.SUM)
-                    a[idx] = part / counts[idx].reshape(shape)
-                    sent += part.nbytes
-        self.bytes_per_sync, self.syncs = sent, self.syncs + 1
+                width = a[0].size if a.ndim > 1 else 1
+                step = max(1, SYNC_CHUNK // width)
+                for lo in range(0, len(counts) if whole else len(used), step):
+                    rows = slice(lo, min(lo + step, len(counts))) if whole else used[lo : lo + step]
+                    pending.append((a, rows, counts, touched, width))
+        self._send(pending)
+        self.syncs += 1
         self.rows_per_sync = int(np.count_nonzero(flags))
+
+    def _send(self, pending: list) -> None:
+        """Pack (array, rows, counts, touched, width) pieces into the send buffer (this process's
+        rows, zero where it did not touch them), sum them over the processes a buffer at a time,
+        and write the means back. A piece is at most SYNC_CHUNK values (average_rows cuts them)."""
+        sizes = [len(counts[rows]) * width for _, rows, counts, _, width in pending]
+        if self._buffer.size < min(SYNC_CHUNK, sum(sizes)):
+            self._buffer = np.empty(min(SYNC_CHUNK, sum(sizes)), np.float32)
+        batch, used = [], 0
+        for piece, size in zip(pending + [None], sizes + [0]):
+            if batch and (piece is None or used + size > self._buffer.size):
+                buf = self._buffer[:used]
+                dist.all_reduce(torch.from_numpy(buf), op=dist.ReduceOp.SUM)
+                for (a, rows, counts, _, _), at, n in batch:
+                    _unpack(a, rows, counts, buf[at : at + n])
+                batch, used = [], 0
+            if piece is None:
+                break
+            a, rows, counts, touched, _ = piece
+            mine = touched[rows].reshape((-1,) + (1,) * (a.ndim - 1))
+            np.multiply(a[rows], mine, out=self._buffer[used : used + size].reshape(a[rows].shape))
+            batch.append((piece, used, size))
+            used += size
+            self.bytes_per_sync += 4 * size
 
     def totals(self, nll: float, seen: int, elapsed: float) -> tuple[float, int, float]:
         """The epoch's summed NLL and positions over the processes, and the slowest one's seconds."""
         nll, seen_all = all_sum([nll, float(seen)], "cpu")
         (elapsed,) = all_max([elapsed], "cpu")
         return nll, int(seen_all), elapsed
+
+
+def _unpack(a: np.ndarray, rows, counts: np.ndarray, summed: np.ndarray) -> None:
+    """a[rows] = summed / counts[rows] where the count is positive (``summed``: the flat sums)."""
+    c = counts[rows].reshape((-1,) + (1,) * (a.ndim - 1))
+    view = summed.reshape(a[rows].shape)
+    if isinstance(rows, slice):  # in place, leaving the rows no process touched as they are
+        np.divide(view, c, out=a[rows], where=c > 0)
+    else:
+        a[rows] = view / c
 
 
 def sync_bytes(model: nn.Module, momentum: bool) -> int:
