@@ -1,8 +1,8 @@
 """The fast engine on several processes (torch.distributed, gloo): words/s and perplexity of one
 process, two processes and two Hogwild threads, and the cost model for N machines.
 
-    python bench/distributed.py speed     [--rounds 5] [--sync-every 8,32,128]
-    python bench/distributed.py quality   [--sync-every 32]
+    python bench/distributed.py speed     [--rounds 5] [--sync-every 128,256]
+    python bench/distributed.py quality   [--sync-every 128,256]
     python bench/distributed.py gutenberg [--max-vocab 50000]
     python bench/distributed.py summary
     python bench/distributed.py --quick
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="speed: rounds")
     ap.add_argument("--epochs", type=int, default=2, help="speed: epochs a run")
     ap.add_argument("--max-epochs", type=int, default=40, help="quality: epoch cap (the schedule stops first)")
-    ap.add_argument("--sync-every", default="32", help="steps between synchronisations of 2 processes, a list")
+    ap.add_argument("--sync-every", default="128,256", help="steps between synchronisations of 2 processes, a list")
     ap.add_argument("--max-vocab", type=int, default=50000, help="gutenberg: vocabulary")
     args = ap.parse_args(argv)
     if args.quick:

@@ -127,7 +127,7 @@ class TrainConfig:
     hogwild: int = 1  # fast engine threads; 1 is deterministic, more run lock-free (not reproducible)
     # Fast engine under torchrun: local steps of each process between two sums of the processes'
     # updates (hlbl.fast._Sync; docs/distributed.md). 1 is synchronous SGD at batch W x batch_size.
-    sync_every: int = 32
+    sync_every: int = 256
     # Seconds of training this call may spend: it stops at the first checkpoint after them (not
     # an early stop: a resume goes on). None: no budget.
     time_budget: float | None = None
