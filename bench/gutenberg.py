@@ -861,7 +861,7 @@ def scale_keys(out: Path, hl: dict, kn: dict) -> dict:
         for r, _, _ in HLBL_RUNS
         if r in h["evals"] and f"train_{r.replace('-', '_')}" in h["steps"]
     ]
-    rows += [("50k", f"d{c['dim']} context {c['context']}", c["test_ppl"], c["command"]) for c in (grid or {}).get("cells", {}).values()]  # fmt: skip
+    rows += [("50k", f"d{c['dim']} context {c['context']} {c.get('tree', 'adaptive0.4x2')}", c["test_ppl"], c["command"]) for c in (grid or {}).get("cells", {}).values()]  # fmt: skip
     mixes = [
         hl["50k"]["evals"][f"mix_{r}"]["perplexity"]
         for r, _, _ in HLBL_RUNS
@@ -904,13 +904,13 @@ def scale_table(out: Path) -> str:
     lines = []
     if grid:
         lines += ["", "## Feature size and context, 50,000 words (`bench/scale.py grid`)", "",
-                  "| d | context | test ppl | valid ppl | + KN5 | epochs (passes) | stopped by | hours | words/s | peak RSS | command |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "| d | context | tree | test ppl | valid ppl | + KN5 | epochs (passes) | stopped by | hours | words/s | peak RSS | command |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for c in grid["cells"].values():
             mix = f"{c['mixture_test_ppl']:.2f}" if c.get("mixture_test_ppl") else "-"
             how = "the schedule" if c["stopped_by_schedule"] else "time (not converged)"
             lines.append(
-                f"| {c['dim']} | {c['context']} | {c['test_ppl']:.2f} | {c['valid_ppl']:.2f} | {mix} | {c['epochs']} "
+                f"| {c['dim']} | {c['context']} | {c.get('tree', 'adaptive0.4x2')} | {c['test_ppl']:.2f} | {c['valid_ppl']:.2f} | {mix} | {c['epochs']} "
                 f"({c['passes']}) | {how} | {c['train_hours']} | {c['words_per_sec']:,} | {c['peak_rss_mb']} MB | `{c['command']}` |"
             )
     if dims:

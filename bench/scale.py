@@ -33,6 +33,7 @@ import os
 import re
 import resource
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,11 +45,25 @@ from _common import add_common, finish_args, machine, quick_dir, write_json
 CELLS = "100x5,300x5,100x10,300x10"
 
 
-def run(argv: list[str], log: Path) -> dict:
+def launcher(processes: int = 1) -> list[str]:
+    """How an ``hlbl`` command starts: this Python, or ``processes`` of them under torchrun."""
+    if processes <= 1:
+        return [sys.executable, "-m", "hlbl"]
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    return [torchrun, "--standalone", "--nproc_per_node", str(processes), "-m", "hlbl"]
+
+
+def shown(argv: list[str], processes: int = 1) -> str:
+    """The command as a user types it."""
+    start = "hlbl" if processes <= 1 else f"torchrun --standalone --nproc_per_node {processes} -m hlbl"
+    return f"{start} {shlex.join(argv)}"
+
+
+def run(argv: list[str], log: Path, processes: int = 1) -> dict:
     """Run an ``hlbl`` command (stderr to ``log``); its stdout, wall seconds and peak RSS."""
     t = time.perf_counter()
     with open(log, "ab") as err:
-        p = subprocess.Popen([sys.executable, "-m", "hlbl", *argv], stdout=subprocess.PIPE, stderr=err)
+        p = subprocess.Popen(launcher(processes) + argv, stdout=subprocess.PIPE, stderr=err)
         out = p.stdout.read()
         _, status, ru = os.wait4(p.pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
@@ -120,7 +135,7 @@ def _train_cell(args, d: int, c: int, out: Path, log: Path) -> tuple[list[str], 
         return cmd, None
     again = ["--resume"] if (out / "run.json").exists() else []
     budget = ["--time-budget", args.time_budget] if args.time_budget else []
-    return cmd, run(cmd + again + budget, log)
+    return cmd, run(cmd + again + budget, log, args.processes)
 
 
 def _logged_peak_rss(log: Path) -> int | None:
@@ -138,16 +153,19 @@ def stage_grid(args) -> dict:
     previous = Path(args.out) / "scale_grid.json"
     rows = json.loads(previous.read_text())["cells"] if previous.exists() else {}
     for d, c in cells(args.cells):
-        out, key = work / f"d{d}c{c}", f"{d}x{c}"
-        cmd, call = _train_cell(args, d, c, out, work / f"d{d}c{c}.log")
+        label = f"-{args.label}" if args.label else ""
+        out, key = work / f"d{d}c{c}{label}", f"{d}x{c}{label}"
+        cmd, call = _train_cell(args, d, c, out, work / f"d{d}c{c}{label}.log")
         lines = metrics(out)
         state = json.loads((out / "state.json").read_text())
         test = json.loads(run(["eval", str(out), "--threads", "1"], work / "eval.log")["stdout"])
         parts = lines[-1]["parts"]
         rows[key] = {
-            "command": "hlbl " + shlex.join(cmd),
+            "command": shown(cmd, args.processes),
             "dim": d,
             "context": c,
+            "tree": args.label or Path(args.tree).stem,
+            "processes": args.processes,
             "test_ppl": test["perplexity"],
             "test_tokens": test["tokens"],
             "valid_ppl": min(x["valid_ppl"] for x in lines),
@@ -157,7 +175,7 @@ def stage_grid(args) -> dict:
             "stopped_by_schedule": bool(state.get("done")),
             "train_hours": round(sum(x["epoch_minutes"] for x in lines) / 60, 2),
             "words_per_sec": round(statistics.median(x["words_per_sec"] for x in lines)),
-            "peak_rss_mb": call["peak_rss_mb"] if call else _logged_peak_rss(work / f"d{d}c{c}.log"),
+            "peak_rss_mb": call["peak_rss_mb"] if call else _logged_peak_rss(work / f"d{d}c{c}{label}.log"),
         }
         if args.interpolate:  # the cell mixed with the n-gram model, the weight tuned on valid
             mix = ["eval", str(out), "--interpolate", args.interpolate, "--weight", "auto"]
@@ -205,6 +223,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-budget", default=None, help="grid: training time of one call (e.g. 2h); then resume")
     ap.add_argument("--collect", action="store_true", help="grid: read the cells' runs as they are, no training")
     ap.add_argument("--interpolate", default=None, help="grid: also mix each cell with this n-gram model")
+    ap.add_argument("--label", default=None, help="grid: names the tree in the cells' keys (several trees, one file)")
+    ap.add_argument("--processes", type=int, default=1, help="grid: train each cell in this many processes (torchrun)")
     ap.add_argument("--max-train-tokens", type=int, default=14_000_000, help="paper: training tokens")
     ap.add_argument("--skip", default=None, help="paper: rows left out, as for hlbl reproduce --skip")
     args = ap.parse_args(argv)
