@@ -175,7 +175,9 @@ def stage_grid(args) -> dict:
             "stopped_by_schedule": bool(state.get("done")),
             "train_hours": round(sum(x["epoch_minutes"] for x in lines) / 60, 2),
             "words_per_sec": round(statistics.median(x["words_per_sec"] for x in lines)),
-            "peak_rss_mb": call["peak_rss_mb"] if call else _logged_peak_rss(work / f"d{d}c{c}{label}.log"),
+            "peak_rss_mb": call["peak_rss_mb"]
+            if call
+            else _logged_peak_rss(work / f"d{d}c{c}{label}.log") or rows.get(key, {}).get("peak_rss_mb"),
         }
         if args.interpolate:  # the cell mixed with the n-gram model, the weight tuned on valid
             mix = ["eval", str(out), "--interpolate", args.interpolate, "--weight", "auto"]
