@@ -12,6 +12,8 @@ Encoding reads one line at a time.
 from __future__ import annotations
 
 import hashlib
+import sys
+from array import array
 import json
 import logging
 import os
@@ -215,6 +217,16 @@ class _Scan:
         return self.tokens
 
 
+def _write_ids(f, buf: array) -> int:
+    """Write ``buf`` as little-endian int32 and empty it; returns how many ids it held."""
+    if sys.byteorder != "little":
+        buf.byteswap()
+    f.write(buf.tobytes())
+    n = len(buf)
+    del buf[:]
+    return n
+
+
 def scan_file(path: Path, ids: Path, blank_lines: str = "drop", chunk: int = 1 << 20) -> _Scan:
     """Count the words of ``path`` and write it as provisional ids to ``ids``, in one pass (the
     vocabulary is built from the counts, then :meth:`_Scan.encode` maps the ids); the same
@@ -224,7 +236,7 @@ def scan_file(path: Path, ids: Path, blank_lines: str = "drop", chunk: int = 1 <
         first.default_factory = first.__len__  # an unseen word gets the next id
         first[EOS] = 0
         word_id = first.__getitem__
-        buf: list[int] = []
+        buf = array("i")  # int32 ids, filled by C loops and written without conversion
         seen: dict = {}
         n = 0
         with open(ids, "wb") as f:
@@ -235,11 +247,8 @@ def scan_file(path: Path, ids: Path, blank_lines: str = "drop", chunk: int = 1 <
                 if ends_line:
                     buf.append(0)
                 if len(buf) >= chunk:
-                    f.write(np.asarray(buf, dtype="<i4").tobytes())
-                    n += len(buf)
-                    buf.clear()
-            f.write(np.asarray(buf, dtype="<i4").tobytes())
-            n += len(buf)
+                    n += _write_ids(f, buf)
+            n += _write_ids(f, buf)
         if n == 0:
             raise DataError(f"{path}: no sentences (the file is empty or blank)")
     except BaseException:  # a bad byte or an empty file: no half-written scan is left behind
