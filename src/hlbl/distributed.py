@@ -1,12 +1,14 @@
-"""Synchronous data-parallel training with ``torch.distributed``: setup and the few collectives
-the training loop needs.
+"""Data-parallel training with ``torch.distributed``: setup and the few collectives the training
+loop and the two engines need.
 
-Launch with ``torchrun --nproc_per_node N -m hlbl train ... --engine torch``; the CLI calls
+Launch with ``torchrun --nproc_per_node N -m hlbl train ...``; the CLI calls
 :func:`init_from_env`, which joins the process group that torchrun describes in the environment
 (gloo on the CPU, nccl on CUDA, one GPU per process). Without torchrun (or with one process)
 nothing is initialised and every helper here is a no-op, so single-process training is unchanged.
 
-How a step is split (see ``hlbl.train.train_epoch``): every rank walks the same seeded epoch order
+The fast engine (``hlbl.fast``, CPU) trains each process on its own minibatches and averages the
+rows they touched every few steps (:class:`UpdateMixer`). The torch engine takes synchronous
+steps. How its step is split (see ``hlbl.engine.train_epoch``): every rank walks the same seeded epoch order
 in global minibatches of B positions, takes its contiguous shard of each (:func:`shard_bounds`),
 computes the *summed* loss of that shard and backpropagates; :func:`all_reduce_gradients` sums the
 gradients over the ranks, so every rank takes the single-process step on the whole minibatch (up
