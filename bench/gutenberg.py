@@ -911,7 +911,7 @@ def scale_table(out: Path) -> str:
             how = "the schedule" if c["stopped_by_schedule"] else "time (not converged)"
             lines.append(
                 f"| {c['dim']} | {c['context']} | {c.get('tree', 'adaptive0.4x2')} | {c['test_ppl']:.2f} | {c['valid_ppl']:.2f} | {mix} | {c['epochs']} "
-                f"({c['passes']}) | {how} | {c['train_hours']} | {c['words_per_sec']:,} | {c['peak_rss_mb']} MB | `{c['command']}` |"
+                f"({c['passes']}) | {how} | {c['train_hours']} | {c['words_per_sec']:,} | {f"{c['peak_rss_mb']} MB" if c['peak_rss_mb'] else '-'} | `{c['command']}` |"
             )
     if dims:
         lines += ["", f"Training words/s on the same tree, {dims['positions']:,} positions a run, the cells "
