@@ -909,9 +909,10 @@ def scale_table(out: Path) -> str:
         for c in grid["cells"].values():
             mix = f"{c['mixture_test_ppl']:.2f}" if c.get("mixture_test_ppl") else "-"
             how = "the schedule" if c["stopped_by_schedule"] else "time (not converged)"
+            rss = f"{c['peak_rss_mb']} MB" if c["peak_rss_mb"] else "-"
             lines.append(
                 f"| {c['dim']} | {c['context']} | {c.get('tree', 'adaptive0.4x2')} | {c['test_ppl']:.2f} | {c['valid_ppl']:.2f} | {mix} | {c['epochs']} "
-                f"({c['passes']}) | {how} | {c['train_hours']} | {c['words_per_sec']:,} | {f"{c['peak_rss_mb']} MB" if c['peak_rss_mb'] else '-'} | `{c['command']}` |"
+                f"({c['passes']}) | {how} | {c['train_hours']} | {c['words_per_sec']:,} | {rss} | `{c['command']}` |"
             )
     if dims:
         lines += ["", f"Training words/s on the same tree, {dims['positions']:,} positions a run, the cells "
