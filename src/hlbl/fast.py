@@ -640,7 +640,7 @@ def train_epoch(
 
 def _train_rounds(sched: _Schedule, shared: _Shared, readers, pad: int, bar, mixer) -> tuple[float, float, float]:
     """The epoch's steps round by round, each round ending with every row caught up (and, with
-    several processes, the summed updates); returns the summed NLL, the seconds in steps and the
+    several processes, the averaged rows); returns the summed NLL, the seconds in steps and the
     seconds in catch-up and synchronisation."""
     T = sched.T
     sync = _Sync(shared, mixer) if sched.world > 1 else None
