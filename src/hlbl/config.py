@@ -125,8 +125,8 @@ class TrainConfig:
     progress: bool = True
     engine: str = "auto"  # "fast" (hlbl.fast, CPU numba), "torch" (autograd), "auto": fast where it applies
     hogwild: int = 1  # fast engine threads; 1 is deterministic, more run lock-free (not reproducible)
-    # Fast engine under torchrun: local steps of each process between two sums of the processes'
-    # updates (hlbl.fast._Sync; docs/distributed.md). 1 is synchronous SGD at batch W x batch_size.
+    # Fast engine under torchrun: local steps of each process between two averagings of the rows
+    # the processes touched (hlbl.fast._Sync; docs/distributed.md).
     sync_every: int = 256
     # Seconds of training this call may spend: it stops at the first checkpoint after them (not
     # an early stop: a resume goes on). None: no budget.

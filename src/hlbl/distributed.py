@@ -222,21 +222,20 @@ SYNC_CHUNK = 1 << 22  # elements per collective of UpdateMixer (16 MiB of float3
 
 class UpdateMixer:
     """The fast engine's link between W processes (``hlbl.fast.train_epoch(mixer=...)``): every
-    ``every`` local steps each array becomes ``ref + sum over the processes of (array - ref)``,
-    where ``ref`` is what the array would be had no process seen a gradient since the last
-    synchronisation (the engine computes it; docs/distributed.md has the scheme and its costs).
+    ``every`` local steps each row that some process touched becomes the mean of the touchers'
+    copies of it (docs/distributed.md has the scheme and its costs).
 
-    One all-reduce (gloo on the CPU) per chunk of at most ``SYNC_CHUNK`` elements: the bytes sent
-    per synchronisation are those of the parameters and momentum buffers (``bytes_per_sync``).
-    Within a chunk the sum of W float32 numbers is the same on every process, so the processes
-    leave every synchronisation with the same state, bit for bit.
+    One all-reduce (gloo on the CPU) of the touch counts, then one per send buffer of at most
+    ``SYNC_CHUNK`` values: at most :func:`sync_bytes` a synchronisation (``bytes_per_sync``, the
+    last one's). The sum of W float32 numbers is the same on every process, so the processes leave
+    every synchronisation with the same state, bit for bit.
     """
 
     def __init__(self, every: int):
         if every < 1:
             raise ValueError(f"every must be at least 1 step, got {every}")
         self.every, self.rank, self.world = int(every), rank(), world_size()
-        self.bytes_per_sync = self.rows_per_sync = self.syncs = 0
+        self.bytes_per_sync = self.syncs = 0
         self._buffer = np.empty(0, np.float32)  # the send buffer, kept between synchronisations
 
     def average_rows(self, tables: list) -> None:
@@ -262,7 +261,6 @@ class UpdateMixer:
                     pending.append((a, rows, counts, touched, width))
         self._send(pending)
         self.syncs += 1
-        self.rows_per_sync = int(np.count_nonzero(flags))
 
     def _send(self, pending: list) -> None:
         """Pack (array, rows, counts, touched, width) pieces into the send buffer (this process's

@@ -9,8 +9,9 @@ Both take the same steps on the same minibatches, in the same seeded order:
   single-process steps (up to float rounding in the order of the sums);
 * ``hlbl.fast.train_epoch``: numba kernels with sparse exact updates, for the tree output layer with
   diagonal context weights and SGD with or without momentum, on the CPU; under a process group,
-  :func:`fast_parallel_epoch`: each process runs it on every W-th minibatch and the processes sum
-  their updates every ``cfg.sync_every`` steps (``hlbl.fast._Sync``, docs/distributed.md).
+  :func:`fast_parallel_epoch`: each process runs it on every W-th minibatch and the processes
+  average the rows they touched every ``cfg.sync_every`` steps (``hlbl.fast._Sync``,
+  docs/distributed.md).
 
 An engine is a function ``(model, optimizer, stream, pad, cfg, epoch, show) -> (mean NLL, words/s)``.
 """
@@ -89,7 +90,8 @@ def fast_parallel_epoch(
     model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg: TrainConfig, epoch: int, show: bool
 ) -> tuple[float, float]:
     """The fast engine as one of W processes: ``hlbl.fast.train_epoch`` on this process's
-    minibatches, summing the processes' updates every ``cfg.sync_every`` steps; global loss and words/s."""
+    minibatches, averaging the rows the processes touched every ``cfg.sync_every`` steps; global loss
+    and words/s."""
     return fast.train_epoch(
         model, optimizer, stream, pad, cfg, epoch, show, threads=1, mixer=ddp.UpdateMixer(cfg.sync_every)
     )

@@ -539,23 +539,23 @@ class _Sync:
         process whose share ended before the round's last step, as the lazy rows are caught up."""
         value, buf, powers = self.dense
         if steps > 0:
-            _gradient_free(value, buf, powers[steps], value, buf)
+            _gradient_free(value, buf, powers[steps])
 
     def finish(self, touched: list[np.ndarray]) -> None:
         """After a round (every row caught up to its end): the averaged rows."""
         self.mixer.average_rows(list(zip((self.words, self.context, self.nodes), touched)))
 
 
-def _gradient_free(value: np.ndarray, buf: np.ndarray | None, A: np.ndarray, out_value, out_buf) -> None:
-    """(value, buf) <- A (value, buf) for a 2x2 ``A`` (float32 coefficients, as the kernels' catch-up);
-    without momentum only value <- A[0, 0] value. ``out_*`` may be the inputs."""
+def _gradient_free(value: np.ndarray, buf: np.ndarray | None, A: np.ndarray) -> None:
+    """(value, buf) <- A (value, buf) in place, for a 2x2 ``A`` (float32 coefficients, as the
+    kernels' catch-up); without momentum only value <- A[0, 0] value."""
     a00, a01, a10, a11 = (np.float32(x) for x in A.ravel())
     if buf is None:
-        np.multiply(value, a00, out=out_value)
+        value *= a00
         return
     new_value = a00 * value + a01 * buf
-    np.add(a10 * value, a11 * buf, out=out_buf)
-    out_value[...] = new_value
+    buf[...] = a10 * value + a11 * buf
+    value[...] = new_value
 
 
 def _record_stats(stats: dict, shared: _Shared, sched: _Schedule, steps_s: float, catch_up_s: float) -> None:
@@ -600,7 +600,8 @@ def train_epoch(
     touches. ``block``: examples per block of a step (a speed setting only: the step is the same).
     ``mixer``: this process is one of W that train one model (each calls this with the same
     arguments and state, one thread each): process r takes global minibatches r, r + W, ... and
-    the processes sum their updates every ``mixer.every`` steps and at the end (:class:`_Sync`),
+    the processes average the rows they touched every ``mixer.every`` steps and at the end
+    (:class:`_Sync`),
     so that they return with the same state; the loss and words/s returned are global.
     Parameters and optimiser state are caught up (exact) at return.
     """

@@ -520,8 +520,8 @@ def _how_to_run_args(t) -> None:
         type=int,
         default=d.sync_every,
         metavar="STEPS",
-        help="fast engine under torchrun: each process's steps between two sums of the processes' "
-        "updates (1: synchronous SGD at batch processes x --batch-size; docs/distributed.md)",
+        help="fast engine under torchrun: each process's steps between two averagings of the rows "
+        "the processes touched (docs/distributed.md)",
     )
     t.add_argument("--seed", type=seed_arg, default=0, help="initial weights and example order")
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
