@@ -17,6 +17,8 @@ Speed: ``log_prob`` of (700, 200) hidden vectors at V = 10,000 (PTB's counts) an
 (WikiText-2's size, Zipf counts; adaptive cutoffs 2000, 10000), one thread, float32, no autograd:
 TreeSoftmax on a Huffman tree and the adaptive softmax called alternately for ``--rounds``
 rounds; the ratio is the median over rounds of adaptive time / tree time (> 1: the tree is faster).
+The same rounds time the tree's node scores alone (one (B, d) x (d, N) product): no exact tree
+with full-rank node vectors can be faster than that.
 
 Writes ``results/lstm/summary.json`` (and ``runs.json``, every run's epochs); ``--quick`` writes
 under a temporary directory instead and checks the pipeline only.
@@ -63,20 +65,30 @@ def log_prob_speed(counts: np.ndarray, cutoffs: list[int], d: int, batch: int, r
     torch.manual_seed(0)
     adaptive = nn.AdaptiveLogSoftmaxWithLoss(d, V, cutoffs, div_value=4.0)
     h = torch.randn(batch, d, generator=torch.Generator().manual_seed(1))
-    times = {"tree": [], "adaptive": []}
+    W, b = tree_layer.weight.detach(), tree_layer.bias.detach()
+    calls = {
+        "tree": lambda: tree_layer.log_prob(h),
+        "adaptive": lambda: adaptive.log_prob(h),
+        # the floor of any exact full-rank tree: the (B, N) node scores alone, one matrix product
+        "tree_scores_only": lambda: torch.addmm(b, h, W.t()),
+    }
+    times = {name: [] for name in calls}
     with torch.no_grad():
-        tree_layer.log_prob(h), adaptive.log_prob(h)  # warm-up
+        for call in calls.values():  # warm-up (and numba's compilation)
+            call()
         for _ in range(rounds):
-            for name, layer in (("tree", tree_layer), ("adaptive", adaptive)):
+            for name, call in calls.items():
                 t0 = time.perf_counter()
-                layer.log_prob(h)
+                call()
                 times[name].append(time.perf_counter() - t0)
-    t, a = np.array(times["tree"]), np.array(times["adaptive"])
+    t, a, m = (np.array(times[k]) for k in ("tree", "adaptive", "tree_scores_only"))
     return {
         "vocab": V,
         "tree_ms": float(np.median(t) * 1e3),
         "adaptive_ms": float(np.median(a) * 1e3),
+        "tree_scores_only_ms": float(np.median(m) * 1e3),
         "speed_vs_adaptive": float(np.median(a / t)),
+        "scores_only_speed_vs_adaptive": float(np.median(a / m)),
     }
 
 
@@ -87,13 +99,16 @@ def zipf_counts(V: int) -> np.ndarray:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="ptb")
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=1, help="epochs of each output layer (a cap with --stop-lr)")
+    p.add_argument("--stop-lr", type=float, default=0.0, help="stop a run once its annealed lr falls below this")
+    p.add_argument("--bootstrap-epochs", type=int, help="epochs of the learned tree's Huffman model (default --epochs)")
     p.add_argument("--emsize", type=int, default=200)
     p.add_argument("--nhid", type=int, default=200)
     p.add_argument("--max-steps", type=int, default=0, help="steps per epoch (0: the whole epoch)")
     p.add_argument("--outputs", default="full,adaptive,tree,learned-tree")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--speed-only", action="store_true")
+    p.add_argument("--no-speed", action="store_true", help="train and test only (the log_prob speed on its own)")
     p.add_argument("--step-speed", action="store_true", help="only the training-step speed, side by side")
     p.add_argument("--grad-study", type=int, metavar="STEPS", default=0, help="only the gradient-norm study")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "lstm")
@@ -113,7 +128,7 @@ def main(argv=None) -> int:
         args.out, args.data, args.rounds = quick_dir() / "lstm", ex.synthetic_corpus(quick_dir() / "toy"), 2
     args.out.mkdir(parents=True, exist_ok=True)
     summary, runs = train_all(ex, args) if not args.speed_only else ({}, [])
-    speed_vocab = (2000, 5000) if args.quick else (10_000, 33_278)
+    speed_vocab = () if args.no_speed else (2000, 5000) if args.quick else (10_000, 33_278)
     batch, d = (50, 32) if args.quick else (700, 200)
     for V, key in zip(speed_vocab, ("10k", "33k")):
         counts = ex.Corpus(args.data).counts if (V == 10_000 and not args.quick) else zipf_counts(V)
@@ -121,9 +136,15 @@ def main(argv=None) -> int:
         cut = [c for c in cut if c < V - 1] if not args.quick else [200, 1000]
         res = log_prob_speed(counts, cut, d, batch, args.rounds)
         summary[f"logprob_speed_vs_adaptive_{key}"] = res["speed_vs_adaptive"]
-        summary[f"logprob_ms_{key}"] = {"tree": res["tree_ms"], "adaptive": res["adaptive_ms"]}
+        summary[f"logprob_ms_{key}"] = {
+            "tree": res["tree_ms"],
+            "adaptive": res["adaptive_ms"],
+            "tree_scores_only": res["tree_scores_only_ms"],
+        }
+        summary[f"logprob_scores_only_speed_vs_adaptive_{key}"] = res["scores_only_speed_vs_adaptive"]
         print(
-            f"log_prob at V={V}: tree {res['tree_ms']:.0f} ms, adaptive {res['adaptive_ms']:.0f} ms",
+            f"log_prob at V={V}: tree {res['tree_ms']:.0f} ms (its node scores alone "
+            f"{res['tree_scores_only_ms']:.0f} ms), adaptive {res['adaptive_ms']:.0f} ms",
             file=sys.stderr,
         )
     # A rerun of some outputs (--outputs) or of the speeds alone replaces their keys and runs only.
@@ -144,7 +165,8 @@ def main(argv=None) -> int:
 def train_all(ex, args) -> tuple[dict, list]:
     """Every output layer of ``--outputs`` trained and tested with the example's recipe."""
     argv = ["--epochs", str(args.epochs), "--emsize", str(args.emsize), "--nhid", str(args.nhid)]
-    argv += ["--max-steps", str(args.max_steps), "--bootstrap-epochs", str(args.epochs)]
+    boot = args.epochs if args.bootstrap_epochs is None else args.bootstrap_epochs
+    argv += ["--max-steps", str(args.max_steps), "--bootstrap-epochs", str(boot), "--stop-lr", str(args.stop_lr)]
     argv += ["--quick"] if args.quick else ["--save-tree", str(args.out / "learned_tree.npz")]
     ex_args = ex.parse_args(argv)
     corpus = ex.Corpus(args.data)
@@ -154,6 +176,8 @@ def train_all(ex, args) -> tuple[dict, list]:
             k: getattr(ex_args, k) for k in ("emsize", "nhid", "nlayers", "dropout", "bptt", "batch_size", "lr", "clip")
         },
         "epochs": args.epochs,
+        "stop_lr": args.stop_lr,
+        "bootstrap_epochs": boot,
         "max_steps": args.max_steps,
         "threads": 1,
         "data": str(args.data) if not args.quick else "synthetic",
@@ -164,6 +188,9 @@ def train_all(ex, args) -> tuple[dict, list]:
         runs.append(r)
         summary[f"{names[kind]}_test_ppl"] = r["test_ppl"]
         summary[f"{names[kind]}_s_per_epoch"] = r["s_per_epoch"]
+        summary[f"{names[kind]}_valid_ppl"] = r["valid_ppl"]  # of the best validation epoch, the one tested
+        summary[f"{names[kind]}_best_epoch"] = r["best_epoch"]
+        summary[f"{names[kind]}_epochs_run"] = len(r["epochs"])
         summary[f"{names[kind]}_head_over_encoder_grad"] = float(
             np.median([e["head_over_encoder"] for e in r["epochs"]])
         )

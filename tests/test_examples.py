@@ -30,3 +30,19 @@ def test_the_lstm_example_trains_every_output_layer_in_quick_mode(tmp_path):
 def test_the_lstm_example_refuses_an_unknown_output():
     proc = run_example(ROOT / "examples" / "lstm_lm" / "lstm_lm.py", "--output", "tree,nope")
     assert proc.returncode == 2 and "unknown output 'nope'" in proc.stderr
+
+
+def test_the_lstm_example_tests_the_best_validation_epoch_and_stops_when_the_schedule_runs_out(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lstm_lm", ROOT / "examples" / "lstm_lm" / "lstm_lm.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
+    # lr 200 overshoots on the toy grammar, so some epoch fails to improve; --stop-lr 100 then ends the run
+    args = ex.parse_args(["--quick", "--epochs", "6", "--lr", "200", "--stop-lr", "100", "--log-every", "1000"])
+    r = ex.run(corpus, "tree", args, log=lambda m: None)
+    valid = [e["valid_ppl"] for e in r["epochs"]]
+    assert r["valid_ppl"] == min(valid) and valid[r["best_epoch"] - 1] == min(valid)
+    assert [e["lr"] for e in r["epochs"]] == [200.0] * len(valid)  # one anneal (to 50 < 100) ends it
+    assert len(valid) < 6 and valid[-1] >= min(valid[:-1])  # stopped by the schedule, not the cap

@@ -144,6 +144,29 @@ def test_both_log_prob_paths_equal_the_enumeration(name, tree):
         assert torch.allclose(layer.float().log_prob(h.float()).double(), ref, atol=1e-4)
 
 
+@pytest.mark.parametrize("tree", [random_tree(300, 1), duplicated_tree(300, 120, 2)], ids=["single", "multi"])
+def test_the_cpu_kernel_equals_the_level_by_level_path_and_ignores_the_thread_count(tree):
+    """log_prob on a CPU sweeps the tree in a numba kernel, rows split over torch's threads; other
+    devices go level by level with tensor operations: the same distribution, and the same bits
+    for any number of threads (200 rows: sliced when 2 threads are allowed)."""
+    layer, _ = layer_on(tree, d=6, dtype=torch.float32)
+    h = torch.randn(200, 6, generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()
+    try:
+        with torch.no_grad():
+            torch.set_num_threads(1)
+            one = layer.log_prob(h)
+            torch.set_num_threads(2)
+            two = layer.log_prob(h)
+            levels = layer._edge_log_probs_inplace(h)  # the path a GPU takes, run on the CPU
+    finally:
+        torch.set_num_threads(threads)
+    wc = layer._word_cols
+    ref = torch.logsumexp(levels[:, wc.clamp(min=0)].masked_fill(wc < 0, float("-inf")), dim=2)
+    assert torch.equal(one, two)
+    assert torch.allclose(one, ref, atol=1e-5) and torch.allclose(one.exp().sum(1), torch.ones(200), atol=1e-4)
+
+
 def test_log_prob_is_exact_for_scores_past_where_sigmoid_underflows():
     """log(sigmoid(s)) is -inf below s = -104 in float32: the layer must give s itself."""
     tree = random_tree(8, 0)

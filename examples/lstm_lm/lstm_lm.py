@@ -260,7 +260,8 @@ def build_model(corpus: Corpus, kind: str, args, tree=None) -> LSTMLM:
 
 def run(corpus: Corpus, kind: str, args, log=print) -> dict:
     """Train ``kind`` for ``args.epochs`` (lr divided by 4 after an epoch without a validation
-    gain, as the recipe), evaluate exactly; the result as a dict."""
+    gain, as the recipe; stopped early once it falls below ``--stop-lr``), test the model of the
+    best validation epoch exactly; the result as a dict."""
     batches = {s: batchify(corpus.splits[s], args.batch_size if s == "train" else 10) for s in corpus.splits}
     tree, info = (None, {})
     if kind == "learned-tree":
@@ -269,19 +270,27 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
             tree.save(args.save_tree)  # .json or .npz; hlbl.WordTree.load reads it back
     torch.manual_seed(args.seed)
     model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, tree)
-    lr, best, epochs = args.lr, math.inf, []
+    lr, best, best_state, epochs = args.lr, math.inf, None, []
     for epoch in range(1, args.epochs + 1):
         stats = train_epoch(model, batches["train"], args, lr)
         stats["valid_ppl"] = evaluate(model, batches["valid"], args.bptt)
+        stats["lr"] = lr
         log(f"{kind} epoch {epoch}: " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items()))
         epochs.append(stats)
         if stats["valid_ppl"] < best:
             best = stats["valid_ppl"]
+            best_state = {k: v.clone() for k, v in model.state_dict().items()}
         else:
             lr /= 4.0
+            if lr < args.stop_lr:  # the schedule has run out: more epochs change little
+                break
+    if best_state is not None:  # the recipe tests the model of the best validation epoch
+        model.load_state_dict(best_state)
+    valid = [e["valid_ppl"] for e in epochs]
     result = {
         "output": kind,
-        "valid_ppl": epochs[-1]["valid_ppl"],
+        "valid_ppl": best if best_state is not None else valid[-1],
+        "best_epoch": 1 + valid.index(best) if best_state is not None else len(valid),
         "test_ppl": evaluate(model, batches["test"], args.bptt),
         "s_per_epoch": float(np.mean([e["seconds"] for e in epochs])),
         "epochs": epochs,
@@ -319,6 +328,9 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=20.0)
     p.add_argument("--clip", type=float, default=0.25)
     p.add_argument("--epochs", type=int, default=1)
+    p.add_argument(
+        "--stop-lr", type=float, default=0.0, help="stop once the annealed learning rate falls below this (0: never)"
+    )
     p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0: none)")
     p.add_argument("--cutoffs", type=lambda s: [int(c) for c in s.split(",")], default=[2000, 5000])
     p.add_argument("--samples", type=int, default=100, help="noise words of the sampled softmax")
