@@ -105,6 +105,8 @@ def parse_args(argv=None):
     p.add_argument("--emsize", type=int, default=200)
     p.add_argument("--nhid", type=int, default=200)
     p.add_argument("--max-steps", type=int, default=0, help="steps per epoch (0: the whole epoch)")
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="as the example's --optimizer")
+    p.add_argument("--lr", type=float, help="as the example's --lr (default: the optimiser's)")
     p.add_argument("--outputs", default="full,adaptive,tree,learned-tree")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--speed-only", action="store_true")
@@ -165,6 +167,7 @@ def main(argv=None) -> int:
 def train_all(ex, args) -> tuple[dict, list]:
     """Every output layer of ``--outputs`` trained and tested with the example's recipe."""
     argv = ["--epochs", str(args.epochs), "--emsize", str(args.emsize), "--nhid", str(args.nhid)]
+    argv += ["--optimizer", args.optimizer] + ([] if args.lr is None else ["--lr", str(args.lr)])
     boot = args.epochs if args.bootstrap_epochs is None else args.bootstrap_epochs
     argv += ["--max-steps", str(args.max_steps), "--bootstrap-epochs", str(boot), "--stop-lr", str(args.stop_lr)]
     argv += ["--quick"] if args.quick else ["--save-tree", str(args.out / "learned_tree.npz")]
@@ -173,7 +176,8 @@ def train_all(ex, args) -> tuple[dict, list]:
     names = {"full": "full", "adaptive": "adaptive", "tree": "huffman", "learned-tree": "learned_tree"}
     summary = {
         "recipe": {
-            k: getattr(ex_args, k) for k in ("emsize", "nhid", "nlayers", "dropout", "bptt", "batch_size", "lr", "clip")
+            k: getattr(ex_args, k)
+            for k in ("emsize", "nhid", "nlayers", "dropout", "bptt", "batch_size", "optimizer", "lr", "clip")
         },
         "epochs": args.epochs,
         "stop_lr": args.stop_lr,

@@ -46,3 +46,17 @@ def test_the_lstm_example_tests_the_best_validation_epoch_and_stops_when_the_sch
     assert r["valid_ppl"] == min(valid) and valid[r["best_epoch"] - 1] == min(valid)
     assert [e["lr"] for e in r["epochs"]] == [200.0] * len(valid)  # one anneal (to 50 < 100) ends it
     assert len(valid) < 6 and valid[-1] >= min(valid[:-1])  # stopped by the schedule, not the cap
+
+
+def test_the_lstm_example_trains_the_tree_layer_with_adam(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lstm_lm", ROOT / "examples" / "lstm_lm" / "lstm_lm.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
+    args = ex.parse_args(["--quick", "--optimizer", "adam", "--epochs", "2", "--log-every", "1000"])
+    assert args.lr == 0.001  # Adam's default, not the recipe's SGD rate of 20
+    r = ex.run(corpus, "tree", args, log=lambda m: None)
+    valid = [e["valid_ppl"] for e in r["epochs"]]
+    assert valid[1] < valid[0] < len(corpus)  # learns from the first epoch on, and keeps learning

@@ -155,13 +155,23 @@ def grad_norm(params) -> float:
     return float(torch.norm(torch.stack([g.norm() for g in grads]))) if grads else 0.0
 
 
-def train_epoch(model: LSTMLM, data: torch.Tensor, args, lr: float) -> dict:
-    """One epoch of the recipe: truncated BPTT, SGD, clipping of the total gradient norm.
-    Returns the seconds and the median gradient norms of the encoder and the output layer
-    (before clipping), whose ratio shows whether clipping starves the encoder."""
+def make_optimizer(model: LSTMLM, args) -> torch.optim.Optimizer:
+    """``--optimizer``: plain SGD (the recipe) or Adam, over the trainable parameters; one per run,
+    so Adam's moments carry over from epoch to epoch."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.Adam(params, lr=args.lr) if args.optimizer == "adam" else torch.optim.SGD(params, lr=args.lr)
+
+
+def train_epoch(model: LSTMLM, data: torch.Tensor, args, lr: float, opt: torch.optim.Optimizer | None = None) -> dict:
+    """One epoch of the recipe at learning rate ``lr``: truncated BPTT, the optimiser (a fresh
+    one of ``--optimizer`` when ``opt`` is None), clipping of the total gradient norm. Returns the
+    seconds and the median gradient norms of the encoder and the output layer (before clipping),
+    whose ratio shows whether clipping starves the encoder."""
     model.train()
     enc = [p for n, p in model.named_parameters() if not n.startswith("head.")]
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+    opt = make_optimizer(model, args) if opt is None else opt
+    for group in opt.param_groups:
+        group["lr"] = lr
     state, norms, losses = None, [], []
     steps = range(0, data.size(0) - 1, args.bptt)
     t0 = time.perf_counter()
@@ -241,8 +251,9 @@ def learn_tree(corpus: Corpus, train: torch.Tensor, args, log) -> tuple[hlbl.Wor
     torch.manual_seed(args.seed)
     boot = build_model(corpus, boot_kind, args)
     t0 = time.perf_counter()
+    opt = make_optimizer(boot, args)
     for epoch in range(args.bootstrap_epochs):
-        train_epoch(boot, train, args, args.lr)
+        train_epoch(boot, train, args, args.lr, opt)
     if args.tree_features == "embedding":
         X = hlbl.embedding_features(boot.head.decoder.weight)  # (V, nhid): the vector each word is scored by
     else:
@@ -271,8 +282,9 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
     torch.manual_seed(args.seed)
     model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, tree)
     lr, best, best_state, epochs = args.lr, math.inf, None, []
+    opt = make_optimizer(model, args)
     for epoch in range(1, args.epochs + 1):
-        stats = train_epoch(model, batches["train"], args, lr)
+        stats = train_epoch(model, batches["train"], args, lr, opt)
         stats["valid_ppl"] = evaluate(model, batches["valid"], args.bptt)
         stats["lr"] = lr
         log(f"{kind} epoch {epoch}: " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items()))
@@ -325,7 +337,8 @@ def parse_args(argv=None):
     p.add_argument("--dropout", type=float, default=0.2)
     p.add_argument("--bptt", type=int, default=35)
     p.add_argument("--batch-size", type=int, default=20)
-    p.add_argument("--lr", type=float, default=20.0)
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="sgd: the recipe's plain SGD")
+    p.add_argument("--lr", type=float, help="learning rate (default 20 for sgd, 0.001 for adam)")
     p.add_argument("--clip", type=float, default=0.25)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument(
@@ -354,6 +367,8 @@ def parse_args(argv=None):
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--quick", action="store_true", help="every output on a synthetic corpus, a tiny model")
     args = p.parse_args(argv)
+    if args.lr is None:
+        args.lr = 0.001 if args.optimizer == "adam" else 20.0
     args.output = args.output.split(",")
     bad = [k for k in args.output if k not in OUTPUTS]
     if bad:
