@@ -107,6 +107,7 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=int, default=0, help="steps per epoch (0: the whole epoch)")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="as the example's --optimizer")
     p.add_argument("--lr", type=float, help="as the example's --lr (default: the optimiser's)")
+    p.add_argument("--device", default="cpu", help="as the example's --device (the speed stage stays on the CPU)")
     p.add_argument("--outputs", default="full,adaptive,tree,learned-tree")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--speed-only", action="store_true")
@@ -167,7 +168,9 @@ def main(argv=None) -> int:
 def train_all(ex, args) -> tuple[dict, list]:
     """Every output layer of ``--outputs`` trained and tested with the example's recipe."""
     argv = ["--epochs", str(args.epochs), "--emsize", str(args.emsize), "--nhid", str(args.nhid)]
-    argv += ["--optimizer", args.optimizer] + ([] if args.lr is None else ["--lr", str(args.lr)])
+    argv += ["--optimizer", args.optimizer, "--device", args.device] + (
+        [] if args.lr is None else ["--lr", str(args.lr)]
+    )
     boot = args.epochs if args.bootstrap_epochs is None else args.bootstrap_epochs
     argv += ["--max-steps", str(args.max_steps), "--bootstrap-epochs", str(boot), "--stop-lr", str(args.stop_lr)]
     argv += ["--quick"] if args.quick else ["--save-tree", str(args.out / "learned_tree.npz")]
@@ -184,6 +187,7 @@ def train_all(ex, args) -> tuple[dict, list]:
         "bootstrap_epochs": boot,
         "max_steps": args.max_steps,
         "threads": 1,
+        "device": str(ex_args.device),
         "data": str(args.data) if not args.quick else "synthetic",
     }
     runs = []

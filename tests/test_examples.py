@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -60,3 +63,17 @@ def test_the_lstm_example_trains_the_tree_layer_with_adam(tmp_path):
     r = ex.run(corpus, "tree", args, log=lambda m: None)
     valid = [e["valid_ppl"] for e in r["epochs"]]
     assert valid[1] < valid[0] < len(corpus)  # learns from the first epoch on, and keeps learning
+
+
+def test_the_lstm_example_names_a_missing_device_in_one_line():
+    proc = run_example(ROOT / "examples" / "lstm_lm" / "lstm_lm.py", "--quick", "--device", "nope")
+    assert proc.returncode == 2 and "--device" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_the_lstm_example_runs_unchanged_on_a_gpu(tmp_path):
+    out = tmp_path / "results.json"
+    proc = run_example(ROOT / "examples" / "lstm_lm" / "lstm_lm.py", "--quick", "--device", "cuda", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for r in json.loads(out.read_text()):
+        assert 1.0 < r["test_ppl"] < 40, r

@@ -218,7 +218,7 @@ def generate(model: LSTMLM, corpus: Corpus, n: int, seed: int, temperature: floa
     """``n`` words sampled from the model (the tree: ancestral sampling down the tree)."""
     model.eval()
     g = torch.Generator().manual_seed(seed)
-    word = torch.tensor([[corpus.words.index("<eos>")]])
+    word = torch.tensor([[corpus.words.index("<eos>")]], device=next(model.parameters()).device)
     state, out = None, []
     for _ in range(n):
         h, state = model.hidden(word, state)
@@ -226,9 +226,10 @@ def generate(model: LSTMLM, corpus: Corpus, n: int, seed: int, temperature: floa
         if hasattr(model.head, "sample"):
             w = model.head.sample(h, g, temperature)
         else:
-            w = torch.multinomial(torch.softmax(model.head.log_prob(h) / temperature, -1), 1, generator=g)[:, 0]
+            probs = torch.softmax(model.head.log_prob(h) / temperature, -1).cpu()  # g is a CPU generator
+            w = torch.multinomial(probs, 1, generator=g)[:, 0]
         out.append(corpus.words[int(w)])
-        word = w.view(1, 1)
+        word = w.view(1, 1).to(word.device)
     return " ".join(out)
 
 
@@ -265,15 +266,18 @@ def learn_tree(corpus: Corpus, train: torch.Tensor, args, log) -> tuple[hlbl.Wor
 
 
 def build_model(corpus: Corpus, kind: str, args, tree=None) -> LSTMLM:
+    """The model on ``--device`` (every output layer's buffers, the tree's included, move with it)."""
     head = make_head(kind, args.nhid, corpus, args, tree)
-    return LSTMLM(len(corpus), head, args.emsize, args.nhid, args.nlayers, args.dropout)
+    return LSTMLM(len(corpus), head, args.emsize, args.nhid, args.nlayers, args.dropout).to(args.device)
 
 
 def run(corpus: Corpus, kind: str, args, log=print) -> dict:
     """Train ``kind`` for ``args.epochs`` (lr divided by 4 after an epoch without a validation
     gain, as the recipe; stopped early once it falls below ``--stop-lr``), test the model of the
     best validation epoch exactly; the result as a dict."""
-    batches = {s: batchify(corpus.splits[s], args.batch_size if s == "train" else 10) for s in corpus.splits}
+    batches = {
+        s: batchify(corpus.splits[s], args.batch_size if s == "train" else 10).to(args.device) for s in corpus.splits
+    }
     tree, info = (None, {})
     if kind == "learned-tree":
         tree, info = learn_tree(corpus, batches["train"], args, log)
@@ -362,11 +366,20 @@ def parse_args(argv=None):
     p.add_argument("--save-tree", type=Path, help="write the learned tree here (.json or .npz)")
     p.add_argument("--generate", type=int, default=0, help="sample this many words after training")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda when there is one)")
     p.add_argument("--seed", type=int, default=1111)
     p.add_argument("--log-every", type=int, default=20, help="gradient norms every this many steps")
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument("--quick", action="store_true", help="every output on a synthetic corpus, a tiny model")
     args = p.parse_args(argv)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        args.device = torch.device(args.device)
+    except RuntimeError as e:
+        p.error(f"--device: {e}")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: this PyTorch sees no CUDA device")
     if args.lr is None:
         args.lr = 0.001 if args.optimizer == "adam" else 20.0
     args.output = args.output.split(",")
