@@ -196,6 +196,7 @@ def train_all(ex, args) -> tuple[dict, list]:
         runs.append(r)
         summary[f"{names[kind]}_test_ppl"] = r["test_ppl"]
         summary[f"{names[kind]}_s_per_epoch"] = r["s_per_epoch"]
+        summary[f"{names[kind]}_tokens_per_s"] = r["tokens_per_s"]
         summary[f"{names[kind]}_valid_ppl"] = r["valid_ppl"]  # of the best validation epoch, the one tested
         summary[f"{names[kind]}_best_epoch"] = r["best_epoch"]
         summary[f"{names[kind]}_epochs_run"] = len(r["epochs"])

@@ -172,7 +172,7 @@ def train_epoch(model: LSTMLM, data: torch.Tensor, args, lr: float, opt: torch.o
     opt = make_optimizer(model, args) if opt is None else opt
     for group in opt.param_groups:
         group["lr"] = lr
-    state, norms, losses = None, [], []
+    state, norms, losses, tokens = None, [], [], 0
     steps = range(0, data.size(0) - 1, args.bptt)
     t0 = time.perf_counter()
     for step, i in enumerate(steps):
@@ -189,10 +189,12 @@ def train_epoch(model: LSTMLM, data: torch.Tensor, args, lr: float, opt: torch.o
         nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         opt.step()
         losses.append(out.loss.item())
+        tokens += y.numel()
     seconds = time.perf_counter() - t0
     n = np.array(norms)
     return {
         "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
         "train_loss": float(np.mean(losses[-50:])),
         "encoder_grad_norm": float(np.median(n[:, 0])),
         "head_grad_norm": float(np.median(n[:, 1])),
@@ -309,6 +311,7 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
         "best_epoch": 1 + valid.index(best) if best_state is not None else len(valid),
         "test_ppl": evaluate(model, batches["test"], args.bptt),
         "s_per_epoch": float(np.mean([e["seconds"] for e in epochs])),
+        "tokens_per_s": float(np.mean([e["tokens_per_s"] for e in epochs])),
         "epochs": epochs,
         **info,
     }
