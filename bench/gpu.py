@@ -13,7 +13,10 @@ clock (``hlbl.train.train_epoch``, the autograd path, on a prefix of the stream)
   HLBL on a RANDOM tree at batch 1000 and ``--batch`` (default 4096), the flat-softmax LBL and
   LBL + ``nn.AdaptiveLogSoftmaxWithLoss`` at ``--batch``;
 - synthetic Zipf corpora: V = 33,278 (HLBL, flat, adaptive) and V = 1M (HLBL, BALANCED tree);
-- scoring (``hlbl.evaluate.token_log_probs``, batch 4096) of the PTB HLBL.
+- scoring (``hlbl.evaluate.token_log_probs``, batch 4096) of the PTB HLBL;
+- the LSTM example (``examples/lstm_lm``, its recipe unchanged, on the PTB stream written out as
+  text): training tokens/s with the full softmax, the adaptive softmax and the tree layer, and
+  ``log_prob`` of 700 hidden vectors, tree against adaptive (``lstm`` in the JSON).
 
 The learning rate stays the recipe's per-example rate whatever the batch: these are speed
 measurements, not training runs. The last line is one JSON object; ``--out`` (default
@@ -30,6 +33,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,6 +87,47 @@ def time_score(model: LBL, stream: np.ndarray, pad: int, device: torch.device) -
     sync(device)
     wall = time.perf_counter() - t
     return {"wps": len(stream) / wall, "tokens": len(stream), "ppl": float(np.exp(-lp.mean()))}
+
+
+def lstm_stage(device: torch.device, stream: np.ndarray, steps: int, quick: bool) -> dict:
+    """The LSTM example on ``device``: training tokens/s of its recipe with each output layer over
+    ``steps`` steps (after 2 warm-up steps; every step reads its loss, so the clock needs no other
+    synchronisation), and median ms of ``log_prob`` of 700 hidden vectors over 9 rounds."""
+    from lstm import example_module
+
+    ex = example_module()
+    with tempfile.TemporaryDirectory() as tmp:
+        words = " ".join(f"w{i}" for i in stream)
+        for split, text in (("train", words), ("valid", words[:20_000]), ("test", words[:20_000])):
+            Path(tmp, f"{split}.txt").write_text(text + "\n")
+        corpus = ex.Corpus(tmp)
+    dims = ["--emsize", "32", "--nhid", "32"] if quick else []
+    args = ex.parse_args(["--device", str(device), "--log-every", "1000000", *dims])
+    train = ex.batchify(corpus.splits["train"], args.batch_size).to(device)
+    out: dict = {"vocab": len(corpus), "steps": steps}
+    for kind in ("full", "adaptive", "tree"):
+        torch.manual_seed(args.seed)
+        model = ex.build_model(corpus, kind, args)
+        args.max_steps = 2
+        ex.train_epoch(model, train, args, args.lr)  # warm-up: allocator, kernels
+        args.max_steps = steps
+        out[f"{kind}_tokens_per_s"] = ex.train_epoch(model, train, args, args.lr)["tokens_per_s"]
+        if kind != "full":
+            head = model.head.eval()
+            h = torch.randn(700, args.nhid, device=device)
+            times = []
+            with torch.no_grad():
+                head.log_prob(h)
+                for _ in range(9):
+                    sync(device)
+                    t = time.perf_counter()
+                    head.log_prob(h)
+                    sync(device)
+                    times.append(time.perf_counter() - t)
+            out[f"{kind}_log_prob_ms"] = float(np.median(times) * 1e3)
+    out["tree_step_speed_vs_adaptive"] = out["tree_tokens_per_s"] / out["adaptive_tokens_per_s"]
+    out["tree_log_prob_speed_vs_adaptive"] = out["adaptive_log_prob_ms"] / out["tree_log_prob_ms"]
+    return out
 
 
 def agreement(device: torch.device) -> dict:
@@ -237,6 +282,9 @@ def main(argv=None) -> int:
         f"V={V1:,} HLBL BALANCED, batch {B}",
         lambda: time_train(model_for(V1, "tree", balanced_tree(np.arange(V1)), z1c, device), z1, 0, B, n(200), device),
     )
+
+    info["lstm"] = lstm_stage(device, train[: 400_000 if not args.quick else 20_000], n(200), args.quick)
+    print(f"LSTM example: {json.dumps(info['lstm'])}", file=sys.stderr, flush=True)
 
     summary = {
         **info,
