@@ -735,6 +735,22 @@ def stage_frontier(args) -> dict:
                     f"{label} + KN5 (w = {mix['weight']:.3f})", mix["perplexity"], None, seen, hours, None,
                     hl["steps"][f"mix_{run}"]["command"],
                 )  # fmt: skip
+        for cell in grid_cells(out, vocab):  # bench/scale.py grid: d, context, tree, trained to the schedule's end
+            name = f"HLBL, d = {cell['dim']}, context {cell['context']}, {cell.get('tree', 'adaptive0.4x2')} tree"
+            name += f", {cell['processes']} processes" if cell.get("processes", 1) > 1 else ""
+            name += "" if cell.get("stopped_by_schedule") else " (stopped before the schedule's end)"
+            hours, passes = cell.get("train_hours"), cell.get("passes")
+            add(name, cell["test_ppl"], cell["valid_ppl"], passes, hours, None, cell["command"])
+            if cell.get("mixture_test_ppl"):
+                add(
+                    name + " + KN5 (w auto)",
+                    cell["mixture_test_ppl"],
+                    None,
+                    passes,
+                    hours,
+                    None,
+                    cell["mixture_command"],
+                )
         add(
             "KN5",
             k,
@@ -750,6 +766,16 @@ def stage_frontier(args) -> dict:
     write_json(out / "frontier.json", result)
     (out / "frontier.md").write_text(frontier_table(rows))
     return result
+
+
+def grid_cells(out: Path, vocab: str) -> list[dict]:
+    """The cells of ``scale_grid.json`` (``bench/scale.py grid``) trained on vocabulary ``vocab``
+    (``50k``: their command has ``--max-vocab 50000``), in file order; none without the file."""
+    path = out / "scale_grid.json"
+    if not path.exists():
+        return []
+    cells = json.loads(path.read_text())["cells"].values()
+    return [c for c in cells if ("--max-vocab 50000" in c["command"]) == (vocab == "50k") and c.get("test_ppl")]
 
 
 def frontier_table(rows: list[dict]) -> str:
