@@ -5,6 +5,8 @@ training time, and the speed of the full distribution (``log_prob``).
     python bench/lstm.py --nhid 100 --epochs 1    # a cheaper model
     python bench/lstm.py --speed-only             # only the log_prob measurement
     python bench/lstm.py --quick                  # seconds: a synthetic corpus, a tiny model
+    python bench/lstm.py --epochs 4 --bootstrap-epochs 1 --no-speed --out results/lstm/epochs4
+    python bench/lstm.py --optimizer adam --outputs adaptive,tree,learned-tree --no-speed --out results/lstm/adam
 
 Training (``examples/lstm_lm``): 2-layer LSTM, bptt 35, batch 20, SGD lr 20, clip 0.25, dropout
 0.2, one thread, the same seed for every output layer: ``full`` (Linear + softmax), ``adaptive``
