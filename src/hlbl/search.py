@@ -443,14 +443,7 @@ def tree_topk(
     def run(start: int, stop: int) -> None:
         _topk_range(H, wt, a, k, start, stop, out_v, out_w, out_n)
 
-    threads = numba.get_num_threads() if threads is None else int(threads)
-    threads = max(1, min(threads, B // 64))  # a slice of fewer than 64 contexts is not worth a thread
-    if threads == 1:
-        run(0, B)
-    else:
-        bounds = np.linspace(0, B, threads + 1).astype(int)
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(run, bounds[:-1], bounds[1:]))
+    in_row_slices(run, B, numba.get_num_threads() if threads is None else int(threads))
     dev = input.device
     return TopK(
         torch.from_numpy(out_v).to(dev, input.dtype), torch.from_numpy(out_w).to(dev), torch.from_numpy(out_n).to(dev)
@@ -503,6 +496,19 @@ class TreeSearch:
         s, tag0 = self._scratch(B)
         _topk_range_scratch(H, self.weights, self.arrays, self.single, k, 0, B, s, tag0, out_v, out_w, out_n)
         return out_v, out_w
+
+
+def in_row_slices(run, rows: int, threads: int) -> None:
+    """``run(start, stop)`` over ``rows`` rows cut into at most ``threads`` contiguous slices, run
+    in parallel threads (``run`` must release the GIL to gain: a nogil numba kernel); a slice of
+    fewer than 64 rows is not worth a thread, so small batches run on the caller's thread."""
+    threads = max(1, min(threads, rows // 64))
+    if threads == 1:
+        run(0, rows)
+        return
+    bounds = np.linspace(0, rows, threads + 1).astype(int)
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(run, bounds[:-1], bounds[1:]))
 
 
 def _check_k(k: int, vocab_size: int) -> int:

@@ -9,7 +9,6 @@ vector ``(d,)`` or a batch ``(B, d)``, as for ``nn.AdaptiveLogSoftmaxWithLoss``.
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -316,6 +315,7 @@ class TreeSoftmax(OutputLayer):
         """(B, V) log-probabilities on the CPU without autograd: the scores and their log sigmoid
         by PyTorch, the sweep down the tree by a numba kernel (:mod:`hlbl.tree_kernels`), rows
         split over ``torch.get_num_threads()`` threads."""
+        from ..search import in_row_slices
         from ..tree_kernels import descend  # numba: loaded on the first full distribution on a CPU
 
         B, V = h.shape[0], self.vocab_size
@@ -327,13 +327,7 @@ class TreeSoftmax(OutputLayer):
         def run(start: int, stop: int) -> None:
             descend(Ln, Sn, children, self.multi_code, start, stop, on)
 
-        threads = max(1, min(torch.get_num_threads(), B // 64))  # fewer than 64 rows: not worth a thread
-        if threads == 1:
-            run(0, B)
-        else:
-            bounds = np.linspace(0, B, threads + 1).astype(int)
-            with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(run, bounds[:-1], bounds[1:]))
+        in_row_slices(run, B, torch.get_num_threads())
         return out
 
     def _edge_log_probs_inplace(self, h: torch.Tensor) -> torch.Tensor:
