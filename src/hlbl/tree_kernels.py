@@ -8,9 +8,9 @@ reaching each node is a running sum from the root, and a leaf's is its parent's 
 
 (``log sigmoid(-s) = log sigmoid(s) - s``). Node ids are breadth-first, so a parent precedes its
 children and one sweep over j in order fills ``pre`` and every leaf. A row of S, L and the output
-stays in cache for the sweep; doing the same level by level with tensor operations gathers
-columns of a (B, 2N) table once a level and cost about as much as the matrix product's remainder
-(``docs/layer.md``). A word with several leaves gets the log-sum-exp of its leaves.
+stays in cache for the sweep, where the same walk level by level with tensor operations (the
+layer's path off the CPU) gathers columns of a (B, 2N) table once a level. A word with several
+leaves gets the log-sum-exp of its leaves.
 
 Sequential within a row, rows independent: the same input gives the same bits whatever the
 slicing. float32 or float64 arrays, C-contiguous.
