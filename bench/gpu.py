@@ -92,14 +92,15 @@ def time_score(model: LBL, stream: np.ndarray, pad: int, device: torch.device) -
 def lstm_stage(device: torch.device, stream: np.ndarray, steps: int, quick: bool) -> dict:
     """The LSTM example on ``device``: training tokens/s of its recipe with each output layer over
     ``steps`` steps (after 2 warm-up steps; every step reads its loss, so the clock needs no other
-    synchronisation), and median ms of ``log_prob`` of 700 hidden vectors over 9 rounds."""
-    from lstm import example_module
+    synchronisation), and ``log_prob`` of 700 hidden vectors, tree against adaptive, as
+    ``bench/lstm.py`` measures it on the CPU (its :func:`log_prob_speed`, here on the device)."""
+    from lstm import example_module, log_prob_speed
 
     ex = example_module()
+    held_out = stream[:4_000]  # valid and test: words the training text has, whole
     with tempfile.TemporaryDirectory() as tmp:
-        words = " ".join(f"w{i}" for i in stream)
-        for split, text in (("train", words), ("valid", words[:20_000]), ("test", words[:20_000])):
-            Path(tmp, f"{split}.txt").write_text(text + "\n")
+        for split, part in (("train", stream), ("valid", held_out), ("test", held_out)):
+            Path(tmp, f"{split}.txt").write_text(" ".join(f"w{i}" for i in part) + "\n")
         corpus = ex.Corpus(tmp)
     dims = ["--emsize", "32", "--nhid", "32"] if quick else []
     args = ex.parse_args(["--device", str(device), "--log-every", "1000000", *dims])
@@ -112,21 +113,9 @@ def lstm_stage(device: torch.device, stream: np.ndarray, steps: int, quick: bool
         ex.train_epoch(model, train, args, args.lr)  # warm-up: allocator, kernels
         args.max_steps = steps
         out[f"{kind}_tokens_per_s"] = ex.train_epoch(model, train, args, args.lr)["tokens_per_s"]
-        if kind != "full":
-            head = model.head.eval()
-            h = torch.randn(700, args.nhid, device=device)
-            times = []
-            with torch.no_grad():
-                head.log_prob(h)
-                for _ in range(9):
-                    sync(device)
-                    t = time.perf_counter()
-                    head.log_prob(h)
-                    sync(device)
-                    times.append(time.perf_counter() - t)
-            out[f"{kind}_log_prob_ms"] = float(np.median(times) * 1e3)
     out["tree_step_speed_vs_adaptive"] = out["tree_tokens_per_s"] / out["adaptive_tokens_per_s"]
-    out["tree_log_prob_speed_vs_adaptive"] = out["adaptive_log_prob_ms"] / out["tree_log_prob_ms"]
+    cutoffs = [c for c in args.cutoffs if c < len(corpus) - 1] or [len(corpus) // 2]
+    out["log_prob"] = log_prob_speed(corpus.counts, cutoffs, args.nhid, 700, 9, device)
     return out
 
 

@@ -57,16 +57,19 @@ def example_module():
     return mod
 
 
-def log_prob_speed(counts: np.ndarray, cutoffs: list[int], d: int, batch: int, rounds: int) -> dict:
+def log_prob_speed(
+    counts: np.ndarray, cutoffs: list[int], d: int, batch: int, rounds: int, device: str | torch.device = "cpu"
+) -> dict:
     """Median over interleaved rounds of adaptive time / tree time for ``log_prob`` (and each
-    median time), one thread, float32, without autograd."""
+    median time), float32, without autograd, on ``device`` (synchronised around each call)."""
     V = len(counts)
     tree_layer = hlbl.TreeSoftmax(
         d, hlbl.huffman_tree(counts), init_std=0.1, generator=torch.Generator().manual_seed(0)
-    )
+    ).to(device)
     torch.manual_seed(0)
-    adaptive = nn.AdaptiveLogSoftmaxWithLoss(d, V, cutoffs, div_value=4.0)
-    h = torch.randn(batch, d, generator=torch.Generator().manual_seed(1))
+    adaptive = nn.AdaptiveLogSoftmaxWithLoss(d, V, cutoffs, div_value=4.0).to(device)
+    h = torch.randn(batch, d, generator=torch.Generator().manual_seed(1)).to(device)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
     W, b = tree_layer.weight.detach(), tree_layer.bias.detach()
     calls = {
         "tree": lambda: tree_layer.log_prob(h),
@@ -80,8 +83,10 @@ def log_prob_speed(counts: np.ndarray, cutoffs: list[int], d: int, batch: int, r
             call()
         for _ in range(rounds):
             for name, call in calls.items():
+                sync()
                 t0 = time.perf_counter()
                 call()
+                sync()
                 times[name].append(time.perf_counter() - t0)
     t, a, m = (np.array(times[k]) for k in ("tree", "adaptive", "tree_scores_only"))
     return {

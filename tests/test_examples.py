@@ -1,5 +1,6 @@
 """The examples run: each in its quick mode, as a user would start it."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,6 +16,14 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_example(script: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+def lstm_example():
+    """examples/lstm_lm/lstm_lm.py imported by path (examples are not a package)."""
+    spec = importlib.util.spec_from_file_location("lstm_lm", ROOT / "examples" / "lstm_lm" / "lstm_lm.py")
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    return ex
 
 
 def test_the_lstm_example_trains_every_output_layer_in_quick_mode(tmp_path):
@@ -36,11 +45,7 @@ def test_the_lstm_example_refuses_an_unknown_output():
 
 
 def test_the_lstm_example_tests_the_best_validation_epoch_and_stops_when_the_schedule_runs_out(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lstm_lm", ROOT / "examples" / "lstm_lm" / "lstm_lm.py")
-    ex = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ex)
+    ex = lstm_example()
     corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
     # lr 200 overshoots on the toy grammar, so some epoch fails to improve; --stop-lr 100 then ends the run
     args = ex.parse_args(["--quick", "--epochs", "6", "--lr", "200", "--stop-lr", "100", "--log-every", "1000"])
@@ -52,11 +57,7 @@ def test_the_lstm_example_tests_the_best_validation_epoch_and_stops_when_the_sch
 
 
 def test_the_lstm_example_trains_the_tree_layer_with_adam(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lstm_lm", ROOT / "examples" / "lstm_lm" / "lstm_lm.py")
-    ex = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ex)
+    ex = lstm_example()
     corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
     args = ex.parse_args(["--quick", "--optimizer", "adam", "--epochs", "2", "--log-every", "1000"])
     assert args.lr == 0.001  # Adam's default, not the recipe's SGD rate of 20
