@@ -775,7 +775,12 @@ def grid_cells(out: Path, vocab: str) -> list[dict]:
     if not path.exists():
         return []
     cells = json.loads(path.read_text())["cells"].values()
-    return [c for c in cells if ("--max-vocab 50000" in c["command"]) == (vocab == "50k") and c.get("test_ppl")]
+    return [c for c in cells if cell_vocab(c) == vocab and c.get("test_ppl")]
+
+
+def cell_vocab(cell: dict) -> str:
+    """The vocabulary (a key of ``VOCABS``) a grid cell was trained on, read from its command."""
+    return "50k" if "--max-vocab 50000" in cell["command"] else "default"
 
 
 def frontier_table(rows: list[dict]) -> str:
@@ -821,11 +826,13 @@ def stage_summary(args) -> dict:
     hl = {n: load(f"hlbl-{n}") for n in VOCABS if (out / f"hlbl-{n}.json").exists()}
     d = hl.get("default")
     best_tree = kn_test = mix = None
-    if d is not None:
+    if d is not None:  # the default vocabulary's runs, and the grid's cells on it (bench/scale.py)
         trained = [r for r, _, _ in HLBL_RUNS if r in d["evals"]]
-        best_tree = min(d["evals"][r]["perplexity"] for r in trained)
+        cells = grid_cells(out, "default")
+        best_tree = min([d["evals"][r]["perplexity"] for r in trained] + [c["test_ppl"] for c in cells])
         kn_test = kn["rows"]["default"]["test_ppl"]
-        mix = min(d["evals"][f"mix_{r}"]["perplexity"] for r in trained)
+        mixes = [d["evals"][f"mix_{r}"]["perplexity"] for r in trained]
+        mix = min(mixes + [c["mixture_test_ppl"] for c in cells if c.get("mixture_test_ppl")])
     summary = {
         "ptb_wps": speed["corpora"]["ptb"]["wps_median"],
         "gutenberg_wps": speed["corpora"]["gutenberg"]["wps_median"],
@@ -887,13 +894,13 @@ def scale_keys(out: Path, hl: dict, kn: dict) -> dict:
         for r, _, _ in HLBL_RUNS
         if r in h["evals"] and f"train_{r.replace('-', '_')}" in h["steps"]
     ]
-    rows += [("50k", f"d{c['dim']} context {c['context']} {c.get('tree', 'adaptive0.4x2')}", c["test_ppl"], c["command"]) for c in (grid or {}).get("cells", {}).values()]  # fmt: skip
+    rows += [(cell_vocab(c), f"d{c['dim']} context {c['context']} {c.get('tree', 'adaptive0.4x2')}", c["test_ppl"], c["command"]) for c in (grid or {}).get("cells", {}).values()]  # fmt: skip
     mixes = [
         hl["50k"]["evals"][f"mix_{r}"]["perplexity"]
         for r, _, _ in HLBL_RUNS
         if f"mix_{r}" in hl.get("50k", {}).get("evals", {})
     ]
-    mixes += [c["mixture_test_ppl"] for c in (grid or {}).get("cells", {}).values() if c.get("mixture_test_ppl")]
+    mixes += [c["mixture_test_ppl"] for c in grid_cells(out, "50k") if c.get("mixture_test_ppl")]
     best = min(rows, key=lambda x: x[2]) if rows else None
     fifty = [x[2] for x in rows if x[0] == "50k"]
     regime = None
@@ -929,15 +936,15 @@ def scale_table(out: Path) -> str:
     dims, grid, paper = load("scale_dims"), load("scale_grid"), load("paper_regime")
     lines = []
     if grid:
-        lines += ["", "## Feature size and context, 50,000 words (`bench/scale.py grid`)", "",
-                  "| d | context | tree | test ppl | valid ppl | + KN5 | epochs (passes) | stopped by | hours | words/s | peak RSS | command |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += ["", "## Feature size and context (`bench/scale.py grid`)", "",
+                  "| words | d | context | tree | test ppl | valid ppl | + KN5 | epochs (passes) | stopped by | hours | words/s | peak RSS | command |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for c in grid["cells"].values():
             mix = f"{c['mixture_test_ppl']:.2f}" if c.get("mixture_test_ppl") else "-"
             how = "the schedule" if c["stopped_by_schedule"] else "time (not converged)"
             rss = f"{c['peak_rss_mb']} MB" if c["peak_rss_mb"] else "-"
             lines.append(
-                f"| {c['dim']} | {c['context']} | {c.get('tree', 'adaptive0.4x2')} | {c['test_ppl']:.2f} | {c['valid_ppl']:.2f} | {mix} | {c['epochs']} "
+                f"| {c['vocab_size']:,} | {c['dim']} | {c['context']} | {c.get('tree', 'adaptive0.4x2')} | {c['test_ppl']:.2f} | {c['valid_ppl']:.2f} | {mix} | {c['epochs']} "
                 f"({c['passes']}) | {how} | {c['train_hours']} | {c['words_per_sec']:,} | {rss} | `{c['command']}` |"
             )
     if dims:

@@ -2,6 +2,7 @@
 
     python bench/scale.py dims  --data gutenberg --max-vocab 50000 --tree TREE --work W
     python bench/scale.py grid  --data gutenberg --max-vocab 50000 --tree TREE --cells 300x5 --time-budget 2h --work W
+    python bench/scale.py grid  --data gutenberg --max-vocab 0 --tree TREE --cells 300x10 --processes 2 --work W
     python bench/scale.py paper --data gutenberg --max-train-tokens 14000000 --max-vocab 18000 --work W
     python bench/scale.py --quick
 
@@ -147,6 +148,13 @@ def _logged_peak_rss(log: Path) -> int | None:
     return int(found[-1]) // 1024 if found else None
 
 
+def vocab_suffix(max_vocab: int) -> str:
+    """What a grid cell's key adds for its vocabulary: nothing at the default 50,000 words (the
+    keys written before other vocabularies were run), ``-all`` for the corpus's own vocabulary
+    (``--max-vocab 0``), ``-v18000`` for another cut."""
+    return "" if max_vocab == 50000 else "-all" if not max_vocab else f"-v{max_vocab}"
+
+
 def stage_grid(args) -> dict:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -154,7 +162,7 @@ def stage_grid(args) -> dict:
     rows = json.loads(previous.read_text())["cells"] if previous.exists() else {}
     for d, c in cells(args.cells):
         label = f"-{args.label}" if args.label else ""
-        out, key = work / f"d{d}c{c}{label}", f"{d}x{c}{label}"
+        out, key = work / f"d{d}c{c}{label}", f"{d}x{c}{label}{vocab_suffix(args.max_vocab)}"
         cmd, call = _train_cell(args, d, c, out, work / f"d{d}c{c}{label}.log")
         lines = metrics(out)
         state = json.loads((out / "state.json").read_text())
@@ -165,6 +173,7 @@ def stage_grid(args) -> dict:
             "dim": d,
             "context": c,
             "tree": args.label or Path(args.tree).stem,
+            "vocab_size": json.loads((out / "run.json").read_text())["model"]["vocab_size"],
             "processes": args.processes,
             "test_ppl": test["perplexity"],
             "test_tokens": test["tokens"],
@@ -216,7 +225,7 @@ def main(argv=None) -> int:
     add_common(ap, data="gutenberg")
     ap.add_argument("--work", default="runs/scale", help="run directories (kept: a stage resumes them)")
     ap.add_argument("--out", default="results/gutenberg", help="where the stages' JSON files go")
-    ap.add_argument("--max-vocab", type=int, default=50000)
+    ap.add_argument("--max-vocab", type=int, default=50000, help="words kept (0: the corpus's default vocabulary)")
     ap.add_argument("--tree", help="dims, grid: the tree file every cell trains on")
     ap.add_argument("--cells", default=CELLS, help=f"dims, grid: feature size x context words (default {CELLS})")
     ap.add_argument("--rounds", type=int, default=2, help="dims: rounds of the cells, alternating")
