@@ -3,6 +3,7 @@
     python bench/scale.py dims  --data gutenberg --max-vocab 50000 --tree TREE --work W
     python bench/scale.py grid  --data gutenberg --max-vocab 50000 --tree TREE --cells 300x5 --time-budget 2h --work W
     python bench/scale.py grid  --data gutenberg --max-vocab 0 --tree TREE --cells 300x10 --processes 2 --work W
+    python bench/scale.py grid  --data gutenberg --max-vocab 50000 --tree TREE2 --init-from RUN --label b1 --cells 300x10 --work W
     python bench/scale.py paper --data gutenberg --max-train-tokens 14000000 --max-vocab 18000 --work W
     python bench/scale.py --quick
 
@@ -19,7 +20,8 @@ under ``--out`` (default ``results/gutenberg``); a run directory that exists is 
   (``--epochs`` is only a cap), ``--time-budget`` at a time (a call stops at the first
   checkpoint after it, and the next call resumes); per cell, valid and test perplexity of its
   best weights, epochs, passes, hours of training, words/s, whether the schedule ended it, and
-  the peak RSS of the last training call.
+  the peak RSS of the last training call. ``--init-from RUN`` warm-starts every cell from a run
+  (with a tree built from that run's features: one round of the iterated bootstrap).
 * ``paper`` (``paper_regime.json``): ``hlbl reproduce`` with the paper's sizes (``--skip`` leaves
   rows out), then the x4 tree mixed with its KN5 (weight tuned on valid); the rows of Table 3.
 
@@ -131,6 +133,7 @@ def stage_dims(args) -> dict:
 def _train_cell(args, d: int, c: int, out: Path, log: Path) -> tuple[list[str], dict | None]:
     """Train (or resume) one cell for one budget; the command and the call's figures."""
     cmd = ["train", *corpus_flags(args), "--tree", args.tree, "--dim", str(d), "--context", str(c)]
+    cmd += ["--init-from", args.init_from] if args.init_from else []
     cmd += ["--epochs", str(args.epochs), "--quiet", "--out", str(out)]
     if args.collect:
         return cmd, None
@@ -235,6 +238,7 @@ def main(argv=None) -> int:
     ap.add_argument("--collect", action="store_true", help="grid: read the cells' runs as they are, no training")
     ap.add_argument("--interpolate", default=None, help="grid: also mix each cell with this n-gram model")
     ap.add_argument("--label", default=None, help="grid: names the tree in the cells' keys (several trees, one file)")
+    ap.add_argument("--init-from", default=None, help="grid: warm-start every cell from this run (a bootstrap round)")
     ap.add_argument("--processes", type=int, default=1, help="grid: train each cell in this many processes (torchrun)")
     ap.add_argument("--max-train-tokens", type=int, default=14_000_000, help="paper: training tokens")
     ap.add_argument("--skip", default=None, help="paper: rows left out, as for hlbl reproduce --skip")
