@@ -7,6 +7,7 @@ training time, and the speed of the full distribution (``log_prob``).
     python bench/lstm.py --quick                  # seconds: a synthetic corpus, a tiny model
     python bench/lstm.py --epochs 4 --bootstrap-epochs 1 --no-speed --out results/lstm/epochs4
     python bench/lstm.py --optimizer adam --outputs adaptive,tree,learned-tree --no-speed --out results/lstm/adam
+    python bench/lstm.py --epochs 40 --stop-lr 0.1 --no-speed --checkpoint runs/lstm --out results/lstm/converged
 
 Training (``examples/lstm_lm``): 2-layer LSTM, bptt 35, batch 20, SGD lr 20, clip 0.25, dropout
 0.2, one thread, the same seed for every output layer: ``full`` (Linear + softmax), ``adaptive``
@@ -122,6 +123,7 @@ def parse_args(argv=None):
     p.add_argument("--step-speed", action="store_true", help="only the training-step speed, side by side")
     p.add_argument("--grad-study", type=int, metavar="STEPS", default=0, help="only the gradient-norm study")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "lstm")
+    p.add_argument("--checkpoint", type=Path, help="as the example's --checkpoint: a stopped call goes on from there")
     add_common(p)  # --quick: a synthetic corpus and a tiny model, outputs under quick_dir()
     return p.parse_args(argv)
 
@@ -181,6 +183,7 @@ def train_all(ex, args) -> tuple[dict, list]:
     boot = args.epochs if args.bootstrap_epochs is None else args.bootstrap_epochs
     argv += ["--max-steps", str(args.max_steps), "--bootstrap-epochs", str(boot), "--stop-lr", str(args.stop_lr)]
     argv += ["--quick"] if args.quick else ["--save-tree", str(args.out / "learned_tree.npz")]
+    argv += ["--checkpoint", str(args.checkpoint)] if args.checkpoint else []
     ex_args = ex.parse_args(argv)
     corpus = ex.Corpus(args.data)
     names = {"full": "full", "adaptive": "adaptive", "tree": "huffman", "learned-tree": "learned_tree"}

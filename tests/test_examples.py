@@ -78,3 +78,34 @@ def test_the_lstm_example_runs_unchanged_on_a_gpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     for r in json.loads(out.read_text()):
         assert 1.0 < r["test_ppl"] < 40, r
+
+
+@pytest.mark.parametrize("kind, optimizer", [("learned-tree", "sgd"), ("tree", "adam"), ("adaptive", "adam")])
+def test_the_lstm_example_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path, kind, optimizer):
+    ex = lstm_example()
+    corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
+
+    def train(epochs: int, where: str) -> dict:
+        argv = ["--quick", "--epochs", str(epochs), "--optimizer", optimizer, "--log-every", "1000"]
+        return ex.run(corpus, kind, ex.parse_args(argv + ["--checkpoint", str(tmp_path / where)]), log=lambda m: None)
+
+    straight = train(3, "a")
+    train(1, "b")  # stopped after one epoch
+    resumed = train(3, "b")  # a new process would do the same: nothing but the directory carries over
+    for key in ("valid_ppl", "train_loss", "lr"):
+        assert [e[key] for e in resumed["epochs"]] == [e[key] for e in straight["epochs"]], key
+    assert resumed["test_ppl"] == straight["test_ppl"] and resumed["best_epoch"] == straight["best_epoch"]
+    assert train(3, "b")["test_ppl"] == straight["test_ppl"]  # done: tested again without training
+
+
+def test_the_lstm_example_refuses_a_checkpoint_of_another_recipe_or_a_damaged_one(tmp_path):
+    ex = lstm_example()
+    corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
+    args = lambda *more: ex.parse_args(["--quick", "--epochs", "1", "--checkpoint", str(tmp_path / "c"), *more])  # noqa: E731
+    ex.run(corpus, "tree", args(), log=lambda m: None)
+    with pytest.raises(SystemExit, match="holds a run with lr = 20.0, not 5.0"):
+        ex.run(corpus, "tree", args("--lr", "5"), log=lambda m: None)
+    saved = tmp_path / "c" / "tree" / "checkpoint.safetensors"
+    saved.write_bytes(saved.read_bytes()[:100])  # cut short, as by a full disk
+    with pytest.raises(SystemExit, match="checkpoint.safetensors: cannot resume from it"):
+        ex.run(corpus, "tree", args("--epochs", "2"), log=lambda m: None)

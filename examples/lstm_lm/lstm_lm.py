@@ -8,6 +8,7 @@ output layer gives normalised log-probabilities in eval mode. See README.md and 
 
     python examples/lstm_lm/lstm_lm.py --data ptb --output tree --epochs 1
     python examples/lstm_lm/lstm_lm.py --data ptb --output learned-tree --generate 20
+    python examples/lstm_lm/lstm_lm.py --output adaptive --epochs 40 --checkpoint ckpt  # again: goes on
     python examples/lstm_lm/lstm_lm.py --quick          # seconds, a synthetic corpus
 """
 
@@ -23,10 +24,13 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import safetensors
+import safetensors.torch
 import torch
 from torch import nn
 
 import hlbl
+from hlbl.atomic import atomic_path, write_text
 from hlbl.output import SampledSoftmax
 
 OUTPUTS = ("full", "adaptive", "tree", "learned-tree", "sampled")
@@ -58,6 +62,7 @@ class Corpus:
 
     def __init__(self, root: str | Path):
         root = Path(root) if Path(root).is_dir() else hlbl.resolve_corpus(str(root))
+        self.root = root.resolve()
         tokens = {s: read_tokens(split_file(root, s)) for s in ("train", "valid", "test")}
         counts = Counter(tokens["train"])
         self.words = [w for w, _ in counts.most_common()]  # most_common keeps first-seen order on ties
@@ -276,39 +281,51 @@ def build_model(corpus: Corpus, kind: str, args, tree=None) -> LSTMLM:
 def run(corpus: Corpus, kind: str, args, log=print) -> dict:
     """Train ``kind`` for ``args.epochs`` (lr divided by 4 after an epoch without a validation
     gain, as the recipe; stopped early once it falls below ``--stop-lr``), test the model of the
-    best validation epoch exactly; the result as a dict."""
+    best validation epoch exactly; the result as a dict. With ``--checkpoint`` the run goes on
+    from the last epoch saved there."""
     batches = {
         s: batchify(corpus.splits[s], args.batch_size if s == "train" else 10).to(args.device) for s in corpus.splits
     }
+    ckpt = Checkpoint(args.checkpoint, kind, args, corpus) if args.checkpoint else None
     tree, info = (None, {})
     if kind == "learned-tree":
-        tree, info = learn_tree(corpus, batches["train"], args, log)
+        tree, info = ckpt.tree() if ckpt else (None, {})
+        if tree is None:
+            tree, info = learn_tree(corpus, batches["train"], args, log)
+            if ckpt:
+                ckpt.save_tree(tree, info)
         if args.save_tree:
             tree.save(args.save_tree)  # .json or .npz; hlbl.WordTree.load reads it back
     torch.manual_seed(args.seed)
     model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, tree)
-    lr, best, best_state, epochs = args.lr, math.inf, None, []
     opt = make_optimizer(model, args)
-    for epoch in range(1, args.epochs + 1):
-        stats = train_epoch(model, batches["train"], args, lr, opt)
+    progress, best_state = {"lr": args.lr, "best": math.inf, "epochs": []}, None
+    saved = ckpt.load(model, opt) if ckpt else None
+    if saved:
+        (progress, best_state), n = saved, len(saved[0]["epochs"])
+        log(f"{kind}: resumed from {ckpt.dir} after epoch {n} (lr {progress['lr']:.4g})")
+    # an epoch without a validation gain divides lr by 4; the schedule has run out below --stop-lr
+    while len(progress["epochs"]) < args.epochs and progress["lr"] >= args.stop_lr:
+        stats = train_epoch(model, batches["train"], args, progress["lr"], opt)
         stats["valid_ppl"] = evaluate(model, batches["valid"], args.bptt)
-        stats["lr"] = lr
-        log(f"{kind} epoch {epoch}: " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items()))
-        epochs.append(stats)
-        if stats["valid_ppl"] < best:
-            best = stats["valid_ppl"]
+        stats["lr"] = progress["lr"]
+        log(f"{kind} epoch {len(progress['epochs']) + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items()))
+        progress["epochs"].append(stats)
+        if stats["valid_ppl"] < progress["best"]:
+            progress["best"] = stats["valid_ppl"]
             best_state = {k: v.clone() for k, v in model.state_dict().items()}
         else:
-            lr /= 4.0
-            if lr < args.stop_lr:  # the schedule has run out: more epochs change little
-                break
+            progress["lr"] /= 4.0
+        if ckpt:
+            ckpt.save(model, opt, best_state, progress)
+    epochs = progress["epochs"]
     if best_state is not None:  # the recipe tests the model of the best validation epoch
         model.load_state_dict(best_state)
     valid = [e["valid_ppl"] for e in epochs]
     result = {
         "output": kind,
-        "valid_ppl": best if best_state is not None else valid[-1],
-        "best_epoch": 1 + valid.index(best) if best_state is not None else len(valid),
+        "valid_ppl": min(valid),
+        "best_epoch": 1 + valid.index(min(valid)),
         "test_ppl": evaluate(model, batches["test"], args.bptt),
         "s_per_epoch": float(np.mean([e["seconds"] for e in epochs])),
         "tokens_per_s": float(np.mean([e["tokens_per_s"] for e in epochs])),
@@ -318,6 +335,113 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
     if args.generate:
         result["sample"] = generate(model, corpus, args.generate, args.seed)
     return result
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "hlbl-lstm-lm-checkpoint", "1"
+RECIPE = ("emsize", "nhid", "nlayers", "dropout", "bptt", "batch_size", "optimizer", "lr", "clip", "cutoffs",
+          "samples", "tree_init", "tree_features", "tree_policy", "tree_copies", "bootstrap_epochs", "seed",
+          "max_steps")  # fmt: skip
+
+
+class Checkpoint:
+    """``--checkpoint DIR``: one directory per output layer, ``DIR/KIND/``, so that a long run
+    survives being stopped. ``recipe.json`` (written first) names the settings the run was started
+    with; ``tree.npz`` (learned trees) is written once the bootstrap ends; ``checkpoint.safetensors``
+    is replaced, atomically, after every epoch and holds everything the next epoch depends on: the
+    model, its best validation epoch's weights, the optimiser's state, the random generator (the
+    dropout masks) and, in its metadata, the epochs so far. Started again with the same ``DIR`` and
+    settings, a run goes on after its last whole epoch, bit for bit as if it had not stopped (same
+    device and threads); ``--epochs`` may grow. Another recipe, or a damaged file, is a one-line
+    error."""
+
+    def __init__(self, root: Path, kind: str, args, corpus: Corpus):
+        self.dir, self.kind = Path(root) / kind, kind
+        self.recipe = {k: getattr(args, k) for k in RECIPE} | {"output": kind, "data": str(corpus.root)}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.dir / "recipe.json"
+        if not path.exists():
+            write_text(path, json.dumps(self.recipe, indent=1) + "\n")
+        else:
+            try:
+                before = json.loads(path.read_text())
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"{path}: not a checkpoint recipe ({e})") from None
+            changed = sorted(k for k in self.recipe.keys() | before.keys() if before.get(k) != self.recipe.get(k))
+            if changed:
+                k = changed[0]
+                raise SystemExit(
+                    f"{self.dir} holds a run with {k} = {before.get(k)!r}, not {self.recipe.get(k)!r}: "
+                    "give another --checkpoint directory, or the same settings to resume"
+                )
+
+    def tree(self) -> tuple[hlbl.WordTree | None, dict]:
+        """The learned tree and its bootstrap's figures, once saved (else None, {})."""
+        path, info = self.dir / "tree.npz", self.dir / "bootstrap.json"
+        if not info.exists():  # written after the tree: the commit point of the pair
+            return None, {}
+        try:
+            return hlbl.WordTree.load(path), json.loads(info.read_text())
+        except (hlbl.HlblError, OSError, ValueError) as e:
+            raise SystemExit(f"{path}: {e}") from None
+
+    def save_tree(self, tree: hlbl.WordTree, info: dict) -> None:
+        tree.save(self.dir / "tree.npz")
+        write_text(self.dir / "bootstrap.json", json.dumps(info, indent=1) + "\n")
+
+    def save(self, model: nn.Module, opt: torch.optim.Optimizer, best_state: dict | None, progress: dict) -> None:
+        """The state after a whole epoch (``progress``: the epochs' figures, the lr, the best)."""
+        tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
+        tensors |= {f"best.{k}": v for k, v in (best_state or {}).items()}
+        opt_state = opt.state_dict()
+        scalars = {}
+        for i, s in opt_state["state"].items():
+            for name, v in s.items():
+                if torch.is_tensor(v):
+                    tensors[f"optim.{i}.{name}"] = v
+                else:
+                    scalars[f"{i}.{name}"] = v
+        tensors["rng.cpu"] = torch.get_rng_state()
+        if torch.cuda.is_available() and any(t.is_cuda for t in tensors.values()):
+            tensors["rng.cuda"] = torch.cuda.get_rng_state()
+        meta = {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "progress": json.dumps(progress),
+            "optim": json.dumps({"param_groups": opt_state["param_groups"], "scalars": scalars}),
+        }
+        tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+        with atomic_path(self.dir / "checkpoint.safetensors") as tmp:
+            safetensors.torch.save_file(tensors, tmp, metadata=meta)
+
+    def load(self, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict | None] | None:
+        """Restore the last saved epoch into ``model`` and ``opt`` (and the random generator):
+        ``(progress, best weights)``, or None when no epoch was saved yet."""
+        path = self.dir / "checkpoint.safetensors"
+        if not path.exists():
+            return None
+        try:
+            with safetensors.safe_open(str(path), "pt") as f:
+                meta = f.metadata() or {}
+                if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version") != CHECKPOINT_VERSION:
+                    raise ValueError(f"not a version-{CHECKPOINT_VERSION} checkpoint of this example")
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+            progress, optim = json.loads(meta["progress"]), json.loads(meta["optim"])
+            part = lambda prefix: {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
+            model.load_state_dict(part("model."))
+            state: dict = {}
+            for key, v in list(part("optim.").items()) + list(optim["scalars"].items()):
+                i, name = key.split(".", 1)
+                state.setdefault(int(i), {})[name] = v
+            opt.load_state_dict({"state": state, "param_groups": optim["param_groups"]})
+        except (OSError, ValueError, KeyError, RuntimeError, safetensors.SafetensorError) as e:
+            raise SystemExit(f"{path}: cannot resume from it ({str(e).splitlines()[0]})") from None
+        torch.set_rng_state(tensors["rng.cpu"])
+        if "rng.cuda" in tensors and torch.cuda.is_available():
+            torch.cuda.set_rng_state(tensors["rng.cuda"])
+        best = part("best.")
+        return progress, {k: v.to(next(model.parameters()).device) for k, v in best.items()} or None
 
 
 def synthetic_corpus(root: Path, seed: int = 0) -> Path:
@@ -373,6 +497,9 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1111)
     p.add_argument("--log-every", type=int, default=20, help="gradient norms every this many steps")
     p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument(
+        "--checkpoint", type=Path, help="save every epoch under this directory; started again, a run goes on there"
+    )
     p.add_argument("--quick", action="store_true", help="every output on a synthetic corpus, a tiny model")
     args = p.parse_args(argv)
     if args.device == "auto":
@@ -385,6 +512,8 @@ def parse_args(argv=None):
         p.error(f"--device {args.device}: this PyTorch sees no CUDA device")
     if args.lr is None:
         args.lr = 0.001 if args.optimizer == "adam" else 20.0
+    if args.epochs < 1 or args.stop_lr > args.lr:
+        p.error(f"--epochs {args.epochs} --lr {args.lr} --stop-lr {args.stop_lr}: train at least one epoch")
     args.output = args.output.split(",")
     bad = [k for k in args.output if k not in OUTPUTS]
     if bad:
