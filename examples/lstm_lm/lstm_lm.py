@@ -302,8 +302,8 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
     progress, best_state = {"lr": args.lr, "best": math.inf, "epochs": []}, None
     saved = ckpt.load(model, opt) if ckpt else None
     if saved:
-        (progress, best_state), n = saved, len(saved[0]["epochs"])
-        log(f"{kind}: resumed from {ckpt.dir} after epoch {n} (lr {progress['lr']:.4g})")
+        progress, best_state = saved
+        log(f"{kind}: resumed from {ckpt.dir} after epoch {len(progress['epochs'])} (lr {progress['lr']:.4g})")
     # an epoch without a validation gain divides lr by 4; the schedule has run out below --stop-lr
     while len(progress["epochs"]) < args.epochs and progress["lr"] >= args.stop_lr:
         stats = train_epoch(model, batches["train"], args, progress["lr"], opt)
