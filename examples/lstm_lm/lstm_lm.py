@@ -31,6 +31,7 @@ from torch import nn
 
 import hlbl
 from hlbl.atomic import atomic_path, write_text
+from hlbl.checkpoint import optimizer_tensors, restore_optimizer
 from hlbl.output import SampledSoftmax
 
 OUTPUTS = ("full", "adaptive", "tree", "learned-tree", "sampled")
@@ -394,14 +395,8 @@ class Checkpoint:
         """The state after a whole epoch (``progress``: the epochs' figures, the lr, the best)."""
         tensors = {f"model.{k}": v for k, v in model.state_dict().items()}
         tensors |= {f"best.{k}": v for k, v in (best_state or {}).items()}
-        opt_state = opt.state_dict()
-        scalars = {}
-        for i, s in opt_state["state"].items():
-            for name, v in s.items():
-                if torch.is_tensor(v):
-                    tensors[f"optim.{i}.{name}"] = v
-                else:
-                    scalars[f"{i}.{name}"] = v
+        opt_tensors, opt_meta = optimizer_tensors(opt)  # hlbl's own split of an optimiser state
+        tensors |= {f"optim.{k}": v for k, v in opt_tensors.items()}
         tensors["rng.cpu"] = torch.get_rng_state()
         if torch.cuda.is_available() and any(t.is_cuda for t in tensors.values()):
             tensors["rng.cuda"] = torch.cuda.get_rng_state()
@@ -409,7 +404,7 @@ class Checkpoint:
             "format": CHECKPOINT_FORMAT,
             "version": CHECKPOINT_VERSION,
             "progress": json.dumps(progress),
-            "optim": json.dumps({"param_groups": opt_state["param_groups"], "scalars": scalars}),
+            "optim": json.dumps(opt_meta),
         }
         tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
         with atomic_path(self.dir / "checkpoint.safetensors") as tmp:
@@ -430,12 +425,8 @@ class Checkpoint:
             progress, optim = json.loads(meta["progress"]), json.loads(meta["optim"])
             part = lambda prefix: {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
             model.load_state_dict(part("model."))
-            state: dict = {}
-            for key, v in list(part("optim.").items()) + list(optim["scalars"].items()):
-                i, name = key.split(".", 1)
-                state.setdefault(int(i), {})[name] = v
-            opt.load_state_dict({"state": state, "param_groups": optim["param_groups"]})
-        except (OSError, ValueError, KeyError, RuntimeError, safetensors.SafetensorError) as e:
+            restore_optimizer(opt, part("optim."), optim)
+        except (OSError, ValueError, KeyError, RuntimeError, hlbl.HlblError, safetensors.SafetensorError) as e:
             raise SystemExit(f"{path}: cannot resume from it ({str(e).splitlines()[0]})") from None
         torch.set_rng_state(tensors["rng.cpu"])
         if "rng.cuda" in tensors and torch.cuda.is_available():
