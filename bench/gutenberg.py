@@ -779,8 +779,10 @@ def grid_cells(out: Path, vocab: str) -> list[dict]:
 
 
 def cell_vocab(cell: dict) -> str:
-    """The vocabulary (a key of ``VOCABS``) a grid cell was trained on, read from its command."""
-    return "50k" if "--max-vocab 50000" in cell["command"] else "default"
+    """The vocabulary (a key of ``VOCABS``, or ``other``) a grid cell was trained on, read from its
+    command."""
+    command = cell["command"]
+    return "50k" if "--max-vocab 50000" in command else "other" if "--max-vocab" in command else "default"
 
 
 def frontier_table(rows: list[dict]) -> str:

@@ -7,7 +7,7 @@ training time, and the speed of the full distribution (``log_prob``).
     python bench/lstm.py --quick                  # seconds: a synthetic corpus, a tiny model
     python bench/lstm.py --epochs 4 --bootstrap-epochs 1 --no-speed --out results/lstm/epochs4
     python bench/lstm.py --optimizer adam --outputs adaptive,tree,learned-tree --no-speed --out results/lstm/adam
-    python bench/lstm.py --epochs 40 --stop-lr 0.1 --no-speed --checkpoint runs/lstm --out results/lstm/converged
+    python bench/lstm.py --epochs 40 --stop-lr 1 --bootstrap-epochs 1 --no-speed --checkpoint runs/lstm --out results/lstm/converged
 
 Training (``examples/lstm_lm``): 2-layer LSTM, bptt 35, batch 20, SGD lr 20, clip 0.25, dropout
 0.2, one thread, the same seed for every output layer: ``full`` (Linear + softmax), ``adaptive``
