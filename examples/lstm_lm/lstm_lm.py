@@ -24,14 +24,12 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import safetensors
-import safetensors.torch
 import torch
 from torch import nn
 
 import hlbl
-from hlbl.atomic import atomic_path, write_text
-from hlbl.checkpoint import optimizer_tensors, restore_optimizer
+from hlbl.atomic import write_text
+from hlbl.checkpoint import load_tensors_and_meta, optimizer_tensors, restore_optimizer, save_tensors
 from hlbl.output import SampledSoftmax
 
 OUTPUTS = ("full", "adaptive", "tree", "learned-tree", "sampled")
@@ -340,7 +338,7 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
 
 # ---- checkpoints ------------------------------------------------------------------------------
 
-CHECKPOINT_FORMAT, CHECKPOINT_VERSION = "hlbl-lstm-lm-checkpoint", "1"
+CHECKPOINT_FORMAT = "hlbl-lstm-lm-checkpoint"  # hlbl.checkpoint adds the version and a checksum
 RECIPE = ("emsize", "nhid", "nlayers", "dropout", "bptt", "batch_size", "optimizer", "lr", "clip", "cutoffs",
           "samples", "tree_init", "tree_features", "tree_policy", "tree_copies", "bootstrap_epochs", "seed",
           "max_steps")  # fmt: skip
@@ -400,15 +398,10 @@ class Checkpoint:
         tensors["rng.cpu"] = torch.get_rng_state()
         if torch.cuda.is_available() and any(t.is_cuda for t in tensors.values()):
             tensors["rng.cuda"] = torch.cuda.get_rng_state()
-        meta = {
-            "format": CHECKPOINT_FORMAT,
-            "version": CHECKPOINT_VERSION,
-            "progress": json.dumps(progress),
-            "optim": json.dumps(opt_meta),
-        }
-        tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-        with atomic_path(self.dir / "checkpoint.safetensors") as tmp:
-            safetensors.torch.save_file(tensors, tmp, metadata=meta)
+        meta = {"progress": json.dumps(progress), "optim": json.dumps(opt_meta)}
+        save_tensors(
+            self.dir / "checkpoint.safetensors", tensors, kind=CHECKPOINT_FORMAT, meta=meta
+        )  # atomic, checksummed
 
     def load(self, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict | None] | None:
         """Restore the last saved epoch into ``model`` and ``opt`` (and the random generator):
@@ -417,16 +410,12 @@ class Checkpoint:
         if not path.exists():
             return None
         try:
-            with safetensors.safe_open(str(path), "pt") as f:
-                meta = f.metadata() or {}
-                if meta.get("format") != CHECKPOINT_FORMAT or meta.get("version") != CHECKPOINT_VERSION:
-                    raise ValueError(f"not a version-{CHECKPOINT_VERSION} checkpoint of this example")
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
+            tensors, meta = load_tensors_and_meta(path, CHECKPOINT_FORMAT)  # format, version and checksum checked
             progress, optim = json.loads(meta["progress"]), json.loads(meta["optim"])
             part = lambda prefix: {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
             model.load_state_dict(part("model."))
             restore_optimizer(opt, part("optim."), optim)
-        except (OSError, ValueError, KeyError, RuntimeError, hlbl.HlblError, safetensors.SafetensorError) as e:
+        except (OSError, ValueError, KeyError, RuntimeError, hlbl.HlblError) as e:
             raise SystemExit(f"{path}: cannot resume from it ({str(e).splitlines()[0]})") from None
         torch.set_rng_state(tensors["rng.cpu"])
         if "rng.cuda" in tensors and torch.cuda.is_available():
