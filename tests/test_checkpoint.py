@@ -308,3 +308,47 @@ def test_a_fixed_seed_gives_byte_identical_checkpoint_files(run, tmp_path):
     data = files.pop()
     header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
     assert list(header["__metadata__"]) == sorted(header["__metadata__"])
+
+
+def test_files_read_in_many_pieces_load_exactly(tmp_path, monkeypatch):
+    # Pieces of 40 bytes: every tensor below spans several, and rows never straddle two.
+    monkeypatch.setattr(ckpt, "PIECE_BYTES", 40)
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "matrix": torch.randn(37, 3, generator=g),
+        "vector": torch.randn(101, generator=g, dtype=torch.float64),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.empty(0, 4),
+        "ids": torch.arange(-50, 50),
+        "half": torch.randn(9, 5, generator=g).to(torch.bfloat16),
+        "wide": torch.randn(2, 50, generator=g),  # a row wider than a piece: one row a piece
+    }
+    ckpt.save_tensors(tmp_path / "t.safetensors", tensors)
+    loaded, meta = ckpt.load_tensors_and_meta(tmp_path / "t.safetensors")
+    assert sorted(loaded) == sorted(tensors)
+    for k, v in tensors.items():
+        assert loaded[k].dtype == v.dtype and torch.equal(loaded[k], v), k
+
+
+def test_load_weights_in_pieces_gives_identical_log_probs(run, monkeypatch):
+    model, corpus, run_dir = run
+    monkeypatch.setattr(ckpt, "PIECE_BYTES", 100)
+    fresh = LBL(model.config, model.tree, torch.Generator().manual_seed(5))
+    ckpt.load_weights(run_dir / "best.safetensors", fresh, vocab=corpus.vocab)
+    ctx = torch.randint(0, len(corpus.vocab), (20, 3))
+    assert torch.equal(fresh.log_prob(ctx), hrun.load_model(run_dir)[0].log_prob(ctx))
+
+
+def test_a_damaged_file_leaves_the_model_as_it_was(run):
+    # The checks read the whole file before any weight is copied: a damaged last tensor must not
+    # leave the model half loaded.
+    model, corpus, run_dir = run
+    path = run_dir / "best.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-4] ^= 0x01  # the last bytes of the data: read last
+    path.write_bytes(bytes(data))
+    fresh = LBL(model.config, model.tree, torch.Generator().manual_seed(5))
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(ckpt.CheckpointError, match="checksum"):
+        ckpt.load_weights(path, fresh, vocab=corpus.vocab)
+    assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())

@@ -13,6 +13,7 @@ file and field. Where these files live in a run directory, and how a checkpoint 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -21,7 +22,7 @@ import os
 import re
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -198,9 +199,36 @@ def load_tensors(path: Path, kind: str = WEIGHTS_FORMAT) -> dict[str, torch.Tens
     return load_tensors_and_meta(path, kind)[0]
 
 
+# A load reads each tensor in pieces of about this many bytes: beside what it returns (or the model
+# it fills) it holds one piece and the file's mapped pages (which the system may drop at will), not
+# a second copy of the data. (Whole tensors made a resumed run's peak memory about 2.6x the file's
+# size above the model's own.)
+PIECE_BYTES = 64 << 20
+
+
 def load_tensors_and_meta(path: Path, kind: str = WEIGHTS_FORMAT) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The tensors of an hlbl safetensors file and its metadata, checked."""
     path = Path(path)
+    with _reader(path, kind) as (f, meta, layout):
+        tensors = {k: torch.empty(shape, dtype=dtype) for k, (dtype, shape) in layout.items()}
+
+        def keep(name: str, lo: int, piece: torch.Tensor) -> None:
+            if piece.dim():
+                tensors[name][lo : lo + len(piece)] = piece
+            else:
+                tensors[name] = piece
+
+        if _read_pieces(path, f, layout, keep) != meta.get("sha256"):
+            raise CheckpointError(f"{path}: damaged checkpoint (its data does not match its checksum)")
+    return tensors, meta
+
+
+@contextlib.contextmanager
+def _reader(path: Path, kind: str):
+    """``(file, metadata, layout)`` of an hlbl safetensors file of format ``kind``, its format and
+    version checked; ``layout``: each tensor's (dtype, shape) by name, sorted. The file stays open
+    (one mapping, one version of the file) until the block ends; safetensors and OS errors inside
+    the block become one-line CheckpointErrors."""
     try:
         if not path.is_file() and path.exists():
             raise CheckpointError(f"{path}: cannot read checkpoint (not a regular file)")
@@ -221,14 +249,49 @@ def load_tensors_and_meta(path: Path, kind: str = WEIGHTS_FORMAT) -> tuple[dict[
                 raise CheckpointError(
                     f"{path}: checkpoint version {meta.get('version')} is not supported (this hlbl reads {FORMAT_VERSION})"
                 )
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-        if _digest(tensors) != meta.get("sha256"):
-            raise CheckpointError(f"{path}: damaged checkpoint (its data does not match its checksum)")
-        return tensors, meta
+            layout = {}
+            for k in sorted(f.keys()):
+                sl = f.get_slice(k)
+                if sl.get_dtype() not in _DTYPES:
+                    raise CheckpointError(f"{path}: tensor {k} is of a type hlbl does not write ({sl.get_dtype()})")
+                layout[k] = (_DTYPES[sl.get_dtype()], tuple(sl.get_shape()))
+            yield f, meta, layout
     except SafetensorError as e:
         raise CheckpointError(f"{path}: damaged or truncated checkpoint ({e})") from None
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read checkpoint ({e})") from None
+
+
+def _read_pieces(path: Path, f, layout: dict, visit: Callable[[str, int, torch.Tensor], None]) -> str:
+    """Every tensor of ``layout`` read from the open file ``f`` in pieces of whole rows
+    (``PIECE_BYTES``), in name order; ``visit(name, first_row, piece)`` for each. Returns the
+    SHA-256 that :func:`_digest` gives the whole tensors."""
+    h = hashlib.sha256()
+    for k, (dtype, shape) in layout.items():
+        h.update(f"{k}:{dtype}:{shape};".encode())
+        step = max(1, PIECE_BYTES // max(1, math.prod(shape[1:]) * dtype.itemsize))
+        for lo in range(0, shape[0], step) if shape else (0,):
+            piece = f.get_slice(k)[lo : lo + step] if shape else f.get_tensor(k)
+            if tuple(piece.shape[1:]) != shape[1:] or piece.dtype != dtype:
+                raise CheckpointError(f"{path}: damaged checkpoint (tensor {k} does not read as its header says)")
+            if piece.numel():
+                h.update(piece.contiguous().reshape(-1).view(torch.uint8).numpy())
+            visit(k, lo, piece)
+    return h.hexdigest()
+
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 _STATE_KEYS = ("epoch", "phase", "lr", "best_valid_ppl", "done", "elapsed", "optimizer")
@@ -338,8 +401,20 @@ def check_epoch(path: Path, meta: dict[str, str], epoch: int) -> None:
 
 def load_weights(path: Path, model: nn.Module, epoch: int | None = None, vocab: Vocab | None = None) -> None:
     """Load ``path`` into ``model`` (checked); with ``epoch``, the file must end that epoch; with
-    ``vocab``, the weights must have been trained with it."""
-    state, meta = load_tensors_and_meta(path)
+    ``vocab``, the weights must have been trained with it.
+
+    Two passes over the file, a piece at a time (``PIECE_BYTES``): the first checks it (checksum,
+    finite values), the second copies it into the model's own tensors, so a damaged file leaves the
+    model untouched and a load needs no second copy of the weights in memory."""
+    path = Path(path)
+    with _reader(path, WEIGHTS_FORMAT) as (f, meta, layout):
+        _load_checked(path, f, meta, layout, model, epoch, vocab)
+
+
+def _load_checked(
+    path: Path, f, meta: dict, layout: dict, model: nn.Module, epoch: int | None, vocab: Vocab | None
+) -> None:
+    """:func:`load_weights` of the open file ``f``."""
     # What the weights belong to first: a file of another tree is that, whatever epoch it ends.
     for key, want in _weights_meta(model, vocab).items():
         if key in meta and meta[key] != want:  # (weights saved without their vocabulary lack vocab_sha256)
@@ -350,19 +425,34 @@ def load_weights(path: Path, model: nn.Module, epoch: int | None = None, vocab: 
     if epoch is not None:
         check_epoch(path, meta, epoch)
     own = model.state_dict()
-    if set(state) != set(own):
-        raise CheckpointError(f"{path}: tensors {sorted(set(state) ^ set(own))[:4]} do not match the model")
-    for k, v in state.items():
-        if v.shape != own[k].shape:
-            raise CheckpointError(f"{path}: tensor {k} has shape {tuple(v.shape)}, the model {tuple(own[k].shape)}")
-        if v.dtype != own[k].dtype:  # a silent cast could turn a checked finite float64 into an infinite float32
-            raise CheckpointError(f"{path}: tensor {k} is {v.dtype}, the model's {own[k].dtype}")
-        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+    if set(layout) != set(own):
+        raise CheckpointError(f"{path}: tensors {sorted(set(layout) ^ set(own))[:4]} do not match the model")
+    for k, (dtype, shape) in layout.items():
+        if shape != tuple(own[k].shape):
+            raise CheckpointError(f"{path}: tensor {k} has shape {shape}, the model {tuple(own[k].shape)}")
+        if dtype != own[k].dtype:  # a silent cast could turn a checked finite float64 into an infinite float32
+            raise CheckpointError(f"{path}: tensor {k} is {dtype}, the model's {own[k].dtype}")
+    fixed = {}  # the tensors that are not weights (a tree's children table): through load_state_dict's checks
+
+    def check(name: str, lo: int, piece: torch.Tensor) -> None:
+        if not piece.is_floating_point():
+            fixed[name] = torch.cat([fixed[name], piece]) if lo else piece
+        elif not bool(torch.isfinite(piece).all()):
             # safetensors has no checksum: damaged data bytes read as numbers; NaN/inf are the detectable ones
             raise CheckpointError(
-                f"{path}: tensor {k} holds NaN or infinite values (a damaged file, or a diverged run)"
+                f"{path}: tensor {name} holds NaN or infinite values (a damaged file, or a diverged run)"
             )
-    model.load_state_dict(state)
+
+    if _read_pieces(path, f, layout, check) != meta.get("sha256"):
+        raise CheckpointError(f"{path}: damaged checkpoint (its data does not match its checksum)")
+    model.load_state_dict(fixed, strict=False)  # a layer refuses a state of another tree here, before any copy
+
+    def copy(name: str, lo: int, piece: torch.Tensor) -> None:
+        if piece.is_floating_point():
+            with torch.no_grad():
+                (own[name][lo : lo + len(piece)] if piece.dim() else own[name]).copy_(piece)
+
+    _read_pieces(path, f, {k: v for k, v in layout.items() if v[0].is_floating_point}, copy)
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
