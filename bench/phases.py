@@ -43,8 +43,8 @@ def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tok
     paths = fast._word_paths(model.out)
     if fold:
         stream = stream % fold
-        paths = paths.copy()
-        steps = paths[..., 1:]  # 2 * node + bit; the paths keep their lengths and directions
+        paths = paths._replace(codes=paths.codes.copy())
+        steps = paths.codes[:, 1:]  # 2 * node + bit; the paths keep their lengths and directions
         steps[...] = (steps >> 1) % fold * 2 + (steps & 1)
     real_paths = fast._word_paths
     fast._word_paths = lambda layer: paths

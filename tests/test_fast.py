@@ -240,16 +240,19 @@ def test_by_block_schedules_each_row_between_its_first_and_last_reader():
 
 @pytest.mark.parametrize("tree_name", list(TREES))
 def test_word_paths_hold_every_code(tree_name):
-    """The kernels' path table: per word and code, the length, then 2 * node + bit per step."""
+    """The kernels' path table: a record per word and code, the length, then 2 * node + bit per step."""
     tree = TREES[tree_name]()
     model = make_model(tree)
     paths = fast._word_paths(model.out)
-    assert paths.shape[2] % 16 == 0 and paths.shape[2] > tree.leaf_depth.max()
+    assert paths.codes.shape[1] % 16 == 0 and paths.codes.shape[1] > tree.leaf_depth.max()
+    assert paths.first[0] == 0 and paths.first[-1] == len(paths.codes) == len(tree.leaf_depth)
+    assert paths.most == max(len(tree.codes(w)) for w in range(tree.num_words))
     for w in range(tree.num_words):
         codes = tree.codes(w)
-        assert (paths[w, len(codes) :, 0] == -1).all()
+        assert paths.first[w + 1] - paths.first[w] == len(codes)
         for k, (nodes, bits) in enumerate(codes):
-            steps = paths[w, k, 1 : 1 + paths[w, k, 0]]
+            r = paths.first[w] + k
+            steps = paths.codes[r, 1 : 1 + paths.codes[r, 0]]
             assert (steps >> 1).tolist() == nodes and (steps & 1).tolist() == bits
     assert fast._word_paths(model.out) is paths  # built once, kept on the layer
 

@@ -116,7 +116,7 @@ import torch
 
 from . import data
 from .data import EpochOrder, EpochReader, EpochSpan, epoch_span
-from .kernels import PHASES, OptState, Params, Workspace, _catch_up, _score, _train_steps
+from .kernels import PHASES, OptState, Params, WordPaths, Workspace, _catch_up, _score, _train_steps
 from .memory import prefer_huge_pages
 from .output import TreeSoftmax
 from .progress import progress
@@ -125,15 +125,15 @@ from .progress import progress
 BLOCK = 32  # examples per block of a step (kernels._step): a speed setting, the step is the same
 
 
-def _word_paths(layer: TreeSoftmax) -> np.ndarray:
-    """(V, K, W) int32: the tree's paths as the kernels read them, by word and code.
+def _word_paths(layer: TreeSoftmax) -> WordPaths:
+    """The tree's paths as the kernels read them (:class:`~hlbl.kernels.WordPaths`), by word and code.
 
-    ``paths[w, k, 0]`` is the length of word w's k-th code (-1: w has fewer codes), and
-    ``paths[w, k, 1 + t] = 2 * node + bit`` its step t (bit 1: left, 0: right).
-    W = the longest path + 1, rounded up to 16 (64-byte records that never straddle a cache line
-    more than they must): a step's gather then reads one record a target where separate tables
-    of leaves, nodes, bits and depths cost four random memory accesses (V = 1M: 128 MB).
-    Built once per tree and kept on the layer.
+    Record ``first[w] + k`` is word w's k-th code: ``codes[r, 0]`` its length and
+    ``codes[r, 1 + t] = 2 * node + bit`` its step t (bit 1: left, 0: right). A record is W int32,
+    W = the longest path + 1 rounded up to 16 (64-byte records that never straddle a cache line
+    more than they must): a step's gather then reads one record a code where separate tables of
+    leaves, nodes, bits and depths cost four random memory accesses. Built once per tree and kept
+    on the layer.
     """
     tree = layer.tree
     cached = layer.__dict__.get("_fast_word_paths")
@@ -142,19 +142,18 @@ def _word_paths(layer: TreeSoftmax) -> np.ndarray:
     if tree.num_nodes >= 2**30:
         raise ValueError(f"the fast engine handles trees of fewer than 2**30 nodes, not {tree.num_nodes}")
     leaves = tree.word_leaves  # (V, K), -1 padded
-    V, K = leaves.shape
+    has = leaves >= 0
+    first = np.zeros(leaves.shape[0] + 1, np.int64)
+    np.cumsum(has.sum(1), out=first[1:])
+    lf = leaves[has]  # (L,) every word's leaves, word by word
     D = int(tree.leaf_depth.max())
-    W = -(-(D + 1) // 16) * 16
-    paths = np.zeros((V, K, W), np.int32)
-    paths[..., 0] = -1
-    for w0 in range(0, V, 1 << 16):  # in slices: whole-vocabulary temporaries would double peak memory at V = 1M
-        lw = leaves[w0 : w0 + (1 << 16)]
-        has = lw >= 0
-        lf = lw[has]
-        out = paths[w0 : w0 + (1 << 16)]
-        out[has, 0] = tree.leaf_depth[lf]
-        steps = 2 * tree.path_nodes[lf] + tree.path_bits[lf]
-        out[has, 1 : D + 1] = np.where(tree.path_mask[lf], steps, 0)
+    codes = np.zeros((len(lf), -(-(D + 1) // 16) * 16), np.int32)
+    for r0 in range(0, len(lf), 1 << 16):  # in slices: whole-table temporaries would double peak memory at V = 1M
+        part = lf[r0 : r0 + (1 << 16)]
+        codes[r0 : r0 + len(part), 0] = tree.leaf_depth[part]
+        steps = 2 * tree.path_nodes[part] + tree.path_bits[part]
+        codes[r0 : r0 + len(part), 1 : D + 1] = np.where(tree.path_mask[part], steps, 0)
+    paths = WordPaths(first=first, codes=codes, most=int(leaves.shape[1]))
     layer.__dict__["_fast_word_paths"] = (tree, paths)
     return paths
 
@@ -431,7 +430,7 @@ class _Shared:
     opt: _Optim
     params: Params
     state: OptState
-    paths: np.ndarray  # (V, K, W) int32 (_word_paths)
+    paths: WordPaths  # _word_paths
     works: list[Workspace]  # (T,) one per thread
     clocks: np.ndarray  # (T, len(PHASES)) int64: each thread's cycles per phase
 
@@ -461,7 +460,7 @@ def _shared(model, optimizer: torch.optim.Optimizer, sched: _Schedule) -> _Share
         bias_buf[:] = opt.buf["qb"]
     params = Params(R=R, Rbuf=opt.buf["R"], C=C, Cbuf=opt.buf["C"], Q=Q, Qbuf=opt.buf["Q"], qb=bias, qbbuf=bias_buf)
     state = OptState(hyper=opt.matrix, P_words=P["R"], P_other=P["Q"], P_bias=P["qb"], last_w=last_w, last_n=last_n)
-    K, D = paths.shape[1], int(model.out.tree.leaf_depth.max())
+    K, D = model.out.tree.word_leaves.shape[1], int(model.out.tree.leaf_depth.max())
     works = [_workspace(sched.B, n, d, K, D, slots_n[r], slots_w[r]) for r in range(T)]
     return _Shared(opt, params, state, paths, works, np.zeros((T, len(PHASES)), np.int64))
 

@@ -54,6 +54,16 @@ class OptState(NamedTuple):
     last_n: np.ndarray  # (N,) int32: the same for node rows
 
 
+class WordPaths(NamedTuple):
+    """The tree's paths as the kernels read them (``hlbl.fast._word_paths``): word w's codes are
+    records ``first[w]`` to ``first[w + 1] - 1`` of ``codes``, one 64-byte-aligned record a code
+    (a table padded to the most codes of any word was 5x larger on a multi-code tree)."""
+
+    first: np.ndarray  # (V+1,) int64: word w's first record; first[V] = L, the number of codes
+    codes: np.ndarray  # (L, W) int32: codes[r, 0] = the code's length, codes[r, 1 + t] = 2 * node + bit (1: left)
+    most: int  # K, the most codes of any word
+
+
 class Workspace(NamedTuple):
     """One thread's scratch arrays for a step of up to B examples (the kernels allocate nothing per
     step); KD = K * D path slots per example, E = max(B * KD, B * n) (example, row) entries."""
@@ -178,25 +188,27 @@ def _step_of(x):
 def _gather(stream, pos, pad, paths, ctx, keys, sign, plen):
     """The rows example b reads: context words ctx[b] (n,) and tree nodes keys[b] (K*D,).
 
-    ``paths`` (V, K, W) int32: the paths of each word's codes (``hlbl.fast._word_paths``).
-    ``keys[b, k*D + t]`` is the node at step t of the target's path k, -1 where there is none;
-    ``sign[b, k*D + t]`` its direction (+1 left, -1 right; 0 where there is none); ``plen[b, k]``
-    the path's length (-1: no path k). Gathered here, once, so that the forward pass reads no
-    table (the stream, the paths) whose lines the catch-ups have evicted since.
+    ``paths`` (WordPaths): the paths of each word's codes. ``keys[b, k*D + t]`` is the node at
+    step t of the target's path k, -1 where there is none; ``sign[b, k*D + t]`` its direction (+1
+    left, -1 right; 0 where there is none); ``plen[b, k]`` the path's length (-1: no path k).
+    Gathered here, once, so that the forward pass reads no table (the stream, the paths) whose
+    lines the catch-ups have evicted since.
     """
     n = ctx.shape[1]
     B = pos.shape[0]
-    K, W = paths.shape[1], paths.shape[2]
+    K = plen.shape[1]
+    W = paths.codes.shape[1]
     D = keys.shape[1] // K
     for b in range(B):
-        # Two dependent random reads per example (position -> token -> its paths, 128 bytes a
-        # code): each is fetched a few examples ahead, as the path table is 128 MB at V = 1M.
+        # Two dependent random reads per example (position -> token -> its records, 64 bytes a
+        # code or more): each is fetched a few examples ahead, as the records fill MBs at V = 1M.
         if b + POSITIONS_AHEAD < B:
             _prefetch(stream, pos[b + POSITIONS_AHEAD], 0)
         if b + PATHS_AHEAD < B:
             wa = stream[pos[b + PATHS_AHEAD]]
-            for off in range(0, K * W * 4, CACHE_LINE):
-                _prefetch(paths, wa, off)
+            r0 = paths.first[wa]
+            for off in range(0, (paths.first[wa + 1] - r0) * W * 4, CACHE_LINE):
+                _prefetch(paths.codes, r0, off)
         p = pos[b]
         for i in range(n):
             ctx[b, i] = _context(stream, p, pad, n, i)
@@ -204,11 +216,12 @@ def _gather(stream, pos, pad, paths, ctx, keys, sign, plen):
             keys[b, e] = -1
             sign[b, e] = 0.0
         target = stream[p]
+        r0, m = paths.first[target], paths.first[target + 1] - paths.first[target]
         for c in range(K):
-            dep = paths[target, c, 0]
+            dep = paths.codes[r0 + c, 0] if c < m else -1
             plen[b, c] = dep
             for t in range(dep):
-                keys[b, c * D + t], sign[b, c * D + t] = _step_of(paths[target, c, 1 + t])
+                keys[b, c * D + t], sign[b, c * D + t] = _step_of(paths.codes[r0 + c, 1 + t])
 
 
 @njit(fastmath=_FM, cache=True)
@@ -698,17 +711,18 @@ def _score(stream, pad, R, C, Q, qb, paths, out):
     ``paths`` as in ``_gather``."""
     N = stream.shape[0]
     n, d = C.shape
-    K = paths.shape[1]
+    K = paths.most
     chunk = SCORE_CHUNK
     for c in prange((N + chunk - 1) // chunk):
         h = np.empty(d, dtype=np.float32)
         plp = np.empty((1, K))  # 2-d for _log_sum_exp
-        zs = np.empty(paths.shape[2])
+        zs = np.empty(paths.codes.shape[1])
         for p in range(c * chunk, min(N, (c + 1) * chunk)):
             if p + 1 < N:  # the next target's first path, while this one computes
                 w1 = stream[p + 1]
-                for t in range(paths[w1, 0, 0]):
-                    _prefetch_row(Q, paths[w1, 0, 1 + t] >> 1)
+                r1 = paths.first[w1]
+                for t in range(paths.codes[r1, 0]):
+                    _prefetch_row(Q, paths.codes[r1, 1 + t] >> 1)
             for k in range(d):
                 h[k] = 0.0
             for i in range(n):
@@ -717,15 +731,16 @@ def _score(stream, pad, R, C, Q, qb, paths, out):
                     h[k] += C[i, k] * R[w, k]
             target = stream[p]
             best = -np.inf
+            r0, m = paths.first[target], paths.first[target + 1] - paths.first[target]
             for cc in range(K):
-                dep = paths[target, cc, 0]
-                if dep < 0:
+                if cc >= m:
                     plp[0, cc] = -np.inf
                     continue
+                dep = paths.codes[r0 + cc, 0]
                 # All the path's dot products first (independent, so they overlap in the CPU),
                 # then the scalar chain: faster than one latency-bound node after the other.
                 for t in range(dep):
-                    j, sgn = _step_of(paths[target, cc, 1 + t])
+                    j, sgn = _step_of(paths.codes[r0 + cc, 1 + t])
                     s = np.float32(0.0)
                     for k in range(d):
                         s += h[k] * Q[j, k]
