@@ -12,8 +12,9 @@ training time, and the speed of the full distribution (``log_prob``).
 Training (``examples/lstm_lm``): 2-layer LSTM, bptt 35, batch 20, SGD lr 20, clip 0.25, dropout
 0.2, one thread, the same seed for every output layer: ``full`` (Linear + softmax), ``adaptive``
 (``nn.AdaptiveLogSoftmaxWithLoss``, cutoffs 2000, 5000), ``huffman`` (TreeSoftmax on a Huffman
-tree) and ``learned_tree`` (the bootstrap: a Huffman model trained for as many epochs, the mean
-hidden state before each word, an ADAPTIVE(0.25) tree learned from those, a fresh model on it).
+tree), ``learned_tree`` (the bootstrap: a Huffman model trained for as many epochs, the mean
+hidden state before each word, an ADAPTIVE(0.25) tree learned from those, a fresh model on it)
+and ``sampled`` (hlbl's sampled softmax: 100 noise words in training, exact in evaluation).
 Test perplexity is exact for every layer.
 
 Speed: ``log_prob`` of (700, 200) hidden vectors at V = 10,000 (PTB's counts) and V = 33,278
@@ -116,7 +117,7 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="as the example's --optimizer")
     p.add_argument("--lr", type=float, help="as the example's --lr (default: the optimiser's)")
     p.add_argument("--device", default="cpu", help="as the example's --device (the speed stage stays on the CPU)")
-    p.add_argument("--outputs", default="full,adaptive,tree,learned-tree")
+    p.add_argument("--outputs", default="full,adaptive,tree,learned-tree,sampled")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--speed-only", action="store_true")
     p.add_argument("--no-speed", action="store_true", help="train and test only (the log_prob speed on its own)")
@@ -186,7 +187,13 @@ def train_all(ex, args) -> tuple[dict, list]:
     argv += ["--checkpoint", str(args.checkpoint)] if args.checkpoint else []
     ex_args = ex.parse_args(argv)
     corpus = ex.Corpus(args.data)
-    names = {"full": "full", "adaptive": "adaptive", "tree": "huffman", "learned-tree": "learned_tree"}
+    names = {
+        "full": "full",
+        "adaptive": "adaptive",
+        "tree": "huffman",
+        "learned-tree": "learned_tree",
+        "sampled": "sampled",
+    }
     summary = {
         "recipe": {
             k: getattr(ex_args, k)
