@@ -71,7 +71,7 @@ def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tok
             "total_ms": round(st["steps_s"] * 1e3 / batches, 3),
             "distinct_rows_per_batch": round(st["rows_per_step"]),
         }
-    return {"V": V, "depth": int(paths[:, :, 0].max()), "blocks": out}
+    return {"V": V, "depth": int(paths.codes[:, 0].max()), "blocks": out}
 
 
 def main(argv=None) -> int:
