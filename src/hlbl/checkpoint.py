@@ -201,8 +201,7 @@ def load_tensors(path: Path, kind: str = WEIGHTS_FORMAT) -> dict[str, torch.Tens
 
 # A load reads each tensor in pieces of about this many bytes: beside what it returns (or the model
 # it fills) it holds one piece and the file's mapped pages (which the system may drop at will), not
-# a second copy of the data. (Whole tensors made a resumed run's peak memory about 2.6x the file's
-# size above the model's own.)
+# a second copy of the data, as whole tensors checked before they are copied would be.
 PIECE_BYTES = 64 << 20
 
 

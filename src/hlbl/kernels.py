@@ -56,8 +56,9 @@ class OptState(NamedTuple):
 
 class WordPaths(NamedTuple):
     """The tree's paths as the kernels read them (``hlbl.fast._word_paths``): word w's codes are
-    records ``first[w]`` to ``first[w + 1] - 1`` of ``codes``, one 64-byte-aligned record a code
-    (a table padded to the most codes of any word was 5x larger on a multi-code tree)."""
+    records ``first[w]`` to ``first[w + 1] - 1`` of ``codes``, one 64-byte-aligned record a code.
+    Not a (V, K) table padded to the most codes of any word: on a multi-code tree most words have
+    far fewer (6.15 on average of at most 32 on a 189,931-word x4 tree)."""
 
     first: np.ndarray  # (V+1,) int64: word w's first record; first[V] = L, the number of codes
     codes: np.ndarray  # (L, W) int32: codes[r, 0] = the code's length, codes[r, 1 + t] = 2 * node + bit (1: left)
