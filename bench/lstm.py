@@ -125,6 +125,14 @@ def parse_args(argv=None):
     p.add_argument("--grad-study", type=int, metavar="STEPS", default=0, help="only the gradient-norm study")
     p.add_argument("--out", type=Path, default=ROOT / "results" / "lstm")
     p.add_argument("--checkpoint", type=Path, help="as the example's --checkpoint: a stopped call goes on from there")
+    p.add_argument("--tree-policy", default="adaptive:0.25", help="as the example's: the learned tree's policy")
+    p.add_argument("--tree-copies", type=int, default=1, help="as the example's: the learned tree's K of xK")
+    p.add_argument(
+        "--variant",
+        default="",
+        help="a name for runs of other settings: their keys become e.g. learned_tree_NAME_test_ppl, beside the "
+        "default runs' in the same summary",
+    )
     add_common(p)  # --quick: a synthetic corpus and a tiny model, outputs under quick_dir()
     return p.parse_args(argv)
 
@@ -164,8 +172,11 @@ def main(argv=None) -> int:
     if (args.out / "summary.json").is_file():
         summary = {**json.loads((args.out / "summary.json").read_text()), **summary}
     if (args.out / "runs.json").is_file() and runs:
+        redone = {(kind, args.variant) for kind in args.outputs.split(",")}
         kept = [
-            r for r in json.loads((args.out / "runs.json").read_text()) if r["output"] not in args.outputs.split(",")
+            r
+            for r in json.loads((args.out / "runs.json").read_text())
+            if (r["output"], r.get("variant", "")) not in redone
         ]
         runs = kept + runs
     if runs:
@@ -183,8 +194,10 @@ def train_all(ex, args) -> tuple[dict, list]:
     )
     boot = args.epochs if args.bootstrap_epochs is None else args.bootstrap_epochs
     argv += ["--max-steps", str(args.max_steps), "--bootstrap-epochs", str(boot), "--stop-lr", str(args.stop_lr)]
-    argv += ["--quick"] if args.quick else ["--save-tree", str(args.out / "learned_tree.npz")]
+    tree_file = f"learned_tree_{args.variant}.npz" if args.variant else "learned_tree.npz"
+    argv += ["--quick"] if args.quick else ["--save-tree", str(args.out / tree_file)]
     argv += ["--checkpoint", str(args.checkpoint)] if args.checkpoint else []
+    argv += ["--tree-policy", args.tree_policy, "--tree-copies", str(args.tree_copies)]
     ex_args = ex.parse_args(argv)
     corpus = ex.Corpus(args.data)
     names = {
@@ -207,21 +220,26 @@ def train_all(ex, args) -> tuple[dict, list]:
         "device": str(ex_args.device),
         "data": str(args.data) if not args.quick else "synthetic",
     }
+    if args.variant:  # the shared keys stay those of the default runs; a variant records what differs
+        summary = {}
     runs = []
     for kind in args.outputs.split(","):
         r = ex.run(corpus, kind, ex_args, log=lambda m: print(m, file=sys.stderr))
+        name = f"{names[kind]}_{args.variant}" if args.variant else names[kind]
+        if args.variant:
+            r["variant"] = args.variant
+            settings = {"tree_policy": args.tree_policy, "tree_copies": args.tree_copies, "bootstrap_epochs": boot}
+            summary[f"{name}_settings"] = r["settings"] = settings
         runs.append(r)
-        summary[f"{names[kind]}_test_ppl"] = r["test_ppl"]
-        summary[f"{names[kind]}_s_per_epoch"] = r["s_per_epoch"]
-        summary[f"{names[kind]}_tokens_per_s"] = r["tokens_per_s"]
-        summary[f"{names[kind]}_valid_ppl"] = r["valid_ppl"]  # of the best validation epoch, the one tested
-        summary[f"{names[kind]}_best_epoch"] = r["best_epoch"]
-        summary[f"{names[kind]}_epochs_run"] = len(r["epochs"])
-        summary[f"{names[kind]}_head_over_encoder_grad"] = float(
-            np.median([e["head_over_encoder"] for e in r["epochs"]])
-        )
+        summary[f"{name}_test_ppl"] = r["test_ppl"]
+        summary[f"{name}_s_per_epoch"] = r["s_per_epoch"]
+        summary[f"{name}_tokens_per_s"] = r["tokens_per_s"]
+        summary[f"{name}_valid_ppl"] = r["valid_ppl"]  # of the best validation epoch, the one tested
+        summary[f"{name}_best_epoch"] = r["best_epoch"]
+        summary[f"{name}_epochs_run"] = len(r["epochs"])
+        summary[f"{name}_head_over_encoder_grad"] = float(np.median([e["head_over_encoder"] for e in r["epochs"]]))
         if "bootstrap_s" in r:  # the Huffman model, its features and the tree, before the timed epochs
-            summary[f"{names[kind]}_bootstrap_s"] = r["bootstrap_s"]
+            summary[f"{name}_bootstrap_s"] = r["bootstrap_s"]
     return summary, runs
 
 

@@ -148,3 +148,27 @@ def test_quick_mode(name, quick_runs):
     assert written, f"bench/{name} --quick wrote nothing under $HLBL_BENCH_OUT:\n{tail}"
     changed = {k for k, v in snapshot().items() if before.get(k) != v}
     assert not changed, f"a quick run wrote into the repository: {sorted(changed)[:10]}"
+
+
+def test_lstm_variant_runs_sit_beside_the_default_runs(tmp_path):
+    """bench/lstm.py --variant: a learned tree of other settings gets its own keys and run record
+    in the same summary, and leaves the default run's keys and record as they were."""
+    import json
+
+    env = {**os.environ, "HLBL_BENCH_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    base = [sys.executable, str(BENCH / "lstm.py"), "--quick", "--no-speed", "--outputs", "learned-tree"]
+    for extra in ([], ["--variant", "x2", "--tree-copies", "2"]):
+        proc = subprocess.run(base + extra, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "lstm" / "summary.json").read_text())
+    runs = json.loads((tmp_path / "lstm" / "runs.json").read_text())
+    assert summary["bootstrap_epochs"] == 1 and "learned_tree_test_ppl" in summary
+    assert summary["learned_tree_x2_settings"] == {
+        "tree_policy": "adaptive:0.25",
+        "tree_copies": 2,
+        "bootstrap_epochs": 1,
+    }
+    assert summary["learned_tree_x2_test_ppl"] != summary["learned_tree_test_ppl"]  # another tree, another model
+    assert sorted(r.get("variant", "") for r in runs) == ["", "x2"]
+    x2 = next(r for r in runs if r.get("variant") == "x2")
+    assert x2["tree"]["codes_per_word"] >= 2.0
