@@ -127,6 +127,7 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", type=Path, help="as the example's --checkpoint: a stopped call goes on from there")
     p.add_argument("--tree-policy", default="adaptive:0.25", help="as the example's: the learned tree's policy")
     p.add_argument("--tree-copies", type=int, default=1, help="as the example's: the learned tree's K of xK")
+    p.add_argument("--bootstrap-from", help="as the example's: the learned tree from this trained run's model")
     p.add_argument(
         "--variant",
         default="",
@@ -198,6 +199,7 @@ def train_all(ex, args) -> tuple[dict, list]:
     argv += ["--quick"] if args.quick else ["--save-tree", str(args.out / tree_file)]
     argv += ["--checkpoint", str(args.checkpoint)] if args.checkpoint else []
     argv += ["--tree-policy", args.tree_policy, "--tree-copies", str(args.tree_copies)]
+    argv += ["--bootstrap-from", args.bootstrap_from] if args.bootstrap_from else []
     ex_args = ex.parse_args(argv)
     corpus = ex.Corpus(args.data)
     names = {
@@ -229,6 +231,7 @@ def train_all(ex, args) -> tuple[dict, list]:
         if args.variant:
             r["variant"] = args.variant
             settings = {"tree_policy": args.tree_policy, "tree_copies": args.tree_copies, "bootstrap_epochs": boot}
+            settings |= {"bootstrap_from": args.bootstrap_from} if args.bootstrap_from else {}
             summary[f"{name}_settings"] = r["settings"] = settings
         runs.append(r)
         summary[f"{name}_test_ppl"] = r["test_ppl"]

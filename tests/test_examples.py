@@ -109,3 +109,29 @@ def test_the_lstm_example_refuses_a_checkpoint_of_another_recipe_or_a_damaged_on
     saved.write_bytes(saved.read_bytes()[:100])  # cut short, as by a full disk
     with pytest.raises(SystemExit, match="checkpoint.safetensors: cannot resume from it"):
         ex.run(corpus, "tree", args("--epochs", "2"), log=lambda m: None)
+
+
+def test_the_lstm_example_learns_a_tree_from_a_trained_run(tmp_path, monkeypatch):
+    """--bootstrap-from: another round of the bootstrap, the tree learned from the hidden states of
+    the best model a --checkpoint run saved (no Huffman model trained); a run of another shape is
+    refused in one line."""
+    ex = lstm_example()
+    corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
+    quick = ["--quick", "--epochs", "1", "--log-every", "1000"]
+    first = ex.run(corpus, "learned-tree", ex.parse_args(quick + ["--checkpoint", str(tmp_path / "c")]), log=print)
+    src = tmp_path / "c" / "learned-tree"
+    again = ex.parse_args(quick + ["--bootstrap-from", str(src)])
+    second = ex.run(corpus, "learned-tree", again, log=print)
+    assert second["bootstrap_from"] == str(src) and second["bootstrap_output"] == "learned-tree"
+    assert second["tree"]["words"] == first["tree"]["words"] == len(corpus)
+
+    def no_training(*a, **k):
+        raise AssertionError("the bootstrap trained a model instead of loading the saved one")
+
+    monkeypatch.setattr(ex, "train_epoch", no_training)
+    ex.learn_tree(corpus, ex.batchify(corpus.splits["train"], again.batch_size), again, print)
+    again.nhid = 24
+    with pytest.raises(SystemExit, match="a model with nhid = 16, not 24"):
+        ex.learn_tree(corpus, ex.batchify(corpus.splits["train"], again.batch_size), again, print)
+    with pytest.raises(SystemExit, match="not a run directory"):
+        ex.run(corpus, "learned-tree", ex.parse_args(quick + ["--bootstrap-from", str(tmp_path)]), log=print)

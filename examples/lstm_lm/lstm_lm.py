@@ -253,22 +253,57 @@ def hidden_pairs(model: LSTMLM, data: torch.Tensor, bptt: int):
 
 def learn_tree(corpus: Corpus, train: torch.Tensor, args, log) -> tuple[hlbl.WordTree, dict]:
     """The bootstrap: a model with a Huffman tree (or a full softmax, for ``--tree-features
-    embedding``) trained ``--bootstrap-epochs``, its word features, a tree learned from them."""
-    boot_kind = "full" if args.tree_features == "embedding" else "tree"
-    torch.manual_seed(args.seed)
-    boot = build_model(corpus, boot_kind, args)
+    embedding``) trained ``--bootstrap-epochs``, its word features, a tree learned from them.
+    With ``--bootstrap-from DIR`` the model is instead the one trained in a checkpoint directory
+    (another round of the bootstrap: features from a model trained to the end)."""
     t0 = time.perf_counter()
-    opt = make_optimizer(boot, args)
-    for epoch in range(args.bootstrap_epochs):
-        train_epoch(boot, train, args, args.lr, opt)
+    if args.bootstrap_from:
+        boot, boot_kind = trained_model(Path(args.bootstrap_from), corpus, args)
+    else:
+        boot_kind = "full" if args.tree_features == "embedding" else "tree"
+        torch.manual_seed(args.seed)
+        boot = build_model(corpus, boot_kind, args)
+        opt = make_optimizer(boot, args)
+        for epoch in range(args.bootstrap_epochs):
+            train_epoch(boot, train, args, args.lr, opt)
     if args.tree_features == "embedding":
         X = hlbl.embedding_features(boot.head.decoder.weight)  # (V, nhid): the vector each word is scored by
     else:
         X, _ = hlbl.hidden_features(hidden_pairs(boot, train, args.bptt), len(corpus))
     tree = hlbl.learn_tree(X, args.tree_policy, copies=args.tree_copies, seed=args.seed)
     info = {"bootstrap_output": boot_kind, "bootstrap_s": time.perf_counter() - t0, "tree": tree.stats(corpus.counts)}
+    if args.bootstrap_from:
+        info["bootstrap_from"] = str(args.bootstrap_from)
     log(f"learned tree from {args.tree_features} features: {json.dumps(info['tree'])}")
     return tree, info
+
+
+def trained_model(path: Path, corpus: Corpus, args) -> tuple[LSTMLM, str]:
+    """The model of the best validation epoch saved in a ``--checkpoint`` run directory
+    (``DIR/KIND``), and its kind; a directory of another model shape or corpus is a one-line error."""
+    try:
+        recipe = json.loads((path / "recipe.json").read_text())
+        kind = recipe["output"]
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"{path}: not a run directory of this example's --checkpoint ({e})") from None
+    want = {k: getattr(args, k) for k in ("emsize", "nhid", "nlayers")} | {"data": str(corpus.root)}
+    for k, v in want.items():
+        if recipe.get(k) != v:
+            raise SystemExit(f"{path}: a model with {k} = {recipe.get(k)!r}, not {v!r}")
+    if kind not in ("full", "tree", "learned-tree") or (kind == "full") != (args.tree_features == "embedding"):
+        raise SystemExit(
+            f"{path}: a model with a {kind} output; --tree-features {args.tree_features} takes "
+            + ("a full softmax model" if args.tree_features == "embedding" else "a tree or learned-tree model")
+        )
+    try:
+        tree = hlbl.WordTree.load(path / "tree.npz") if kind == "learned-tree" else None
+        model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, tree)
+        tensors, _ = load_tensors_and_meta(path / "checkpoint.safetensors", CHECKPOINT_FORMAT)
+        best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
+        model.load_state_dict(best or {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    except (OSError, ValueError, RuntimeError, hlbl.HlblError) as e:
+        raise SystemExit(f"{path}: cannot load its model ({str(e).splitlines()[0]})") from None
+    return model, kind
 
 
 def build_model(corpus: Corpus, kind: str, args, tree=None) -> LSTMLM:
@@ -340,8 +375,8 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
 
 CHECKPOINT_FORMAT = "hlbl-lstm-lm-checkpoint"  # hlbl.checkpoint adds the version and a checksum
 RECIPE = ("emsize", "nhid", "nlayers", "dropout", "bptt", "batch_size", "optimizer", "lr", "clip", "cutoffs",
-          "samples", "tree_init", "tree_features", "tree_policy", "tree_copies", "bootstrap_epochs", "seed",
-          "max_steps")  # fmt: skip
+          "samples", "tree_init", "tree_features", "tree_policy", "tree_copies", "bootstrap_epochs", "bootstrap_from",
+          "seed", "max_steps")  # fmt: skip
 
 
 class Checkpoint:
@@ -470,6 +505,10 @@ def parse_args(argv=None):
     p.add_argument("--tree-policy", default="adaptive:0.25")
     p.add_argument("--tree-copies", type=int, default=1)
     p.add_argument("--bootstrap-epochs", type=int, default=1)
+    p.add_argument(
+        "--bootstrap-from",
+        help="learn the tree from the model of this --checkpoint run directory (DIR/KIND) instead of training one",
+    )
     p.add_argument("--save-tree", type=Path, help="write the learned tree here (.json or .npz)")
     p.add_argument("--generate", type=int, default=0, help="sample this many words after training")
     p.add_argument("--threads", type=int, default=1)
