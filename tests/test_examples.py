@@ -119,6 +119,7 @@ def test_the_lstm_example_learns_a_tree_from_a_trained_run(tmp_path, monkeypatch
     corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
     quick = ["--quick", "--epochs", "1", "--log-every", "1000"]
     first = ex.run(corpus, "learned-tree", ex.parse_args(quick + ["--checkpoint", str(tmp_path / "c")]), log=print)
+    ex.run(corpus, "adaptive", ex.parse_args(quick + ["--checkpoint", str(tmp_path / "c")]), log=print)
     src = tmp_path / "c" / "learned-tree"
     again = ex.parse_args(quick + ["--bootstrap-from", str(src)])
     second = ex.run(corpus, "learned-tree", again, log=print)
@@ -135,3 +136,11 @@ def test_the_lstm_example_learns_a_tree_from_a_trained_run(tmp_path, monkeypatch
         ex.learn_tree(corpus, ex.batchify(corpus.splits["train"], again.batch_size), again, print)
     with pytest.raises(SystemExit, match="not a run directory"):
         ex.run(corpus, "learned-tree", ex.parse_args(quick + ["--bootstrap-from", str(tmp_path)]), log=print)
+    # any output layer's model gives hidden states: a tree for a trained adaptive-softmax model
+    again.nhid = 16
+    again.bootstrap_from = str(tmp_path / "c" / "adaptive")
+    tree, info = ex.learn_tree(corpus, ex.batchify(corpus.splits["train"], again.batch_size), again, print)
+    assert info["bootstrap_output"] == "adaptive" and tree.num_words == len(corpus)
+    again.tree_features = "embedding"
+    with pytest.raises(SystemExit, match="embedding takes a full softmax model"):
+        ex.learn_tree(corpus, ex.batchify(corpus.splits["train"], again.batch_size), again, print)

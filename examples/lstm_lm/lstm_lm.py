@@ -290,11 +290,9 @@ def trained_model(path: Path, corpus: Corpus, args) -> tuple[LSTMLM, str]:
     for k, v in want.items():
         if recipe.get(k) != v:
             raise SystemExit(f"{path}: a model with {k} = {recipe.get(k)!r}, not {v!r}")
-    if kind not in ("full", "tree", "learned-tree") or (kind == "full") != (args.tree_features == "embedding"):
-        raise SystemExit(
-            f"{path}: a model with a {kind} output; --tree-features {args.tree_features} takes "
-            + ("a full softmax model" if args.tree_features == "embedding" else "a tree or learned-tree model")
-        )
+    # hidden states come from any output layer's model; an output embedding only from a full softmax
+    if kind not in OUTPUTS or (args.tree_features == "embedding" and kind != "full"):
+        raise SystemExit(f"{path}: a model with a {kind} output; --tree-features embedding takes a full softmax model")
     try:
         tree = hlbl.WordTree.load(path / "tree.npz") if kind == "learned-tree" else None
         model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, tree)
