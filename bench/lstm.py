@@ -209,21 +209,24 @@ def train_all(ex, args) -> tuple[dict, list]:
         "learned-tree": "learned_tree",
         "sampled": "sampled",
     }
-    summary = {
-        "recipe": {
-            k: getattr(ex_args, k)
-            for k in ("emsize", "nhid", "nlayers", "dropout", "bptt", "batch_size", "optimizer", "lr", "clip")
-        },
-        "epochs": args.epochs,
-        "stop_lr": args.stop_lr,
-        "bootstrap_epochs": boot,
-        "max_steps": args.max_steps,
-        "threads": 1,
-        "device": str(ex_args.device),
-        "data": str(args.data) if not args.quick else "synthetic",
-    }
-    if args.variant:  # the shared keys stay those of the default runs; a variant records what differs
-        summary = {}
+    # a variant's summary holds its own keys only: the shared ones stay those of the default runs
+    summary = (
+        {}
+        if args.variant
+        else {
+            "recipe": {
+                k: getattr(ex_args, k)
+                for k in ("emsize", "nhid", "nlayers", "dropout", "bptt", "batch_size", "optimizer", "lr", "clip")
+            },
+            "epochs": args.epochs,
+            "stop_lr": args.stop_lr,
+            "bootstrap_epochs": boot,
+            "max_steps": args.max_steps,
+            "threads": 1,
+            "device": str(ex_args.device),
+            "data": str(args.data) if not args.quick else "synthetic",
+        }
+    )
     runs = []
     for kind in args.outputs.split(","):
         r = ex.run(corpus, kind, ex_args, log=lambda m: print(m, file=sys.stderr))

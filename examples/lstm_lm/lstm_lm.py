@@ -297,8 +297,7 @@ def trained_model(path: Path, corpus: Corpus, args) -> tuple[LSTMLM, str]:
         tree = hlbl.WordTree.load(path / "tree.npz") if kind == "learned-tree" else None
         model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, tree)
         tensors, _ = load_tensors_and_meta(path / "checkpoint.safetensors", CHECKPOINT_FORMAT)
-        best = {k[5:]: v for k, v in tensors.items() if k.startswith("best.")}
-        model.load_state_dict(best or {k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        model.load_state_dict(_part(tensors, "best.") or _part(tensors, "model."))
     except (OSError, ValueError, RuntimeError, hlbl.HlblError) as e:
         raise SystemExit(f"{path}: cannot load its model ({str(e).splitlines()[0]})") from None
     return model, kind
@@ -445,16 +444,20 @@ class Checkpoint:
         try:
             tensors, meta = load_tensors_and_meta(path, CHECKPOINT_FORMAT)  # format, version and checksum checked
             progress, optim = json.loads(meta["progress"]), json.loads(meta["optim"])
-            part = lambda prefix: {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
-            model.load_state_dict(part("model."))
-            restore_optimizer(opt, part("optim."), optim)
+            model.load_state_dict(_part(tensors, "model."))
+            restore_optimizer(opt, _part(tensors, "optim."), optim)
         except (OSError, ValueError, KeyError, RuntimeError, hlbl.HlblError) as e:
             raise SystemExit(f"{path}: cannot resume from it ({str(e).splitlines()[0]})") from None
         torch.set_rng_state(tensors["rng.cpu"])
         if "rng.cuda" in tensors and torch.cuda.is_available():
             torch.cuda.set_rng_state(tensors["rng.cuda"])
-        best = part("best.")
+        best = _part(tensors, "best.")
         return progress, {k: v.to(next(model.parameters()).device) for k, v in best.items()} or None
+
+
+def _part(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint saved under ``prefix`` (``model.``, ``best.``, ``optim.``), prefix removed."""
+    return {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def synthetic_corpus(root: Path, seed: int = 0) -> Path:
