@@ -156,3 +156,13 @@ def tiny_run(tmp_path_factory):
     assert rc == 0
     model, vocab, _ = load_model(root / "run")
     return root / "run", model, vocab
+
+
+def toy_record(model_config, **train):
+    """A run description for a model that was never trained (the service's tests): a corpus named
+    ``toy``, the default recipe with ``train``'s settings, the default text protocol."""
+    from hlbl.config import TrainConfig
+    from hlbl.data import TextProtocol
+    from hlbl.run import CorpusRef, RunOptions, RunRecord
+
+    return RunRecord(model_config, TrainConfig(**train), CorpusRef("toy", None, {}), TextProtocol(), RunOptions())

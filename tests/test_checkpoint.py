@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import multi_code_tree, tiny_corpus
+from conftest import multi_code_tree, tiny_corpus, toy_record
 from hlbl import checkpoint as ckpt
 from hlbl import run as hrun
 from hlbl.data import load_corpus
@@ -32,7 +32,7 @@ def test_save_load_gives_identical_log_probs_and_tree(run):
     assert np.array_equal(loaded.tree.children, model.tree.children)
     ctx = torch.randint(0, len(vocab), (20, 3))
     assert torch.equal(loaded.log_prob(ctx), model.log_prob(ctx))
-    assert info["model"]["dim"] == 8
+    assert info.model.dim == 8
 
 
 def test_files_are_safetensors_and_json(run):
@@ -93,7 +93,7 @@ def test_every_json_file_names_its_format_and_version(run):
         name: json.loads((run_dir / name).read_text()) for name in ("run.json", "vocab.json", "state.json", "tree.json")
     }
     assert {k: (v["format"], v["version"]) for k, v in formats.items()} == {
-        "run.json": ("hlbl-run", 1),
+        "run.json": ("hlbl-run", 2),
         "vocab.json": ("hlbl-vocab", 1),
         "state.json": ("hlbl-train-state", 1),
         "tree.json": ("hlbl-word-tree", 1),
@@ -267,7 +267,7 @@ def test_a_model_saved_from_memory_loads_with_identical_log_probs(tmp_path, vari
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     run_dir = tmp_path / "run"
-    hrun.save_run_files(run_dir, model, vocab, {}, "memory", {})
+    hrun.save_run_files(run_dir, model, vocab, toy_record(model.config))
     ckpt.save_weights(run_dir / "best.safetensors", model)
     loaded, _, _ = hrun.load_model(run_dir)
     ctx = torch.randint(0, V, (30, 2), generator=torch.Generator().manual_seed(1))

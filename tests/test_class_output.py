@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_corpus
+from conftest import tiny_corpus, toy_record
 from hlbl import checkpoint as ckpt
 from hlbl import run as hrun
 from hlbl.classes import WordClasses, frequency_classes, kmeans, kmeans_classes
@@ -21,7 +21,6 @@ from hlbl.evaluate import evaluate
 from hlbl.model import LBL, LBLConfig
 from hlbl.output import OUTPUT_KINDS, ClassSoftmax, make_output_layer
 from hlbl.search import full_topk, topk_matches
-from hlbl.config import TrainConfig
 
 V, D = 13, 4
 
@@ -354,7 +353,7 @@ def test_model_save_load_gives_identical_log_probs(tmp_path):
     model = LBL(LBLConfig(Vc, dim=6, context=3, output="classes"), classes, torch.Generator().manual_seed(0))
     model.init_unigram(corpus.vocab.counts)
     run = tmp_path / "run"
-    hrun.save_run_files(run, model, corpus.vocab, TrainConfig().to_json(), "tiny", {})
+    hrun.save_run_files(run, model, corpus.vocab, toy_record(model.config))
     ckpt.save_weights(run / "best.safetensors", model, vocab=corpus.vocab)
     loaded, _, _ = hrun.load_model(run)
     assert loaded.structure.fingerprint() == classes.fingerprint()
@@ -379,8 +378,8 @@ def test_cli_trains_builds_and_infers_end_to_end(tmp_path, capsys, monkeypatch):
     _train(tmp_path, data, tmp_path / "freq")
     result = json.loads(capsys.readouterr().out.splitlines()[0])
     assert 1 < result["test_perplexity"] < 14  # 14 words
-    info = hrun.read_run(tmp_path / "freq")
-    assert info["model"]["output"] == "classes" and info["options"]["tree"] == "frequency"
+    record = hrun.Run.open(tmp_path / "freq").record
+    assert record.model.output == "classes" and record.options.tree == "frequency"
     assert WordClasses.load(tmp_path / "freq" / "tree.json").num_classes == 4  # round(sqrt(14 words))
     assert main(["tree", "stats", str(tmp_path / "freq")]) == 0
     stats = json.loads(capsys.readouterr().out)

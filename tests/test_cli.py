@@ -357,7 +357,7 @@ def test_runs_record_where_their_corpus_is_and_resume_checks_the_text(tmp_path, 
         main(["train", "--data", "c", "--out", "run", "--epochs", "1", "--dim", "8", "--quiet", "--device", "cpu"]) == 0
     )
     info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert info["corpus"] == str((tmp_path / "c").resolve())
+    assert info["corpus"]["spec"] == str((tmp_path / "c").resolve())
     monkeypatch.chdir("/")
     assert main(["eval", str(tmp_path / "run"), "--device", "cpu"]) == 0
     shutil.move(tmp_path / "c", tmp_path / "moved")
@@ -618,7 +618,7 @@ def test_resume_refuses_reordered_training_text_and_a_changed_valid_split(tmp_pa
     data = tiny_corpus(tmp_path / "c")
     args = ["--out", str(tmp_path / "run"), "--dim", "8", "--quiet", "--device", "cpu"]
     assert main(["train", "--data", str(data), "--epochs", "1", *args]) == 0
-    assert "data_sha256" in json.loads((tmp_path / "run" / "run.json").read_text())
+    assert "sha256" in json.loads((tmp_path / "run" / "run.json").read_text())["corpus"]
     lines = (data / "train.txt").read_text().splitlines()
     (data / "train.txt").write_text("\n".join(reversed(lines)) + "\n")
     capsys.readouterr()

@@ -81,7 +81,7 @@ def test_the_run_records_its_protocol_and_eval_uses_it(tmp_path, monkeypatch, ca
     assert final["blank_lines"] == "keep" and final["test_blank_lines_dropped"] == 0
     assert final["test_tokens"] == 4 + 1 + 4 and final["test_oov"] == 1 and final["test_unk_in_text"] == 1
     info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert info["blank_lines"] == "keep" and info["corpus_path"] == str(data.resolve())
+    assert info["text"]["blank_lines"] == "keep" and info["corpus"]["path"] == str(data.resolve())
     assert main(["eval", str(tmp_path / "run"), "--device", "cpu"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["tokens"] == 9 and rep["blank_lines"] == "keep" and rep["blank_lines_dropped"] == 0
@@ -156,8 +156,8 @@ def test_commands_after_training_find_the_corpus_with_nothing_set(tmp_path, monk
         == 0
     )
     info = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert info["corpus"] == "mini"  # the name, portable between machines ...
-    assert info["corpus_path"] == str((tmp_path / "shared" / "mini").resolve())  # ... and where it was
+    assert info["corpus"]["spec"] == "mini"  # the name, portable between machines ...
+    assert info["corpus"]["path"] == str((tmp_path / "shared" / "mini").resolve())  # ... and where it was
     monkeypatch.delenv("HLBL_DATA")
     (tmp_path / "elsewhere").mkdir()  # no ./mini there either
     monkeypatch.chdir(tmp_path / "elsewhere")

@@ -211,7 +211,10 @@ def test_a_state_json_with_a_wrong_type_is_one_line(trained, tmp_path, capsys, f
 @pytest.mark.parametrize(
     "edit,words",
     [
-        (lambda info: info.update(corpus=5), ["run.json", "'corpus'", "a string"]),
+        (lambda info: info["corpus"].update(spec=5), ["run.json", "'corpus.spec'", "a string"]),
+        (lambda info: info["text"].pop("min_count"), ["run.json", "text", "min_count"]),
+        (lambda info: info["options"].pop("tree"), ["run.json", "options.tree"]),
+        (lambda info: info["train"].pop("epoch_tokens"), ["run.json", "epoch_tokens", "missing"]),
         (lambda info: info["train"].update(lr=float("nan")), ["run.json", "'train.lr'", "NaN"]),
         (lambda info: info["train"].update(batch_size=2.5), ["run.json", "'train.batch_size'", "whole number"]),
         (lambda info: info.update(train=[]), ["run.json", "'train'", "JSON object"]),
@@ -528,6 +531,32 @@ def test_a_trained_run_without_its_checkpoints_is_never_trained_again_from_scrat
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     rc, _, err = run_cli(["train", "--resume", "--out", run, "--epochs", "3", "--quiet", "--engine", "torch"], capsys)
     one_line_error(rc, err, "has trained", "new run directory")
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.parametrize(
+    "gone",
+    [
+        ("checkpoints", "state.json"),
+        ("checkpoints", "best.safetensors"),
+        ("checkpoints", "state.json", "best.safetensors"),
+        ("checkpoints", "state.json", "best.safetensors", "last.safetensors"),
+    ],
+)
+def test_any_trace_of_training_refuses_a_resume_from_scratch(tmp_path, data, capsys, gone):
+    """Trained weights (best or last) or a metrics log with epochs mark a run as trained, whatever
+    else of it is gone: neither the CLI nor Python's Run.resume starts it again."""
+    from hlbl.run import Run
+
+    run = tmp_path / "R"
+    assert run_cli(["train", "--data", data, "--out", run, "--epochs", "2", *FAST], capsys)[0] == 0
+    for name in gone:
+        shutil.rmtree(run / name) if (run / name).is_dir() else (run / name).unlink()
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    rc, _, err = run_cli(["train", "--resume", "--out", run, "--epochs", "3", "--quiet", "--engine", "torch"], capsys)
+    one_line_error(rc, err, "has trained", "new run directory")
+    with pytest.raises(ckpt.CheckpointError, match="has trained"):
+        Run.resume(run, log=lambda msg: None, max_epochs=3)
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
 
 

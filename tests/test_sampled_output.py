@@ -317,7 +317,7 @@ def test_fixed_seed_same_run_other_seed_other_noise_and_resume_is_exact(tmp_path
 def test_save_and_load_give_identical_log_probs_and_noise(tmp_path, corpus):
     model = train(tmp_path, "r", corpus, "sampled", epochs=1)
     loaded, _, info = hrun.load_model(tmp_path / "r")
-    assert info["model"]["output"] == "sampled" and info["model"]["samples"] == 4
+    assert info.model.output == "sampled" and info.model.samples == 4
     ctx = torch.from_numpy(next(batches(corpus["test"], 3, 50, corpus.vocab.eos))[0])
     assert torch.equal(model.log_prob(ctx), loaded.log_prob(ctx))
     assert torch.equal(model.out.noise_log_prob, loaded.out.noise_log_prob)

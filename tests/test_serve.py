@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import multi_code_tree, random_tree
+from conftest import multi_code_tree, random_tree, toy_record
 
 try:  # the client Starlette's test client uses (httpx2; httpx before Starlette 1.x)
     import httpx2 as httpx
@@ -53,7 +53,7 @@ def _toy_service(tmp_path, output="tree", tree=None, limits=Limits()) -> Service
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
-    return Service(model, vocab, {"corpus": "toy", "train": {"lr": 0.1}}, tmp_path, limits=limits)
+    return Service(model, vocab, toy_record(model.config, lr=0.1), tmp_path, limits=limits)
 
 
 def post(client, url, body):

@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 import torch
 
+from conftest import toy_record
 from hlbl.data import Vocab
 from hlbl.model import LBL, LBLConfig
 from hlbl.serve import Limits, Service, create_app
@@ -31,7 +32,7 @@ def app(tmp_path_factory):
     vocab = Vocab(("the", "<eos>", "<unk>", "a", "cat", "dog"), (50, 40, 30, 20, 10, 5))
     model = LBL(LBLConfig(vocab_size=6, dim=4, context=2, output="flat"), None, torch.Generator().manual_seed(0))
     run = tmp_path_factory.mktemp("toy")
-    return create_app(Service(model, vocab, {"corpus": "toy"}, run, limits=Limits(max_body=1000)))
+    return create_app(Service(model, vocab, toy_record(model.config), run, limits=Limits(max_body=1000)))
 
 
 @contextlib.contextmanager

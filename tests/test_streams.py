@@ -6,7 +6,7 @@ import pytest
 from hlbl.data.streams import (
     EpochOrder,
     EpochReader,
-    _mapped_file,
+    mapped_file,
     batches,
     contexts,
     epoch_order,
@@ -135,13 +135,13 @@ def test_read_tokens_finds_a_mapped_view_in_its_file(tmp_path):
     whole = np.memmap(tmp_path / "a.i32", dtype="<i4", mode="r")
     shifted = np.memmap(tmp_path / "a.i32", dtype="<i4", mode="r", offset=4 * 1031, shape=(3000,))
     for view, first in ((whole, 0), (whole[17:4000], 17), (shifted, 1031), (shifted[100:], 1131)):
-        assert _mapped_file(view) is not None
+        assert mapped_file(view) is not None
         out = np.empty(50, np.int32)
         read_tokens(view, 9, out)
         assert np.array_equal(out, ids[first + 9 : first + 59])
         assert np.array_equal(np.concatenate([part.copy() for part in stream_pieces(view, 333)]), np.asarray(view))
-    assert _mapped_file(whole[::2]) is None  # not contiguous: read as an array
-    assert _mapped_file(ids) is None
+    assert mapped_file(whole[::2]) is None  # not contiguous: read as an array
+    assert mapped_file(ids) is None
 
 
 def _rss_file_kb() -> int:

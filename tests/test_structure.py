@@ -172,3 +172,34 @@ def test_modules_import_only_from_their_row_of_the_architecture_table_or_rows_ab
 def test_the_layer_check_flags_an_import_from_a_lower_row():
     graph = {"hlbl.tree": {"hlbl.run.x"}, "hlbl.run": {"hlbl.tree"}}
     assert layer_violations(graph, [{"tree"}, {"run"}]) == ["hlbl.tree -> hlbl.run.x"]
+
+
+# ---- one door to a run: only hlbl.run names the files of a run directory ------------------------
+
+RUN_FILE_NAMES = ("run.json", "metrics.jsonl", "state.json")
+
+
+def run_file_readers(src: Path = SRC, package: str = PACKAGE, owner: str = "hlbl.run") -> list[str]:
+    """Where a module other than ``owner`` names a run's own files in code (a string that is one of
+    :data:`RUN_FILE_NAMES`, as in ``path / "run.json"``): such a module reads the run directory
+    itself rather than through :class:`hlbl.run.Run`. Prose (docstrings, messages) may name them."""
+    found = []
+    for name, (path, _) in module_files(src, package).items():
+        if name == owner:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in RUN_FILE_NAMES:
+                found.append(f"{path.relative_to(src)}:{node.lineno}: {node.value}")
+    return found
+
+
+def test_only_the_run_module_reads_a_run_directorys_files():
+    assert run_file_readers() == []
+
+
+def test_the_run_file_check_finds_a_reader(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "run.py").write_text('NAME = "run.json"\n')
+    (tmp_path / "pkg" / "other.py").write_text('def f(p):\n    """Reads run.json."""\n    return p / "state.json"\n')
+    assert run_file_readers(tmp_path, "pkg", "pkg.run") == ["pkg/other.py:3: state.json"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from numbers import Integral
 from typing import Any
 
@@ -37,14 +37,15 @@ def _need(ok: bool, field: str, message: str) -> None:
 
 
 def _from_json(cls, obj: Any, what: str):
-    """``cls(**obj)`` for a JSON object of settings; ConfigError for unknown, missing or bad values."""
+    """``cls(**obj)`` for a JSON object of settings as :meth:`to_json` wrote them: every field is
+    required (a missing one is never filled with today's default, which may not be the run's);
+    ConfigError for unknown, missing or bad values."""
     if not isinstance(obj, dict):
         raise ConfigError(None, f"{what} settings must be a JSON object, not {type(obj).__name__}")
     unknown = sorted(set(obj) - {f.name for f in fields(cls)})
     if unknown:
         raise ConfigError(unknown[0], f"unknown {what} setting(s) {', '.join(unknown)}")
-    missing = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
-    missing = [name for name in missing if name not in obj]
+    missing = [f.name for f in fields(cls) if f.name not in obj]
     if missing:
         raise ConfigError(missing[0], f"{what} setting(s) {', '.join(missing)} missing")
     return cls(**obj)

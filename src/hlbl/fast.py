@@ -162,7 +162,7 @@ def _check_stream(stream: np.ndarray, pad: int, V: int) -> np.ndarray:
     """The stream as contiguous int32, after checking every id (the kernels do no bounds checks).
     A memory-mapped int32 stream is returned as it is (its ids read through the file, in pieces:
     the check maps none of it; see data.EpochReader)."""
-    if not isinstance(stream, np.memmap) or data._mapped_file(stream) is None:
+    if not isinstance(stream, np.memmap) or data.mapped_file(stream) is None:
         stream = np.ascontiguousarray(stream, dtype=np.int32)
     lo, hi = 0, 0
     for i, part in enumerate(data.stream_pieces(stream)):

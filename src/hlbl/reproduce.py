@@ -182,14 +182,10 @@ class Reproduction:
         # (A run that hit a smaller cap is continued from its last checkpoint: resuming is
         # exact, so this equals having trained with the larger cap from the start.)
         run = self.work / "runs" / name
-        if (run / "run.json").is_file() and (run / "state.json").is_file():
-            model, _, info = hrun.load_model(run, which="last")
-            try:
-                tcfg = TrainConfig.from_json(info["train"], max_epochs=epochs, progress=False)
-            except ValueError as e:
-                raise DataError(f"{run / 'run.json'}: bad training config ({e})") from None
+        if hrun.Run(run).has_record():
             self.log(f"[{name}] resuming {run}")
-            fit(model, self.corpus, tcfg, run, resume=True, corpus_spec=corpus_record(self.cfg.data), log=self.log)
+            hrun.Run.resume(run, self.corpus, log=self.log, max_epochs=epochs, progress=False)
+            model = hrun.Run.open(run).model("best")  # (what fit leaves in a model it trains)
         else:
             if run.exists():  # a start that died before its first files: begin again
                 shutil.rmtree(run)
@@ -206,8 +202,9 @@ class Reproduction:
                 corpus_spec=corpus_record(self.cfg.data),
                 log=self.log,
             )
-        state = ckpt.read_state(run / "state.json")
-        metrics = ckpt.read_metrics(run / "metrics.jsonl")  # (checked: a damaged log is one line, not a traceback)
+        finished = hrun.Run.open(run)
+        state = finished.state().to_json()
+        metrics = finished.metrics()  # (checked: a damaged log is one line, not a traceback)
         pad = self.corpus.vocab.eos
         ev = {s: evaluate(model, self.eval_stream(s), pad) for s in ("valid", "test")}
         res = {
@@ -255,7 +252,7 @@ class Reproduction:
                 ):
                     p.unlink(missing_ok=True)
                 shutil.rmtree(self.work / "runs" / name, ignore_errors=True)
-        model, _, _ = hrun.load_model(self.work / "runs" / "T1", which="best")
+        model = hrun.Run.open(self.work / "runs" / "T1").model("best")
         t0 = time.perf_counter()
         X, n = word_features(model, self.train_stream, self.corpus.vocab.eos)
         with atomic.atomic_path(path) as tmp, open(tmp, "wb") as f:

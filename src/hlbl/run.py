@@ -33,10 +33,11 @@ import os
 import re
 import shutil
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from functools import partial
 import logging
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -66,12 +67,11 @@ from .config import LBLConfig, TrainConfig, check_model_memory
 from .data import (
     Corpus,
     DataError,
+    TextProtocol,
     Vocab,
-    corpus_meta,
     epoch_span,
     load_corpus,
     resolve_corpus,
-    run_corpus,
     stream_fingerprint,
 )
 from .engine import check_memory, choose_engine
@@ -85,6 +85,9 @@ from .tree import WordTree
 from .warmstart import warm_start
 
 RUN_FORMAT = "hlbl-run"
+# 2: the corpus, the text protocol and the options as sections, every field written (1: read by
+# :func:`_upgrade_v1`).
+RUN_VERSION = 2
 CHECKPOINTS = "checkpoints"
 PARTIAL = ".partial-"
 PUBLISHED = ("best.safetensors", "last.safetensors", "metrics.jsonl", "state.json")
@@ -94,28 +97,114 @@ _COMMITTED = re.compile(r"epoch-(\d{6,})")
 _TEMPORARY = re.compile(r"(run|vocab|tree|state|metrics|best|last|optimizer)\.(json|jsonl|safetensors)\..+\.tmp")
 
 
+@dataclass(frozen=True)
+class CorpusRef:
+    """Where a run's corpus is, and which text it was: ``spec`` as ``--data`` named it (a name is
+    looked up again on each machine, :func:`hlbl.data.corpus_record`), ``path`` the directory
+    it was read from (None: not known), ``sha256`` the fingerprints of the train and valid streams
+    (:func:`hlbl.data.stream_fingerprint`): paths may move, the text is what must match."""
+
+    spec: str
+    path: str | None
+    sha256: dict[str, str]
+
+    def directory(self) -> Path:
+        """The corpus directory, found as ``train`` found it: by the recorded name or path, else
+        in the directory where the run found it."""
+        return resolve_corpus(self.spec, recorded=self.path)
+
+    def to_json(self) -> dict:
+        return {"spec": self.spec, "path": self.path, "sha256": dict(self.sha256)}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Settings that shaped the output layer's structure and the start, recorded so that a resume
+    can refuse flags that contradict them: ``tree`` (tree or classes output: ``--tree`` as given,
+    or its default; None for other outputs), ``init_from`` (the run a warm start took its weights
+    from, or None) and ``keep_output`` (whether that warm start kept the output layer)."""
+
+    tree: str | None = None
+    init_from: str | None = None
+    keep_output: bool = False
+
+    def to_json(self) -> dict:
+        return {"tree": self.tree, "init_from": self.init_from, "keep_output": self.keep_output}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """run.json as one checked, typed value: the model, the training recipe, the corpus, the text
+    protocol and the options. Every field is required (:func:`parse_record`)."""
+
+    model: LBLConfig
+    train: TrainConfig
+    corpus: CorpusRef
+    text: TextProtocol
+    options: RunOptions
+
+    def to_json(self) -> dict:
+        return {
+            "format": RUN_FORMAT,
+            "version": RUN_VERSION,
+            "model": self.model.to_json(),
+            "train": self.train.to_json(),
+            "corpus": self.corpus.to_json(),
+            "text": self.text.to_json(),
+            "options": self.options.to_json(),
+        }
+
+
 class Run:
-    """A run directory (module docstring). Reading needs nothing but the path; training goes
-    through :func:`hlbl.train.fit`, which holds the directory and calls :meth:`start`,
-    :meth:`restore` and :meth:`commit`."""
+    """A run directory (module docstring): the one way to its recipe, corpus, text protocol and
+    files. ``Run(path)`` needs nothing but the path (a run being started); :meth:`open` reads and
+    checks run.json at once. Training goes through :func:`fit`, which holds the directory and
+    calls :meth:`start`, :meth:`restore` and :meth:`commit`; :meth:`resume` continues a run."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self._record: RunRecord | None = None
+        self._recipe: tuple[Vocab, WordTree | WordClasses | None] | None = None
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
 
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "Run":
+        """The run in ``path``, its run.json read and checked (one-line CheckpointError otherwise)."""
+        run = cls(path)
+        run.record  # noqa: B018 (read now: a bad run.json is an error here, not at first use)
+        return run
+
     # ---- reading ------------------------------------------------------------------------------
 
-    def info(self) -> dict:
-        """run.json, checked field by field."""
-        return read_run(self.path)
+    @property
+    def record(self) -> RunRecord:
+        """run.json, checked field by field (read once)."""
+        if self._record is None:
+            self._record = read_run(self.path)
+        return self._record
 
-    def recipe(self) -> tuple[LBLConfig, Vocab, WordTree | WordClasses | None, dict]:
-        """What the run is, without weights: model config, vocabulary, tree (or classes) and run.json."""
-        return load_recipe(self.path)
+    def has_record(self) -> bool:
+        """Whether the directory holds a run description (run.json), whole or not."""
+        return (self.path / "run.json").exists()
 
-    def train_config(self, info: dict | None = None, **overrides) -> TrainConfig:
+    @property
+    def text(self) -> TextProtocol:
+        """How the run's text was read (:class:`~hlbl.data.TextProtocol`)."""
+        return self.record.text
+
+    def recipe(self) -> tuple[LBLConfig, Vocab, WordTree | WordClasses | None]:
+        """What the run is, without weights: model config, vocabulary and tree (or classes)."""
+        if self._recipe is None:
+            self._recipe = _load_recipe(self.path, self.record)
+        return (self.record.model, *self._recipe)
+
+    @property
+    def vocab(self) -> Vocab:
+        return self.recipe()[1]
+
+    def train_config(self, **overrides) -> TrainConfig:
         """The run's training recipe, with ``overrides`` (of :attr:`TrainConfig.RUNTIME` only)."""
         bad = sorted(set(overrides) - set(TrainConfig.RUNTIME))
         if bad:
@@ -123,15 +212,53 @@ class Run:
                 bad[0],
                 f"{bad[0]} is part of the run's recipe; a resume may change only {', '.join(TrainConfig.RUNTIME)}",
             )
-        info = info if info is not None else self.info()
-        try:
-            return TrainConfig.from_json(info["train"], **overrides)
-        except ConfigError as e:
-            raise CheckpointError(f"{self.path / 'run.json'}: bad training config ({e})") from None
+        return replace(self.record.train, **overrides)  # (validated again)
 
-    def load_model(self, which: str = "best", device: str | torch.device = "cpu") -> tuple[LBL, Vocab, dict]:
-        """The model of the run (``best`` or ``last`` weights), its vocabulary and run.json."""
-        return load_model(self.path, which, device)
+    def model(self, which: str = "best", device: str | torch.device = "cpu") -> LBL:
+        """The run's model with its ``best`` or ``last`` weights."""
+        config, vocab, tree = self.recipe()
+        try:
+            model = LBL(config, tree, init=False)  # every weight comes from the file
+        except (ConfigError, TreeError, ValueError) as e:  # e.g. a tree over another vocabulary
+            raise CheckpointError(f"{self.path}: {e}") from None
+        load_weights(self.path / f"{which}.safetensors", model, vocab=vocab)
+        return model.to(device)
+
+    def load_model(self, which: str = "best", device: str | torch.device = "cpu") -> tuple[LBL, Vocab, RunRecord]:
+        """The model of the run (``best`` or ``last`` weights), its vocabulary and record."""
+        return self.model(which, device), self.vocab, self.record
+
+    def corpus(
+        self,
+        splits: Sequence[str] | None = None,
+        data: str | os.PathLike | None = None,
+        blank_lines: str | None = None,
+    ) -> Corpus:
+        """The run's corpus (``data``: another directory or name instead) encoded with the run's
+        vocabulary and read by its text protocol (``blank_lines``: another blank-line rule);
+        ``splits``: default train, valid and test where the corpus has one."""
+        data = data if data is not None else self.record.corpus.directory()
+        if splits is None:
+            splits = ("train", "valid") + (("test",) if (resolve_corpus(data) / "test.txt").exists() else ())
+        return load_corpus(data, vocab=self.vocab, splits=splits, text=self.text.reading(blank_lines))
+
+    def metrics(self, lenient: bool = False) -> list[dict]:
+        """metrics.jsonl's epochs, checked (``lenient``: a log for display; an unreadable line is
+        skipped and a missing log is empty, not an error)."""
+        path = self.path / "metrics.jsonl"
+        if not lenient:
+            return read_metrics(path)
+        if not path.is_file():
+            return []
+        out = []
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+        return out
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint's directory, or None."""
@@ -143,12 +270,31 @@ class Run:
         found = self.latest()
         return None if found is None else state_from_json(read_state(found / "state.json"))
 
-    def is_finished(self) -> bool:
-        """Whether the run has trained (a complete checkpoint, or a state.json beside its weights):
-        such a directory is never started again from scratch."""
+    def resume_point(self) -> Path | None:
+        """The checkpoint a resume continues from (None: the run starts again from its own seed);
+        refuses a run that has trained but has no complete checkpoint left, whose weights and
+        metrics a new start would replace."""
+        found = self.latest()
+        if found is None and self.is_trained():
+            raise CheckpointError(
+                f"{self.path} has trained (its weights, state or metrics are there) but has no complete "
+                f"checkpoint in {CHECKPOINTS}/ to resume from; training it again from the start would replace "
+                "them: choose a new run directory"
+            )
+        return found
+
+    def is_trained(self) -> bool:
+        """Whether the run has trained: a complete checkpoint, any trained weights (``best`` or
+        ``last``), a state.json, or a metrics log with an epoch in it. Such a directory is never
+        started again from scratch, whatever else of it is gone."""
         if self.latest() is not None:
             return True
-        return (self.path / "state.json").is_file() and (self.path / "best.safetensors").is_file()
+        if any((self.path / name).exists() for name in ("best.safetensors", "last.safetensors", "state.json")):
+            return True
+        try:
+            return bool((self.path / "metrics.jsonl").read_bytes().strip())
+        except OSError:
+            return False
 
     def is_unstarted(self) -> bool:
         """True for a directory that is missing, empty, or holds only what a start stopped before
@@ -195,8 +341,8 @@ class Run:
     def check_recipe(self, model: LBL, vocab: Vocab, cfg: TrainConfig) -> None:
         """A resume continues a run with the run's own recipe: refuse a model, vocabulary, tree or
         training setting that differs from run.json (apart from :attr:`TrainConfig.RUNTIME`)."""
-        config, own_vocab, tree, info = self.recipe()
-        own = self.train_config(info)
+        config, own_vocab, tree = self.recipe()
+        own = self.record.train
         diffs = [
             f"model {k} {v!r} (the run's is {config.to_json()[k]!r})"
             for k, v in model.config.to_json().items()
@@ -213,19 +359,17 @@ class Run:
                 f"{self.path} is a run of another recipe: {'; '.join(diffs)}. A resume continues a run with its own recipe"
             )
 
-    def start(self, model: LBL, corpus: Corpus, cfg: TrainConfig, corpus_spec: str, options: dict | None) -> None:
+    def start(self, model: LBL, corpus: Corpus, cfg: TrainConfig, corpus_spec: str, options: RunOptions) -> None:
         """Write a new run's files: vocab.json, tree.json, then run.json (a directory with run.json
         holds a whole run description), and an empty metrics log."""
-        save_run_files(
-            self.path,
-            model,
-            corpus.vocab,
-            cfg.to_json(),
+        ref = CorpusRef(
             corpus_spec,
+            str(corpus.root.resolve()) if corpus.root is not None else None,
             {s: stream_fingerprint(corpus[s]) for s in ("train", "valid")},
-            options,
-            corpus_meta=corpus_meta(corpus),
         )
+        record = RunRecord(model.config, cfg, ref, corpus.text, options)
+        save_run_files(self.path, model, corpus.vocab, record)
+        self._record = record
         atomic.write_text(self.path / "metrics.jsonl", "")
 
     def restore(
@@ -297,54 +441,59 @@ class Run:
     # ---- resuming -----------------------------------------------------------------------------
 
     def prepare_resume(
-        self, data: str | os.PathLike | None = None, splits: tuple[str, ...] | None = None, **runtime
+        self, data: str | os.PathLike | Corpus | None = None, splits: tuple[str, ...] | None = None, **runtime
     ) -> tuple[LBL, Corpus, TrainConfig]:
         """The run's own model (its seed's weights: :func:`fit` loads the checkpoint's), corpus
         and recipe, for :func:`fit` with ``resume=True``. ``data``: the corpus (default: the one
-        run.json records), which must be the same text; ``runtime``: settings of
-        :attr:`TrainConfig.RUNTIME`; ``splits``: default train, valid and test where present."""
-        config, vocab, tree, info = self.recipe()
-        data = data if data is not None else run_corpus(info)
-        if splits is None:
-            splits = ("train", "valid") + (("test",) if (resolve_corpus(data) / "test.txt").exists() else ())
-        corpus = load_corpus(data, vocab=vocab, splits=splits, blank_lines=info.get("blank_lines", "drop"))
-        differs = data_fingerprints_differ(corpus, info)
+        run.json records; a directory, a name or a loaded :class:`Corpus`), which must be the same
+        text; ``runtime``: settings of :attr:`TrainConfig.RUNTIME`; ``splits``: default train,
+        valid and test where present. Refuses a run that has trained but has no checkpoint left."""
+        config, vocab, tree = self.recipe()
+        found = self.resume_point()
+        corpus = data if isinstance(data, Corpus) else self.corpus(splits, data)
+        differs = data_fingerprints_differ(corpus, self.record.corpus)
         if differs:
+            where = corpus.root if isinstance(data, Corpus) else data or self.record.corpus.directory()
             raise DataError(
-                f"the {differs} split of {data} is not the one {self.path} was trained on "
-                f"({info['corpus']}); resume with the same corpus"
+                f"the {differs} split of {where} is not the one {self.path} was trained on "
+                f"({self.record.corpus.spec}); resume with the same corpus"
             )
-        cfg = self.train_config(info, **runtime)
-        found = self.latest()
+        cfg = self.train_config(**runtime)
         try:  # a checkpoint holds every weight; without one the run starts again from its own seed
             model = LBL(config, tree, torch.Generator().manual_seed(cfg.seed), init=found is None)
         except (ConfigError, TreeError, ValueError) as e:
             raise CheckpointError(f"{self.path}: {e}") from None
         if found is None:
             model.init_unigram(vocab.counts)
-            options = info.get("options") or {}
-            if options.get("init_from"):  # a run stopped before its first checkpoint starts as it first did
-                source, source_vocab, _ = load_model(options["init_from"])
-                warm_start(model, source, source_vocab, corpus.vocab, keep_output=bool(options.get("keep_output")))
+            options = self.record.options
+            if options.init_from:  # a run stopped before its first checkpoint starts as it first did
+                source = Run.open(options.init_from)
+                warm_start(model, source.model(), source.vocab, corpus.vocab, keep_output=options.keep_output)
         return model, corpus, cfg
 
     @classmethod
     def resume(
         cls,
         path: str | os.PathLike,
-        data: str | os.PathLike | None = None,
+        data: str | os.PathLike | Corpus | None = None,
         log: Callable[[str], None] | None = None,
+        started: Callable[[LBL, Corpus, TrainConfig], None] | None = None,
         **runtime,
     ) -> TrainState:
         """Continue the run in ``path`` from its newest complete checkpoint (from its own seed when
         it has none) with its own model, vocabulary, tree and recipe, on its own corpus (``data``:
-        the same text found elsewhere); ``runtime``: settings of :attr:`TrainConfig.RUNTIME`
-        (e.g. ``max_epochs=60`` to train longer). What ``hlbl train --resume`` does; returns the
-        final :class:`~hlbl.schedule.TrainState` (the model is not kept: load it with
-        :meth:`load_model`)."""
-        run = cls(path)
+        the same text found elsewhere, or loaded); ``runtime``: settings of
+        :attr:`TrainConfig.RUNTIME` (e.g. ``max_epochs=60`` to train longer). The one resume:
+        ``hlbl train --resume`` (after its flag checks) and :mod:`hlbl.reproduce` call it; returns
+        the final :class:`~hlbl.schedule.TrainState` (the model is not kept: load it with
+        :meth:`model`). A run that has trained but lost its checkpoints is refused. ``started``, if
+        given, sees the model, corpus and recipe before training (the CLI describes them; after
+        the call the model holds the best weights)."""
+        run = cls.open(path)
         model, corpus, cfg = run.prepare_resume(data, **runtime)
-        return fit(model, corpus, cfg, run.path, resume=True, corpus_spec=run.info()["corpus"], log=log)
+        if started is not None:
+            started(model, corpus, cfg)
+        return fit(model, corpus, cfg, run.path, resume=True, corpus_spec=run.record.corpus.spec, log=log)
 
 
 def state_from_json(obj: dict) -> TrainState:
@@ -376,71 +525,99 @@ def _report_metrics_dropped(path: Path, keep: list[str], log) -> None:
 # ---- run files --------------------------------------------------------------------------------
 
 
-def save_run_files(
-    run_dir: Path,
-    model: LBL,
-    vocab: Vocab,
-    train_config: dict,
-    corpus: str,
-    data_sha256: dict[str, str],
-    options: dict | None = None,
-    corpus_meta: dict | None = None,
-) -> None:
-    """The files that do not change during training: vocab.json, tree.json, then run.json, last.
-
-    ``data_sha256``: :func:`hlbl.data.stream_fingerprint` of the splits trained and validated on,
-    so that a resume can check it continues on the same text. ``options``: settings that shaped
-    the vocabulary and tree (``tree``, ``max_vocab``, ``min_count``, ``init_from``), recorded so
-    that a resume can refuse settings that contradict them. ``corpus_meta``:
-    :func:`hlbl.data.corpus_meta` (where the corpus was found, its blank-line protocol)."""
+def save_run_files(run_dir: Path, model: LBL, vocab: Vocab, record: RunRecord) -> None:
+    """The files that do not change during training: vocab.json, tree.json, then run.json, last."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         write_json(run_dir / "vocab.json", vocab.to_json())
         if model.structure is not None:  # a word tree, or word classes (classes output)
             model.structure.save(run_dir / "tree.json")
-        write_json(
-            run_dir / "run.json",
-            {
-                "format": RUN_FORMAT,
-                "version": FORMAT_VERSION,
-                "model": model.config.to_json(),
-                "train": train_config,
-                "corpus": corpus,
-                **(corpus_meta or {}),
-                "data_sha256": data_sha256,
-                **({"options": options} if options else {}),
-            },
-        )
+        write_json(run_dir / "run.json", record.to_json())
     except OSError as e:
         raise CheckpointError(f"cannot write the run files in {run_dir}: {write_error(e)}") from None
 
 
-def read_run(run_dir: str | os.PathLike) -> dict:
-    """run.json of ``run_dir``, checked field by field."""
+def _upgrade_v1(info: dict) -> dict:
+    """A version-1 run.json in the version-2 layout. Version 1 kept the corpus in ``corpus``,
+    ``corpus_path`` (optional) and ``data_sha256``, the blank-line rule in ``blank_lines`` (optional:
+    ``drop`` before it was recorded), and the vocabulary cut beside the tree in ``options`` (absent
+    for a run started from Python: its vocabulary was the caller's, no cut recorded)."""
+    options = info.get("options") or {}
+    return {
+        **{k: info[k] for k in ("format", "model", "train") if k in info},
+        "version": RUN_VERSION,
+        "corpus": {"spec": info.get("corpus"), "path": info.get("corpus_path"), "sha256": info.get("data_sha256")},
+        "text": {
+            "blank_lines": info.get("blank_lines", "drop"),
+            "max_vocab": options.get("max_vocab"),
+            "min_count": options.get("min_count", "auto"),
+        },
+        "options": {
+            "tree": options.get("tree"),
+            "init_from": options.get("init_from"),
+            "keep_output": bool(options.get("keep_output", False)),
+        },
+    }
+
+
+def read_run(run_dir: str | os.PathLike) -> RunRecord:
+    """run.json of ``run_dir``, checked field by field: every field required."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: not a run directory")
-    info = read_json(run_dir / "run.json", "run description")
-    if not isinstance(info, dict) or info.get("format") != RUN_FORMAT:
-        raise CheckpointError(f"{run_dir / 'run.json'}: not an hlbl run description")
-    if info.get("version") != FORMAT_VERSION:
-        raise CheckpointError(f"{run_dir}: run format version {info.get('version')} is not supported")
     path = run_dir / "run.json"
-    for key, kind in (("model", "dict"), ("train", "dict"), ("corpus", "str"), ("data_sha256", "dict")):
+    info = read_json(path, "run description")
+    if not isinstance(info, dict) or info.get("format") != RUN_FORMAT:
+        raise CheckpointError(f"{path}: not an hlbl run description")
+    if info.get("version") == 1:
+        info = _upgrade_v1(info)
+    if info.get("version") != RUN_VERSION:
+        raise CheckpointError(f"{run_dir}: run format version {info.get('version')} is not supported")
+    return parse_record(info, path)
+
+
+def parse_record(info: dict, path: Path) -> RunRecord:
+    """A version-2 run description as a :class:`RunRecord`; one-line CheckpointError naming the
+    field at fault, a missing one included."""
+    sections = {"model": "dict", "train": "dict", "corpus": "dict", "text": "dict", "options": "dict"}
+    for key, kind in sections.items():
         if key not in info:
             raise CheckpointError(f"{path}: damaged run description (no {key!r})")
         check_field(path, key, info[key], kind)
     check_dataclass_fields(path, "model", info["model"], LBLConfig)
     check_dataclass_fields(path, "train", info["train"], TrainConfig)
-    check_field(path, "options", info.get("options"), "dict | None")
-    for split, digest in info["data_sha256"].items():
-        check_field(path, f"data_sha256.{split}", digest, "str")
-    for key in ("corpus_path", "blank_lines"):
-        check_field(path, key, info.get(key), "str | None")
-    if info.get("blank_lines", "drop") not in ("drop", "keep"):
-        raise CheckpointError(f"{path}: blank_lines is {info['blank_lines']!r}, not 'drop' or 'keep'")
-    return info
+    corpus, options = info["corpus"], info["options"]
+    for section, obj, kinds in (
+        ("corpus", corpus, {"spec": "str", "path": "str | None", "sha256": "dict"}),
+        ("options", options, {"tree": "str | None", "init_from": "str | None", "keep_output": "bool"}),
+    ):
+        for key, kind in kinds.items():
+            if key not in obj:
+                raise CheckpointError(f"{path}: damaged run description (no {section}.{key})")
+            check_field(path, f"{section}.{key}", obj[key], kind)
+    for split, digest in corpus["sha256"].items():
+        check_field(path, f"corpus.sha256.{split}", digest, "str")
+    try:
+        model = LBLConfig.from_json(info["model"])
+        check_model_memory(model)  # a damaged or foreign run.json must not reach torch's allocator
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: bad model config ({e})") from None
+    try:
+        train = TrainConfig.from_json(info["train"])
+    except ConfigError as e:
+        raise CheckpointError(f"{path}: bad training config ({e})") from None
+    try:
+        text = TextProtocol.from_json(info["text"], f"{path}: text")
+    except DataError as e:
+        raise CheckpointError(str(e)) from None
+    return RunRecord(
+        model,
+        train,
+        CorpusRef(corpus["spec"], corpus["path"], dict(corpus["sha256"])),
+        text,
+        RunOptions(options["tree"], options["init_from"], options["keep_output"]),
+    )
 
 
 def read_vocab(run_dir: str | os.PathLike) -> Vocab:
@@ -452,15 +629,9 @@ def read_vocab(run_dir: str | os.PathLike) -> Vocab:
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def load_recipe(run_dir: str | os.PathLike) -> tuple[LBLConfig, Vocab, WordTree | WordClasses | None, dict]:
-    """What a run is, without weights: its model config, vocabulary, tree and run description."""
-    run_dir = Path(run_dir)
-    info = read_run(run_dir)
-    try:
-        config = LBLConfig.from_json(info["model"])
-        check_model_memory(config)  # a damaged or foreign run.json must not reach torch's allocator
-    except ConfigError as e:
-        raise CheckpointError(f"{run_dir / 'run.json'}: bad model config ({e})") from None
+def _load_recipe(run_dir: Path, record: RunRecord) -> tuple[Vocab, WordTree | WordClasses | None]:
+    """A run's vocabulary and tree (or word classes), checked against its record."""
+    config = record.model
     vocab = read_vocab(run_dir)
     if len(vocab) != config.vocab_size:
         raise CheckpointError(f"{run_dir / 'vocab.json'}: {len(vocab)} words, the model {config.vocab_size}")
@@ -473,28 +644,20 @@ def load_recipe(run_dir: str | os.PathLike) -> tuple[LBLConfig, Vocab, WordTree 
                 tree = WordClasses.load(run_dir / "tree.json")
         except TreeError as e:
             raise CheckpointError(str(e)) from None
-    return config, vocab, tree, info
+    return vocab, tree
 
 
 def load_model(
     run_dir: str | os.PathLike, which: str = "best", device: str | torch.device = "cpu"
-) -> tuple[LBL, Vocab, dict]:
-    """The model of a run (``best`` or ``last`` weights), its vocabulary and run description."""
-    run_dir = Path(run_dir)
-    config, vocab, tree, info = load_recipe(run_dir)
-    try:
-        model = LBL(config, tree, init=False)  # every weight comes from the file
-    except (ConfigError, TreeError, ValueError) as e:  # e.g. a tree over another vocabulary
-        raise CheckpointError(f"{run_dir}: {e}") from None
-    load_weights(run_dir / f"{which}.safetensors", model, vocab=vocab)
-    return model.to(device), vocab, info
+) -> tuple[LBL, Vocab, RunRecord]:
+    """The model of a run (``best`` or ``last`` weights), its vocabulary and record (:meth:`Run.load_model`)."""
+    return Run.open(run_dir).load_model(which, device)
 
 
-def data_fingerprints_differ(corpus: Corpus, info: dict) -> str | None:
+def data_fingerprints_differ(corpus: Corpus, ref: CorpusRef) -> str | None:
     """Which split of ``corpus`` is not the text the run was trained on (None: both match):
     paths may move, the text is what must match."""
-    recorded = info["data_sha256"]
-    return next((s for s in ("train", "valid") if stream_fingerprint(corpus[s]) != recorded.get(s)), None)
+    return next((s for s in ("train", "valid") if stream_fingerprint(corpus[s]) != ref.sha256.get(s)), None)
 
 
 # ---- checkpoints: one directory per epoch, committed by a rename --------------------------------
@@ -672,7 +835,7 @@ def fit(
     resume: bool = False,
     corpus_spec: str = "",
     log: Callable[[str], None] | None = None,
-    options: dict | None = None,
+    options: RunOptions | None = None,
 ) -> TrainState:
     """Train with early stopping; checkpoint each epoch into ``run_dir``. Returns the final state.
 
@@ -728,17 +891,11 @@ def _start_or_resume(
     """A new run's files (rank 0 writes them), or a run's state, weights, optimiser and metrics
     from its newest complete checkpoint (every rank reads them); every rank then holds rank 0's
     parameters. Also returns the metrics lines so far and the checkpoint's best weights file."""
-    is_run = resume and (run.path / "run.json").exists()
+    is_run = resume and run.has_record()
     found = None
     if is_run:
         run.check_recipe(model, corpus.vocab, cfg)
-        found = run.latest()
-        if found is None and run.is_finished():
-            raise CheckpointError(
-                f"{run.path} has trained (its state.json and best.safetensors are there) but has no "
-                f"{CHECKPOINTS}/ to resume from; training it again from the start would replace its weights: "
-                "choose a new run directory"
-            )
+        found = run.resume_point()
     if ddp.rank() == 0 and (resume or not (run.path / CHECKPOINTS).exists()):
         removed = remove_leftovers(run.path)  # (also those of a start stopped before its run.json)
         if removed:
@@ -758,6 +915,6 @@ def _start_or_resume(
         if ddp.rank() == 0:
             run.restart(log)
     elif ddp.rank() == 0:
-        run.start(model, corpus, cfg, corpus_spec, options)
+        run.start(model, corpus, cfg, corpus_spec, options or RunOptions())
     ddp.broadcast_parameters(model)
     return state, optimizer, metrics, (found / "best.safetensors" if found is not None else None)

@@ -173,14 +173,12 @@ def _word_features_cpu(model, stream: np.ndarray, pad: int) -> tuple[np.ndarray,
 
 def features_from_run(run_dir: str | Path, corpus=None, which: str = "best") -> tuple[np.ndarray, np.ndarray]:
     """Word features of the model in ``run_dir`` over its corpus's training split."""
-    from .run import load_model
-    from .data import load_corpus, run_corpus
+    from .run import Run
 
-    model, vocab, info = load_model(run_dir, which=which)
+    run = Run.open(run_dir)
+    model = run.model(which)
     if corpus is None:
-        corpus = load_corpus(
-            run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop")
-        )
+        corpus = run.corpus(("train",))
     if len(corpus.vocab) != model.config.vocab_size:
         raise TreeError(f"{run_dir}: model has {model.config.vocab_size} words, the corpus {len(corpus.vocab)}")
     return word_features(model, corpus["train"], corpus.vocab.eos)

@@ -10,29 +10,25 @@ from .mix import add_mixture_args, check_mixture_flags, load_mixture, mixing, mi
 
 def cmd_eval(args) -> int:
     check_mixture_flags(args)  # before the heavy imports: a usage mistake answers at once
-    from ..data import load_corpus, run_corpus
     from ..evaluate import evaluate, self_normalisation
-    from ..run import load_model, read_run
+    from ..run import Run
 
     set_threads(args.threads)
     device = pick_device(args.device)
     mix = None
     if mixing(args):  # runs and an n-gram model mixed per token (hlbl.mixture)
         mix = load_mixture(args, device)
-        vocab, info = mix.vocab, read_run(mix.components[0].path)
+        run = Run.open(mix.components[0].path)
+        vocab = mix.vocab
     else:
-        model, vocab, info = load_model(args.run, which=args.which, device=device)
-    blank_lines = args.blank_lines or info.get("blank_lines", "drop")  # the run's protocol by default
+        run = Run.open(args.run)
+        model, vocab = run.model(args.which, device), run.vocab
+    blank_lines = args.blank_lines  # None: the run's protocol
     if mix is not None:  # ... or the n-gram model's, which its scores are of
-        blank_lines = mixture_blank_lines(mix, args.blank_lines, info.get("blank_lines", "drop"))
+        blank_lines = mixture_blank_lines(mix, args.blank_lines, run.text.blank_lines)
     tune = mix is not None and mix.weights is None
     needed = {args.split} | ({"valid"} if tune else set())  # valid: to fit the mixture weights
-    corpus = load_corpus(
-        args.data or run_corpus(info),
-        vocab=vocab,
-        splits=tuple(needed),
-        blank_lines=blank_lines,
-    )
+    corpus = run.corpus(tuple(needed), args.data, blank_lines)
     if mix is not None:
         report = mixture_report(mix, corpus, args.split, args)
     else:

@@ -16,11 +16,12 @@ from .mix import add_mixture_args, check_mixture_flags, mixing, ready_mixture
 
 
 def _load_for_inference(args):
-    from ..run import load_model
+    from ..run import Run
 
     set_threads(args.threads)
     device = pick_device(args.device)
-    model, vocab, _ = load_model(args.run, which=args.which, device=device)
+    run = Run.open(args.run)
+    model, vocab = run.model(args.which, device), run.vocab
     model.eval()
     return model, vocab, device
 
@@ -109,7 +110,7 @@ def cmd_generate(args) -> int:
 
 def cmd_score(args) -> int:
     check_mixture_flags(args)  # before the heavy imports: a usage mistake answers at once
-    from ..run import read_run
+    from ..run import Run
     from ..scoring import token_scores
 
     extra = {}
@@ -123,7 +124,7 @@ def cmd_score(args) -> int:
         scorer = lambda lines: token_scores(model, vocab, lines, device=device)  # noqa: E731
         # A line too long to hold is scored piece by piece, as a total (no per-token scores).
         long_line = None if args.per_token else (lambda: _LongSentence(model, vocab, device))
-        protocol = args.blank_lines or read_run(args.run).get("blank_lines", "drop")  # the run's by default
+        protocol = args.blank_lines or Run.open(args.run).text.blank_lines  # the run's by default
     return print_scores(scorer, args, protocol, long_line, extra)
 
 

@@ -125,15 +125,13 @@ def ready_mixture(args, device: str) -> tuple[Mixture, str]:
     fitted (``--weight auto``) on the valid split of the first run's corpus (``--data``: another
     corpus's), as ``hlbl eval`` fits them; written to ``--save-mixture`` if asked. With it, the
     blank-line protocol to read text with (:func:`mixture_blank_lines`)."""
-    from ..data import load_corpus, run_corpus
-    from ..run import read_run
+    from ..run import Run
 
     mix = load_mixture(args, device)
-    info = read_run(mix.components[0].path)
-    blank_lines = mixture_blank_lines(mix, getattr(args, "blank_lines", None), info.get("blank_lines", "drop"))
+    run = Run.open(mix.components[0].path)
+    blank_lines = mixture_blank_lines(mix, getattr(args, "blank_lines", None), run.text.blank_lines)
     if mix.weights is None:
-        corpus = load_corpus(args.data or run_corpus(info), vocab=mix.vocab, splits=("valid",), blank_lines=blank_lines)
-        mix.fit(corpus)
+        mix.fit(run.corpus(("valid",), args.data, blank_lines))
     if args.save_mixture:
         mix.save(args.save_mixture)
     return mix, blank_lines

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from ..config import (
@@ -21,7 +21,7 @@ from ..config import (
     TrainConfig,
     check_model_memory,
 )
-from ..errors import ConfigError, DataError
+from ..errors import DataError
 from .common import corpus_args, duration_arg, flag_dest, pick_device, seed_arg, set_threads, with_oov
 
 
@@ -65,15 +65,15 @@ RESUME_FLAGS = {"out", "resume", "data", "threads", "blank_lines", "quiet"} | {
 }
 
 
-def _contradictions(args, info: dict) -> list[str]:
-    """The flags given with --resume that differ from the run's recipe (run.json), in words."""
+def _contradictions(args, record) -> list[str]:
+    """The flags given with --resume that differ from the run's recipe (its :class:`hlbl.run.RunRecord`), in words."""
     field_of = {flag_dest(f.name): f.name for f in fields(TrainConfig)}  # --epochs: max_epochs
-    train = info.get("train", {})
-    try:  # with the values a run from before a setting existed implies (epoch_tokens: 0)
-        train = TrainConfig.from_json(train).to_json()
-    except ConfigError:
-        pass  # Run.prepare_resume says what is wrong with it
-    sections = (info.get("model", {}), train, info.get("options") or {})
+    sections = (
+        record.model.to_json(),
+        record.train.to_json(),
+        record.text.to_json(),
+        record.options.to_json(),
+    )
     out = []
     for dest in sorted(getattr(args, "_given", set()) - RESUME_FLAGS):
         flag = args._flag_names.get(dest, "--" + dest.replace("_", "-"))
@@ -98,28 +98,18 @@ def _same(dest: str, value, recorded) -> bool:
     return False
 
 
-def _resumed_run(args, out: Path, first: bool):
-    """The run's own model, vocabulary and recipe (run.json: the only source of the recipe on a
-    resume); only --epochs and the settings of how to run may change. The weights come from the
-    newest complete checkpoint in :func:`hlbl.run.fit`, or from the run's seed when it has none."""
-    from ..run import Run
-
-    run = Run(out)
-    info = run.info()
-    differ = _contradictions(args, info)
+def _check_resume_flags(args, run) -> None:
+    """Refuse flags that contradict the run's recipe (the only source of the recipe on a resume:
+    only --epochs and the settings of how to run may change)."""
+    differ = _contradictions(args, run.record)
     if differ:
         raise DataError(
-            f"--resume continues {out} with its own recipe, and these flags contradict it: "
+            f"--resume continues {run.path} with its own recipe, and these flags contradict it: "
             f"{', '.join(differ)}; leave them out, or choose a new --out for a new run"
         )
-    blank_lines = info.get("blank_lines", "drop")
+    blank_lines = run.text.blank_lines
     if args.blank_lines not in (None, blank_lines):
-        raise DataError(f"{out} was trained with --blank-lines {blank_lines}; resume it with the same")
-    runtime = {"max_epochs": args.epochs} if args.epochs else {}
-    model, corpus, cfg = run.prepare_resume(args.data, **runtime)
-    if first:
-        _say_where_resuming(run, cfg)
-    return model, corpus, cfg
+        raise DataError(f"{run.path} was trained with --blank-lines {blank_lines}; resume it with the same")
 
 
 def _say_where_resuming(run, cfg) -> None:
@@ -247,14 +237,15 @@ def _new_run(args, splits: tuple[str, ...], device: str):
     model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
     model.init_unigram(corpus.vocab.counts)
     if args.init_from:
-        if not (Path(args.init_from) / "run.json").exists():
-            raise DataError(f"--init-from {args.init_from}: not a run directory (no run.json)")
-        from ..run import load_model
+        from ..run import Run
         from ..warmstart import warm_start
 
-        source, source_vocab, _ = load_model(args.init_from)
+        source = Run(args.init_from)
+        if not source.has_record():
+            raise DataError(f"--init-from {args.init_from}: not a run directory (no run description)")
+        source = Run.open(args.init_from)
         say = lambda msg: print(msg, file=sys.stderr)
-        warm_start(model, source, source_vocab, corpus.vocab, say, args.keep_output, name=args.init_from)
+        warm_start(model, source.model(), source.vocab, corpus.vocab, say, args.keep_output, name=args.init_from)
     elif args.keep_output:
         raise DataError("--keep-output goes with --init-from RUN")
     return model, corpus, cfg
@@ -262,70 +253,80 @@ def _new_run(args, splits: tuple[str, ...], device: str):
 
 def _train(args, device: str, first: bool) -> int:
     """``first``: this is the process that prints (under torchrun, rank 0)."""
-    from ..data import corpus_record, epoch_span, resolve_corpus, run_corpus
-    from ..run import Run, fit, read_run
-    from ..schedule import resolve
+    from ..data import corpus_record, resolve_corpus
+    from ..run import Run, fit
 
     out = Path(args.out)
     run = Run(out)
-    resuming = bool(args.resume) and (out / "run.json").exists()
-    if not resuming:  # said before the corpus is read; fit checks again while it holds the directory
+    log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
+    # How to run, not what is learned; the time budget is this call's, never a recorded one.
+    runtime = dict(device=device, engine=args.engine, hogwild=args.hogwild, sync_every=args.sync_every)
+    runtime["time_budget"] = args.time_budget
+    trained = {}  # what the report needs: the model (holding the best weights after fit) and corpus
+
+    def started(model, corpus, cfg) -> None:
+        trained.update(model=model, corpus=corpus)
+        if first:
+            _say_what_trains(model, corpus, cfg, device)
+
+    if args.resume and run.has_record():
+        run = Run.open(out)
+        _check_resume_flags(args, run)
+        if args.epochs:
+            runtime["max_epochs"] = args.epochs
+        if first:
+            _say_where_resuming(run, run.train_config(**runtime))
+        state = Run.resume(out, args.data, log, started, **runtime)
+    else:  # said before the corpus is read; fit checks again while it holds the directory
         run.check_writable(resume=bool(args.resume))
         if args.resume and first:
             print(f"note: {out} holds no run: nothing to resume, starting a new run", file=sys.stderr)
-    if args.data is None:
-        if not resuming:
+        if args.data is None:
             raise DataError("--data is needed (it may be left out to --resume a run, which records its corpus)")
-        args.data = str(run_corpus(read_run(args.out)))
-    # A corpus without a test split can still be trained on (the final report skips test).
-    splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
-    model, corpus, cfg = _resumed_run(args, out, first) if resuming else _new_run(args, splits, device)
-    cfg.device, cfg.engine, cfg.hogwild = device, args.engine, args.hogwild  # how to run, not what is learned
-    cfg.sync_every = args.sync_every
-    cfg.time_budget = args.time_budget  # this call's budget, never a recorded one
-    n_train = min(len(corpus["train"]), cfg.max_train_tokens or len(corpus["train"]))
+        # A corpus without a test split can still be trained on (the final report skips test).
+        splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
+        model, corpus, cfg = _new_run(args, splits, device)
+        cfg = replace(cfg, **runtime)  # (validated again)
+        started(model, corpus, cfg)
+        options = _options(args, model)
+        # resume: a --resume of a start killed before its run.json clears its leftovers
+        state = fit(model, corpus, cfg, out, bool(args.resume), corpus_record(args.data), log, options)
     if first:
-        print(
-            f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
-            f"{n_train:,} training tokens, device {device}",
-            file=sys.stderr,
-        )
-        span = epoch_span(n_train, 1, cfg.epoch_tokens, cfg.batch_size)
-        if span.parts > 1:
-            how = " (auto)" if cfg.lr_schedule == "auto" else ""
-            print(
-                f"a pass over the training split is {span.parts} epochs of {span.hi:,} positions "
-                f"(--epoch-tokens {cfg.epoch_tokens:,}): each ends in validation and a checkpoint; "
-                f"learning-rate schedule {resolve(cfg, span.parts)}{how}",
-                file=sys.stderr,
-            )
-    log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
-    state = fit(
-        model,
-        corpus,
-        cfg,
-        out,
-        resume=bool(args.resume),  # a --resume of a start killed before its run.json clears its leftovers
-        corpus_spec=corpus_record(args.data),
-        log=log,
-        options=_options(args, model),
-    )
-    if first:
-        _report(model, corpus, state, out, device, args.seed)
+        _report(trained["model"], trained["corpus"], state, out, device, args.seed)
     return 0
 
 
-def _options(args, model) -> dict:
-    """What run.json records of the flags that shaped the vocabulary and the output layer."""
-    options = {}
+def _say_what_trains(model, corpus, cfg, device: str) -> None:
+    from ..data import epoch_span
+    from ..schedule import resolve
+
+    n_train = min(len(corpus["train"]), cfg.max_train_tokens or len(corpus["train"]))
+    print(
+        f"{model.config.output} output, {len(corpus.vocab):,} words, {model.num_parameters():,} parameters, "
+        f"{n_train:,} training tokens, device {device}",
+        file=sys.stderr,
+    )
+    span = epoch_span(n_train, 1, cfg.epoch_tokens, cfg.batch_size)
+    if span.parts > 1:
+        how = " (auto)" if cfg.lr_schedule == "auto" else ""
+        print(
+            f"a pass over the training split is {span.parts} epochs of {span.hi:,} positions "
+            f"(--epoch-tokens {cfg.epoch_tokens:,}): each ends in validation and a checkpoint; "
+            f"learning-rate schedule {resolve(cfg, span.parts)}{how}",
+            file=sys.stderr,
+        )
+
+
+def _options(args, model):
+    """What run.json records of the flags that shaped the output layer and the start (the
+    vocabulary's are the corpus's text protocol)."""
+    from ..run import RunOptions
+
+    tree = None
     if model.config.output in ("tree", "classes"):
-        options["tree"] = args.tree or ("random" if model.config.output == "tree" else "frequency")
-    options.update(max_vocab=args.max_vocab, min_count=args.min_count)
-    if getattr(args, "init_from", None):
-        options["init_from"] = str(Path(args.init_from).resolve())
-        if args.keep_output:
-            options["keep_output"] = True
-    return options
+        tree = args.tree or ("random" if model.config.output == "tree" else "frequency")
+    init_from = str(Path(args.init_from).resolve()) if getattr(args, "init_from", None) else None
+    return RunOptions(tree, init_from, bool(init_from and args.keep_output))
 
 
 def _report(model, corpus, state, out: Path, device: str, seed: int) -> None:

@@ -59,8 +59,8 @@ def _classes_build(args) -> int:
     import time
 
     from ..classes import frequency_classes, kmeans_classes
-    from ..data import load_corpus, run_corpus
-    from ..run import read_run, read_vocab
+    from ..data import load_corpus
+    from ..run import Run
     from ..treebuild import features_from_run
 
     for flag, value in (("--copies", args.copies), ("--policy", args.policy), ("--em-iters", args.em_iters)):
@@ -80,10 +80,7 @@ def _classes_build(args) -> int:
         classes = frequency_classes(corpus.vocab.counts, args.classes, args.shortlist)
         method, n = "frequency", None
     else:
-        vocab, info = read_vocab(args.run), read_run(args.run)
-        corpus = load_corpus(
-            args.data or run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop")
-        )
+        corpus = Run.open(args.run).corpus(("train",), args.data)
         X, n = features_from_run(args.run, corpus)
         classes = kmeans_classes(
             X,
@@ -118,8 +115,7 @@ def cmd_tree_build(args) -> int:
 
     import numpy as np
 
-    from ..data import load_corpus, run_corpus
-    from ..run import load_model, read_run, read_vocab
+    from ..run import Run
     from ..treebuild import (
         BuildReport,
         SenseReport,
@@ -143,16 +139,14 @@ def cmd_tree_build(args) -> int:
             f"--max-leaves-per-word must be at least 1 (every word has a leaf), got {args.max_leaves_per_word}"
         )
     parse_policy(args.policy)  # fail on a bad policy before the feature pass
-    vocab, info = read_vocab(args.run), read_run(args.run)  # the model itself is loaded once, below
-    corpus = load_corpus(
-        args.data or run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop")
-    )
+    run = Run.open(args.run)
+    corpus = run.corpus(("train",), args.data)
     t0 = time.perf_counter()
     X, n = features_from_run(args.run, corpus)
     senses = SenseReport()
     item_word = None
     if args.senses:  # up to two vectors per frequent word; the tree is built over these items
-        model, _, _ = load_model(args.run)
+        model = run.model()
         X, item_word = sense_features(
             model,
             corpus["train"],
@@ -207,9 +201,8 @@ def cmd_tree_refine(args) -> int:
     classes; train on them with ``--init-from RUN --keep-output``."""
     import time
 
-    from ..data import load_corpus, run_corpus
     from ..refine import RefineConfig, refine_classes
-    from ..run import load_model
+    from ..run import Run
 
     set_threads(args.threads)
     try:
@@ -217,14 +210,13 @@ def cmd_tree_refine(args) -> int:
     except ValueError as e:
         raise DataError(str(e)) from None
     t0 = time.perf_counter()
-    model, vocab, info = load_model(args.run)
+    run = Run.open(args.run)
+    model = run.model()
     if model.config.output != "classes":
         raise DataError(
             f"--from {args.run}: exchange moves need a run with --output classes, not {model.config.output}"
         )
-    corpus = load_corpus(
-        args.data or run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop")
-    )
+    corpus = run.corpus(("train",), args.data)
     train = corpus["train"]
     try:
         sweep, history = refine_classes(

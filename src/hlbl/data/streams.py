@@ -224,7 +224,7 @@ class EpochOrder:
 # Reading a stream
 
 
-def _mapped_file(stream: np.ndarray) -> tuple[str, int] | None:
+def mapped_file(stream: np.ndarray) -> tuple[str, int] | None:
     """(path, byte offset) of ``stream``'s data in its file where it is a contiguous little-endian
     int32 view of a memory-mapped file (``np.memmap``, slices included); None otherwise."""
     mm = getattr(stream, "_mmap", None)
@@ -241,7 +241,7 @@ def read_tokens(stream: np.ndarray, lo: int, out: np.ndarray, file=None) -> None
     """``out[:] = stream[lo : lo + len(out)]`` (int32). A memory-mapped stream is read through its
     file (``file``: an open binary file of it, else it is opened), not through the mapping, so the
     read leaves no page of the mapping in the process's resident set."""
-    where = _mapped_file(stream)
+    where = mapped_file(stream)
     if where is None:
         out[:] = stream[lo : lo + len(out)]
         return
@@ -267,7 +267,7 @@ def stream_pieces(stream: np.ndarray, size: int = READ_TOKENS) -> Iterator[np.nd
     """The stream's tokens as int32 arrays of up to ``size``, in order; a memory-mapped stream is
     read through its file into one reused buffer (:func:`read_tokens`): a piece holds its tokens
     until the next one is read."""
-    if _mapped_file(stream) is None:
+    if mapped_file(stream) is None:
         for lo in range(0, len(stream), size):
             yield np.asarray(stream[lo : lo + size])
         return
@@ -283,7 +283,7 @@ def stream_windows(stream: np.ndarray, size: int, before: int) -> Iterator[tuple
     mapping resident; a piece holds its tokens until the next one is read."""
     n = len(stream)
     buf = np.empty(min(size, n) + before, np.int32)
-    where = _mapped_file(stream)
+    where = mapped_file(stream)
     with open(where[0], "rb") if where is not None else contextlib.nullcontext() as f:
         for lo in range(0, n, size):
             start = max(0, lo - before)
@@ -333,7 +333,7 @@ class EpochReader:
         if self.held[place] >= 0:
             self.slot_of[order.group_blocks(self.held[place])] = -1
         self.held[place] = -1
-        where = _mapped_file(self.stream)
+        where = mapped_file(self.stream)
         f = open(where[0], "rb") if where else None
         try:
             for i, blk in enumerate(order.group_blocks(g)):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -42,6 +42,68 @@ VOCAB_VERSION = 1
 
 PROGRESS_BYTES = 32 << 20  # files at least this large show a progress bar while read (if stderr is a terminal)
 LONG_LINE = 1 << 20  # characters: longer lines are split into pieces of about this size
+
+
+# --------------------------------------------------------------------------------------------
+# The text protocol
+
+
+@dataclass(frozen=True)
+class TextProtocol:
+    """How a corpus's text becomes tokens and which words are the vocabulary: the one value that
+    a run (run.json's ``text``), the corpus cache (its keys) and an n-gram model file
+    (:mod:`hlbl.ngram.protocol`) record, and that :meth:`check_same` compares where models meet.
+
+    ``blank_lines``: what a blank line is (module docstring); ``max_vocab`` (None: no cap) and
+    ``min_count`` (a count, or ``"auto"``: :meth:`Vocab.from_counts`): the vocabulary cut. A new
+    rule is one field here, its use in :func:`iter_sentences` and its flag (hlbl.cli.common)."""
+
+    blank_lines: str = "drop"
+    max_vocab: int | None = None
+    min_count: int | str = "auto"
+
+    def __post_init__(self):
+        if self.blank_lines not in BLANK_LINES:
+            raise ConfigError(
+                "blank_lines", f"blank_lines: expected one of {', '.join(BLANK_LINES)}, got {self.blank_lines!r}"
+            )
+        if self.max_vocab is not None and (
+            isinstance(self.max_vocab, bool) or not isinstance(self.max_vocab, int) or self.max_vocab < 2
+        ):
+            raise ConfigError("max_vocab", f"max_vocab must be at least 2 (<eos> and <unk>), got {self.max_vocab!r}")
+        if self.min_count != "auto" and (
+            isinstance(self.min_count, bool) or not isinstance(self.min_count, int) or self.min_count < 1
+        ):
+            raise ConfigError("min_count", f"min_count must be a positive whole number or auto, got {self.min_count!r}")
+
+    def to_json(self) -> dict:
+        return {"blank_lines": self.blank_lines, "max_vocab": self.max_vocab, "min_count": self.min_count}
+
+    @classmethod
+    def from_json(cls, obj, name: str) -> "TextProtocol":
+        """The protocol :meth:`to_json` wrote, every field required; one-line DataError naming ``name``."""
+        keys = set(cls().to_json())
+        if not isinstance(obj, dict) or not keys <= set(obj):
+            missing = sorted(keys - set(obj)) if isinstance(obj, dict) else []
+            raise DataError(f"{name}: damaged text protocol (missing {', '.join(missing) or 'a JSON object'})")
+        try:
+            return cls(**{k: obj[k] for k in keys})
+        except ConfigError as e:
+            raise DataError(f"{name}: damaged text protocol ({e})") from None
+
+    def reading(self, blank_lines: str | None) -> "TextProtocol":
+        """This protocol, read with another blank-line rule where one is given (None: its own)."""
+        return self if blank_lines is None else replace(self, blank_lines=blank_lines)
+
+    def check_same(self, other: "TextProtocol", mine: str, theirs: str, setting: str = "blank_lines") -> None:
+        """Refuse to pair ``mine`` (read with this protocol) with ``theirs`` (with ``other``): their
+        tokens would not line up. Only the blank-line rule is compared: each model has its own
+        vocabulary cut, and a word outside a vocabulary is its ``<unk>``."""
+        if other.blank_lines != self.blank_lines:
+            raise DataError(
+                f"{theirs} was estimated with {setting} {other.blank_lines}; {mine} reads the text with {setting} "
+                f"{self.blank_lines}: use {setting} {other.blank_lines}, or a model estimated with {self.blank_lines}"
+            )
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,7 +124,7 @@ def _pieces(line: str) -> Iterator[list[str]]:
 
 
 def iter_sentences(
-    path: Path, desc: str | None = None, blank_lines: str = "drop", stats: dict | None = None
+    path: Path, desc: str | None = None, blank_lines: str = TextProtocol.blank_lines, stats: dict | None = None
 ) -> Iterator[tuple[list[str], bool]]:
     """Yield ``(tokens, ends_line)`` for the lines of ``path``, with clear errors.
 
@@ -131,7 +193,7 @@ def _first_bad_byte(path: Path) -> str:
     return "a bad byte"
 
 
-def count_file(path: Path, blank_lines: str = "drop") -> Counter:
+def count_file(path: Path, blank_lines: str = TextProtocol.blank_lines) -> Counter:
     """Word counts of ``path``, ``<eos>`` counted once per sentence (``blank_lines``: see iter_sentences)."""
     counts: Counter = Counter()
     lines = 0

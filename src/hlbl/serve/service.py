@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..run import load_model
+from ..run import Run, RunRecord
 from ..data import text_lines
 from ..errors import HlblError
 from ..output import TreeSoftmax
@@ -39,22 +39,6 @@ class Limits:
 
 class NotFound(HlblError, LookupError):
     """A node or word the model does not have, or a tree query on a model without a tree."""
-
-
-def _metrics(run: Path) -> list[dict]:
-    """metrics.jsonl's epochs (a log: an unreadable line is skipped, not fatal)."""
-    path = run / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
 
 
 def _finite(x) -> float | None:
@@ -117,7 +101,7 @@ class Service:
         self,
         model,
         vocab,
-        info: dict,
+        record: RunRecord,
         run: Path,
         which: str = "best",
         limits: Limits = Limits(),
@@ -126,7 +110,7 @@ class Service:
         self.model = model.eval()
         self.mixture = mixture
         self.vocab = vocab
-        self.info = info
+        self.record = record  # the run's (hlbl.run.RunRecord)
         self.run = Path(run)
         self.which = which
         self.limits = limits
@@ -157,37 +141,34 @@ class Service:
 
     @classmethod
     def load(cls, run, which: str = "best", device: str = "cpu", limits: Limits = Limits()) -> Service:
-        model, vocab, info = load_model(run, which=which, device=device)
-        return cls(model, vocab, info, Path(run), which, limits)
+        run = Run.open(run)
+        return cls(run.model(which, device), run.vocab, run.record, run.path, which, limits)
 
     @classmethod
     def from_mixture(cls, mixture, limits: Limits = Limits()) -> Service:
         """A service answering with a mixture whose weights are set (hlbl.mixture)."""
-        from ..run import read_run
-
         first = mixture.components[0]
-        return cls(first.model, mixture.vocab, read_run(first.path), first.path, first.which, limits, mixture)
+        return cls(first.model, mixture.vocab, Run.open(first.path).record, first.path, first.which, limits, mixture)
 
     # ---- model description ----------------------------------------------------------------
 
     def _model_info(self) -> dict:
-        cfg, info = self.model.config, self.info
-        epochs = _metrics(self.run)
+        cfg, record = self.model.config, self.record
+        epochs = Run(self.run).metrics(lenient=True)  # a log for display: an unreadable line is skipped
         valid = [v for v in (_finite(e.get("valid_ppl")) for e in epochs) if v is not None]
         test = [v for v in (_finite(e.get("test_ppl", e.get("test_perplexity"))) for e in epochs) if v is not None]
         tree = self.model.tree
-        train = info.get("train") if isinstance(info.get("train"), dict) else {}
         out = {
             "run": self.run.name,
             "weights": self.which,
-            "corpus": info.get("corpus"),
+            "corpus": record.corpus.spec,
             "vocab_size": len(self.vocab),
             "dim": cfg.dim,
             "context": cfg.context,
             "full_context": cfg.full_context,
             "output": cfg.output,
             "parameters": self.model.num_parameters(),
-            "recipe": train,
+            "recipe": record.train.to_json(),
             "epochs": len(epochs),
             # Best validation perplexity (the weights `best` holds); test perplexity when the run records one.
             "valid_perplexity": min(valid) if valid else None,
@@ -199,7 +180,7 @@ class Service:
             out["mixture"] = {"components": self.mixture.describe(), "valid_perplexity": fitted.get("perplexity")}
         if tree is not None:
             out["tree"] = {
-                "kind": info.get("tree", train.get("tree")),
+                "kind": record.options.tree,
                 "fingerprint": tree.fingerprint(),
                 **tree.stats(self.counts.astype(np.float64)),
             }
