@@ -46,15 +46,15 @@ def main(argv=None) -> int:
     if not args.run:
         ap.error("--run is required")
 
-    from hlbl.run import load_model
-    from hlbl.data import load_corpus, run_corpus
+    from hlbl.run import Run
     from hlbl.evaluate import evaluate
     from hlbl.model import LBL
     from hlbl.refine import RefineConfig, carry_output, exchange_sweep
 
     torch.set_num_threads(1)
-    model, vocab, info = load_model(args.run)
-    corpus = load_corpus(run_corpus(info), vocab=vocab, splits=("train",), blank_lines=info.get("blank_lines", "drop"))
+    source = Run.open(args.run)
+    model, vocab = source.model(), source.vocab
+    corpus = source.corpus(("train",))
     train = corpus["train"]
 
     def total_nll(m) -> float:

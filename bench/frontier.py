@@ -74,17 +74,16 @@ def _save_row(path: Path, row: dict) -> None:
 
 
 def row(args) -> None:
-    from hlbl.checkpoint import read_metrics, read_state
-    from hlbl.data import load_corpus, run_corpus
     from hlbl.evaluate import evaluate
-    from hlbl.run import load_model
+    from hlbl.run import Run
 
     torch.set_num_threads(args.threads)
     run = Path(args.run)
-    model, vocab, info = load_model(run)
-    corpus = load_corpus(run_corpus(info), vocab=vocab, splits=("valid", "test"), blank_lines=info["blank_lines"])
-    state = read_state(run / "state.json")
-    lines = read_metrics(run / "metrics.jsonl")
+    source = Run.open(run)
+    model, vocab = source.model(), source.vocab
+    corpus = source.corpus(("valid", "test"))
+    state = source.state().to_json()
+    lines = source.metrics()
     test = evaluate(model, corpus["test"], vocab.eos)
     _save_row(
         Path(args.rows),

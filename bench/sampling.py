@@ -131,20 +131,17 @@ def speed(args) -> None:
 
 
 def _run_row(run: Path, speed_ratio: dict) -> dict:
-    from hlbl.checkpoint import read_state
-    from hlbl.data import load_corpus, run_corpus
     from hlbl.evaluate import evaluate, self_normalisation
-    from hlbl.run import load_model
+    from hlbl.run import Run
 
-    model, vocab, info = load_model(run)
-    corpus = load_corpus(
-        run_corpus(info), vocab=vocab, splits=("valid", "test"), blank_lines=info.get("blank_lines", "drop")
-    )
-    state = read_state(run / "state.json")
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    source = Run.open(run)
+    model, vocab = source.model(), source.vocab
+    corpus = source.corpus(("valid", "test"))
+    state = source.state().to_json()
+    lines = source.metrics()
     test = evaluate(model, corpus["test"], vocab.eos)["perplexity"]
     valid = evaluate(model, corpus["valid"], vocab.eos)["perplexity"]
-    mc = info["model"]
+    mc = source.record.model.to_json()
     kind = mc["output"]
     name = (
         "LBL (flat softmax)"

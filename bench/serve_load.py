@@ -51,10 +51,9 @@ from _common import add_common, finish_args, loadavg, machine, quick_run, write_
 
 def contexts_from(run: Path, count: int, seed: int) -> list[str]:
     """Prefixes (0 to 8 words) of the run corpus's validation sentences."""
-    from hlbl.run import read_run
-    from hlbl.data import resolve_corpus
+    from hlbl.run import Run
 
-    corpus = resolve_corpus(read_run(run)["corpus"])
+    corpus = Run.open(run).record.corpus.directory()
     lines = [ln.split() for ln in (corpus / "valid.txt").read_text(encoding="utf-8").splitlines() if ln.strip()]
     rng = random.Random(seed)
     out = []

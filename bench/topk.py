@@ -46,9 +46,9 @@ import numpy as np
 import torch
 
 from _common import add_common, finish_args, machine, write_json
-from hlbl.data import contexts, default_cache_dir, load_corpus, run_corpus
+from hlbl.data import contexts, default_cache_dir
 from hlbl.output import TreeSoftmax
-from hlbl.run import load_model
+from hlbl.run import Run
 from hlbl.search import topk_matches, tree_topk
 
 
@@ -204,13 +204,14 @@ def default_runs(trees: list[str], data: str, epochs: int, seed: int) -> list[tu
 
 
 def measure(run: Path, n_contexts: int, repeats: int) -> dict:
-    model, vocab, info = load_model(run)
+    source = Run.open(run)
+    model, vocab = source.model(), source.vocab
     model.eval()
     layer = model.out
     if not isinstance(layer, TreeSoftmax):
         raise SystemExit(f"{run}: not a tree-output model")
     tree = layer.tree
-    corpus = load_corpus(run_corpus(info), vocab=vocab, blank_lines=info.get("blank_lines", "drop"))
+    corpus = source.corpus()
     test = corpus["test"]
     pos = np.unique(np.linspace(0, len(test) - 1, min(n_contexts, len(test))).astype(np.int64))
     ctx = torch.from_numpy(contexts(test, pos, model.config.context, vocab.eos))

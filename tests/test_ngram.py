@@ -30,6 +30,7 @@ from hlbl.ngram import (
 from hlbl.ngram.binary import write_binary
 from hlbl.ngram.cache import read_protocol
 from hlbl.ngram.kneser_ney import FALLBACK_DISCOUNTS
+from hlbl.data import TextProtocol
 from hlbl.ngram.protocol import make_protocol
 
 # ---------------------------------------------------------------------------------- helpers
@@ -529,7 +530,7 @@ def test_kenlm_agrees_with_our_scores(small, tmp_path):
     _, test, _, model = small
     path = tmp_path / "m.arpa"
     # with the protocol record: a comment line before \data\, which KenLM skips
-    write_arpa(dataclasses.replace(model, protocol=make_protocol("keep", None, 1)), path, cache=False)
+    write_arpa(dataclasses.replace(model, protocol=make_protocol(TextProtocol("keep", None, 1))), path, cache=False)
     assert path.read_text().startswith("# hlbl-ngram-protocol {")
     km = kenlm.Model(str(path))
     theirs = np.asarray([km.score(" ".join(s), bos=True, eos=True) for s in test])
@@ -540,7 +541,7 @@ def test_kenlm_agrees_with_our_scores(small, tmp_path):
 
 def test_files_record_the_protocol_they_were_estimated_with(small, tmp_path):
     _, test, _, plain = small
-    record = make_protocol("keep", 50, 2)
+    record = make_protocol(TextProtocol("keep", 50, 2))
     model = dataclasses.replace(plain, protocol=record)
     arpa, binary = tmp_path / "m.arpa", tmp_path / "m.safetensors"
     write_arpa(model, arpa)

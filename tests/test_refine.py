@@ -187,7 +187,7 @@ def test_refine_needs_classes():
     from hlbl.tree import random_tree
 
     model = LBL(LBLConfig(V, dim=D, context=2, output="tree"), random_tree(V, 0), torch.Generator().manual_seed(0))
-    with pytest.raises(TreeError, match="--output classes"):
+    with pytest.raises(TreeError, match="the classes output layer"):
         exchange_sweep(model, stream(), 0)
     with pytest.raises(ValueError):
         RefineConfig(max_moves=0)

@@ -203,3 +203,10 @@ def test_the_run_file_check_finds_a_reader(tmp_path):
     (tmp_path / "pkg" / "run.py").write_text('NAME = "run.json"\n')
     (tmp_path / "pkg" / "other.py").write_text('def f(p):\n    """Reads run.json."""\n    return p / "state.json"\n')
     assert run_file_readers(tmp_path, "pkg", "pkg.run") == ["pkg/other.py:3: state.json"]
+
+
+def test_every_module_is_in_the_architecture_table():
+    """A module missing from the table would escape the layer check above."""
+    listed = set().union(*architecture_layers())
+    tops = {name.split(".")[1] for name in module_files() if "." in name}
+    assert sorted(tops - listed) == []

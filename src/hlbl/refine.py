@@ -180,7 +180,7 @@ def _classes_of(model, stream: np.ndarray) -> WordClasses:
     """The model's word classes, or a one-line TreeError where there are none to refine."""
     cl = getattr(model.out, "classes", None)
     if not isinstance(cl, WordClasses):
-        raise TreeError("exchange moves need a model with --output classes")
+        raise TreeError(f"exchange moves need a model with the classes output layer, not {model.config.output}")
     if len(stream) == 0:
         raise TreeError("exchange moves need a non-empty training stream")
     return cl

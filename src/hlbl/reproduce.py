@@ -301,7 +301,7 @@ class Reproduction:
         t0 = time.perf_counter()
         lm = train_kneser_ney(self.train_stream, self.corpus.vocab, self.cfg.kn_order)
         train_s = time.perf_counter() - t0
-        lm.protocol = make_protocol("drop", self.cfg.max_vocab, "auto")  # how load_corpus read the text
+        lm.protocol = make_protocol(self.corpus.text)  # how load_corpus read the text
         write_binary(lm, path)
         ev = {
             s: perplexity_report(token_log_probs(lm, self.eval_stream(s), self.corpus.vocab)) for s in ("valid", "test")

@@ -47,7 +47,7 @@ def cmd_ngram_train(args) -> int:
     t0 = time.perf_counter()
     corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",), blank_lines=args.blank_lines)
     model = train_kneser_ney(corpus["train"], corpus.vocab, args.order)
-    model.protocol = make_protocol(args.blank_lines, args.max_vocab, args.min_count)  # recorded in the file
+    model.protocol = make_protocol(corpus.text)  # recorded in the file
     t1 = time.perf_counter()
     try:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

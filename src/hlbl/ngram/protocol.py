@@ -25,15 +25,17 @@ from __future__ import annotations
 import json
 
 from ..config import BLANK_LINES
+from ..data import TextProtocol
 from ..errors import DataError
 
 ARPA_TAG = "# hlbl-ngram-protocol "
 _KEYS = ("blank_lines", "max_vocab", "min_count", "open_vocabulary")
 
 
-def make_protocol(blank_lines: str, max_vocab: int | None, min_count: int | str) -> dict:
-    """The record of a model estimated from text read with these settings."""
-    return {"blank_lines": blank_lines, "max_vocab": max_vocab, "min_count": min_count, "open_vocabulary": True}
+def make_protocol(text: TextProtocol) -> dict:
+    """The record of a model estimated from text read with ``text`` (its fields, as run.json's
+    ``text`` holds them, and that the vocabulary is open)."""
+    return {**text.to_json(), "open_vocabulary": True}
 
 
 def arpa_line(protocol: dict) -> str:

@@ -90,7 +90,9 @@ def make_output_layer(
     :class:`~hlbl.classes.WordClasses` for ``classes``, None for the others."""
     if kind == "classes":
         if not isinstance(tree, WordClasses):
-            raise ValueError("the classes output layer needs WordClasses (hlbl tree build --classes writes them)")
+            raise ValueError(
+                "the classes output layer needs WordClasses (hlbl.classes: frequency_classes, kmeans_classes)"
+            )
         if tree.num_words != vocab_size:
             raise ValueError(f"word classes have {tree.num_words} words, vocabulary {vocab_size}")
         return ClassSoftmax(in_features, tree, init_std, generator)
