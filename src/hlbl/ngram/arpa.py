@@ -70,14 +70,13 @@ def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True, c
     what parsing it would.
     """
     path = Path(path)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     words = list(model.words)
     fmt = _FMT.format
     written_lp: list[np.ndarray] = []
     written_bo: list[np.ndarray] = []
     bar = progress(sum(model.sizes()), "writing ARPA", "lines", heartbeat=True)
     try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
             if model.protocol is not None:  # a comment line other readers skip (hlbl.ngram.protocol)
                 f.write(arpa_line(model.protocol))
             f.write("\\data\\\n")
@@ -109,10 +108,6 @@ def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True, c
                 written_lp.append(lp_out)
                 written_bo.append(bo_out)
             f.write("\n\\end\\\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     finally:
         bar.close()
     if cache:
