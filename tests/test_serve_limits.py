@@ -343,3 +343,53 @@ def test_the_serve_command_checks_its_timeouts(tmp_path, capsys):
         assert main(["serve", str(tmp_path), "--port", "0", flag, "0"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"hlbl: error: {flag} must be above 0 seconds") and len(err.splitlines()) == 1
+
+
+def test_requests_of_clients_that_left_are_not_computed_and_waiting_work_is_bounded(tmp_path):
+    """jobs=1: one score request computes (held on an event) while others wait. Those whose client
+    closed the connection are dropped before they run; beyond max_queued waiting, 503 at once."""
+    vocab = Vocab(("the", "<eos>", "<unk>", "a", "cat", "dog"), (50, 40, 30, 20, 10, 5))
+    model = LBL(LBLConfig(vocab_size=6, dim=4, context=2, output="flat"), None, torch.Generator().manual_seed(0))
+    service = Service(model, vocab, {"corpus": "toy"}, tmp_path, limits=Limits(max_body=1000))
+    release, calls = threading.Event(), []
+    real_score = service.score
+
+    def held_score(sentences):
+        calls.append(sentences[0])
+        release.wait(20)
+        return real_score(sentences)
+
+    service.score = held_score
+    app = create_app(service, jobs=1, max_queued=3)
+
+    def send(port, tag: str) -> socket.socket:
+        body = json.dumps({"sentences": [tag]}).encode()
+        s = connect(port)
+        s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        return s
+
+    def until(cond, wait=10.0):
+        end = time.monotonic() + wait
+        while not cond():
+            assert time.monotonic() < end
+            time.sleep(0.01)
+
+    with serving(app) as port:
+        first = send(port, "the cat")
+        until(lambda: calls == ["the cat"])
+        for tag in ("a cat", "a dog", "the dog", "a a"):  # sent, then the client leaves
+            send(port, tag).close()
+        time.sleep(0.5)
+        kept = [send(port, tag) for tag in ("cat", "dog", "the")]  # max_queued of them wait
+        time.sleep(0.3)
+        over = send(port, "a")
+        over.settimeout(5)
+        status, _, body = split(over.recv(65536))
+        assert status == 503 and "busy" in json.loads(body)["error"]
+        release.set()
+        for s in [first] + kept:
+            s.settimeout(20)
+            assert split(s.recv(65536))[0] == 200
+            s.close()
+        assert calls == ["the cat", "cat", "dog", "the"]  # none of the clients that left
+        assert health(port) == 200
