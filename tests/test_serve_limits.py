@@ -393,3 +393,45 @@ def test_requests_of_clients_that_left_are_not_computed_and_waiting_work_is_boun
             s.close()
         assert calls == ["the cat", "cat", "dog", "the"]  # none of the clients that left
         assert health(port) == 200
+
+
+def test_the_uvicorn_internals_the_guarded_protocol_builds_on_are_there():
+    """hlbl.serve.server subclasses uvicorn's httptools protocol, which is not public API
+    (pyproject.toml bounds uvicorn below its next minor release): this fails, rather than the
+    limits silently lapsing, when a release renames or reshapes what the subclass overrides or uses."""
+    import inspect
+    import re
+
+    from uvicorn.protocols.http import httptools_impl as impl
+
+    methods = {  # name -> parameters after self
+        "__init__": ["config", "server_state", "app_state", "_loop"],
+        "connection_made": ["transport"],
+        "connection_lost": ["exc"],
+        "data_received": ["data"],
+        "eof_received": [],
+        "shutdown": [],
+        "on_headers_complete": [],
+        "on_message_complete": [],
+        "on_response_complete": [],
+        "send_400_response": ["msg"],
+        "_unset_keepalive_if_required": [],
+        "timeout_keep_alive_handler": [],
+    }
+    for name, params in methods.items():
+        got = list(inspect.signature(getattr(impl.HttpToolsProtocol, name)).parameters)[1:]
+        assert got == params, (name, got)
+    # Attributes the subclass reads or sets, each assigned by uvicorn's own code.
+    protocol_src = inspect.getsource(impl.HttpToolsProtocol)
+    for attr in (
+        "loop", "parser", "scope", "cycle", "pipeline", "url", "headers", "connections", "limit_concurrency",
+        "timeout_keep_alive", "timeout_keep_alive_task", "server_state", "transport",
+    ):  # fmt: skip
+        assert re.search(rf"self\.{attr}(: [^=]+)? = ", protocol_src), attr
+    cycle_src = inspect.getsource(impl.RequestResponseCycle)
+    for attr in ("body", "keep_alive", "response_started", "response_complete", "disconnected", "message_event"):
+        assert re.search(rf"self\.{attr}(: [^=]+)? = ", cycle_src), attr
+    assert impl.STATUS_LINE[503].startswith(b"HTTP/1.1 503")
+    from uvicorn.server import ServerState
+
+    assert isinstance(ServerState().default_headers, list)  # (refuse() writes them)
