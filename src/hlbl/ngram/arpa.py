@@ -31,9 +31,13 @@ every score unchanged (KenLM does the same). A missing ``<unk>`` gets log10 prob
 and a missing ``<s>`` is added as a context-only word, also as KenLM does.
 
 Parsing PTB's 5-gram file (100 MB) takes seconds, so :func:`read_arpa` keeps a binary copy of
-each model it parses in the hlbl cache (``$HLBL_CACHE/arpa/*.npz``, keyed by the file's resolved
-path, size and modification time) and :func:`write_arpa` leaves one for the file it writes; an
-unchanged file is then loaded in a fraction of a second. ``cache=False`` turns this off.
+each model it parses in the hlbl cache (``$HLBL_CACHE/arpa/*.npz``, keyed by the SHA-256 of the
+file's bytes: a file edited in place, whatever its size and timestamp, is parsed again, and a copy
+of it elsewhere finds the entry) and :func:`write_arpa` leaves one for the file it writes; an
+unchanged file is then loaded in a fraction of a second (hashing 100 MB takes a fraction of a
+second too). An entry that is damaged (a flipped byte fails the zip format's CRC, a truncation its
+directory) or whose tables are not a model's is parsed again and rewritten, never an error.
+``cache=False`` turns this off.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..data import DataError, default_cache_dir
-from ..files import refuse_special
+from ..files import file_sha256, refuse_special
 from ..progress import progress
 from .protocol import ARPA_TAG, arpa_line, parse_protocol
 from .model import BOS_WORD, MAX_LOG10_BACKOFF, UNIGRAM_MASS_SLACK, UNK_WORD, NgramModel, unigram_mass
@@ -119,8 +123,8 @@ def read_arpa(path: str | os.PathLike, cache: bool = True) -> NgramModel:
     """Load an ARPA file into an :class:`NgramModel` (word ids in unigram-section order).
 
     With ``cache``, a binary copy of the parsed model is kept in the hlbl cache
-    (``$HLBL_CACHE/arpa``), keyed by the file's resolved path, size and modification time, and
-    used on later reads of the unchanged file (parsing PTB's 5-gram file takes seconds).
+    (``$HLBL_CACHE/arpa``), keyed by the SHA-256 of the file's bytes, and used on later reads of
+    the same bytes (parsing PTB's 5-gram file takes seconds).
     """
     path = Path(path)
     refuse_special(path, ArpaError, "an ARPA file")
@@ -144,15 +148,15 @@ def read_arpa(path: str | os.PathLike, cache: bool = True) -> NgramModel:
     return model
 
 
-_CACHE_VERSION = 3  # 2: values checked (a copy of an earlier parse may hold what is now refused); 3: protocol
+_CACHE_VERSION = 4  # 2: values checked; 3: protocol; 4: keyed by content, structure checked on load
 
 
 def _cache_file(path: Path) -> Path | None:
     try:
-        st = path.stat()
-    except OSError:
+        digest = file_sha256(path)
+    except DataError:
         return None
-    key = f"{_CACHE_VERSION}:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    key = f"{_CACHE_VERSION}:{digest}"
     return default_cache_dir() / "arpa" / (hashlib.sha1(key.encode()).hexdigest()[:20] + ".npz")
 
 
@@ -176,20 +180,26 @@ def _save_cached(model: NgramModel, where: Path | None) -> None:
 
 
 def _load_cached(where: Path) -> NgramModel | None:
-    """The cached model, or None if the copy is unreadable (then the file is parsed again)."""
+    """The cached model, or None if the copy is unreadable or not a model's tables (then the file
+    is parsed again): any failure to read it, of whatever kind, only costs the parse."""
+    from .binary import bad_structure, bad_value
+
     try:
         with np.load(where, allow_pickle=False) as z:
             words = tuple(z["words"].tobytes().decode("utf-8").split("\n"))
             order = sum(1 for n in z.files if n.startswith("keys"))
-            return NgramModel(
+            model = NgramModel(
                 words,
                 [z[f"keys{k}"] for k in range(order)],
                 [z[f"lp{k}"] for k in range(order)],
                 [z[f"bo{k}"] for k in range(order)],
                 protocol=json.loads(z["protocol"].tobytes()) if "protocol" in z.files else None,
             )
-    except (OSError, ValueError, KeyError, UnicodeDecodeError):
+    except Exception:  # noqa: BLE001 (BadZipFile, EOFError, zlib.error, ValueError...: parse again)
         return None
+    if bad_structure(model) or bad_value(model):
+        return None
+    return model
 
 
 # ASCII whitespace: what bytes.split() splits on (and so what separates ARPA fields here).
