@@ -316,3 +316,29 @@ def test_hlbl_serve_answers_with_a_mixture(parts, tmp_path):
         assert got["probs"] == pytest.approx(np.exp(lp[0]).tolist(), rel=1e-9)
         # the tree explorer and samples are the first run's
         assert client.post("/v1/generate", json={"prompt": "the", "tokens": 3, "seed": 1}).status_code == 200
+
+
+@pytest.mark.parametrize("damage", ["flip", "above_one"])
+def test_a_tampered_ngram_score_cache_entry_is_scored_again(parts, tmp_path, monkeypatch, damage):
+    """Values in an entry are checked against its checksum and range, not trusted."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from hlbl.ngram.cache import NgramFile
+
+    data, (run, _), arpa = parts
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    vocab = load_model(run)[1]
+    stream = load_corpus(data, vocab=vocab, splits=("valid",))["valid"]
+    want = NgramFile(arpa).stream_log10(stream, vocab.words, vocab.eos)[0]
+    (entry,) = (tmp_path / "cache" / "ngram-scores").glob("*.safetensors")
+    with safe_open(str(entry), framework="numpy") as f:
+        meta, lp = f.metadata(), f.get_tensor("log10_prob").copy()
+    if damage == "flip":
+        bits = lp[:100].view(np.uint64)
+        bits ^= np.uint64(1 << 20)
+    else:
+        lp[5] = 3.0
+    save_file({"log10_prob": lp}, str(entry), metadata=meta)
+    got = NgramFile(arpa).stream_log10(stream, vocab.words, vocab.eos)[0]
+    np.testing.assert_array_equal(got, want)
