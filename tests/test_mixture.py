@@ -342,3 +342,22 @@ def test_a_tampered_ngram_score_cache_entry_is_scored_again(parts, tmp_path, mon
     save_file({"log10_prob": lp}, str(entry), metadata=meta)
     got = NgramFile(arpa).stream_log10(stream, vocab.words, vocab.eos)[0]
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_mixture_built_directly_refuses_runs_of_another_vocabulary(parts, tmp_path):
+    from conftest import write_corpus
+    from hlbl.errors import HlblError
+    from hlbl.mixture import load_run_component
+
+    data, (run, run2), arpa = parts
+    other_data = write_corpus(
+        tmp_path / "other", {s: ["x y z w", "w z y", "y y x"] * 5 for s in ("train", "valid", "test")}
+    )
+    other = tmp_path / "other-run"
+    argv = ["train", "--data", str(other_data), "--out", str(other), "--epochs", "1", "--dim", "8", "--context", "2"]
+    assert main(argv + ["--output", "flat", "--quiet", "--device", "cpu"]) == 0
+    first, vocab = load_run_component(run)
+    stranger, _ = load_run_component(other)
+    with pytest.raises(HlblError, match="vocabulary"):
+        Mixture([first, stranger], vocab)
+    Mixture([first, load_run_component(run2)[0]], vocab)  # the same words: fine

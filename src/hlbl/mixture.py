@@ -70,6 +70,7 @@ class Component:
     model: object
     which: str | None = None  # a run's weights: best or last
     _digest: str | None = field(default=None, repr=False)
+    words: tuple[str, ...] | None = field(default=None, repr=False)  # a run's vocabulary, where known
 
     @property
     def weights_file(self) -> Path:
@@ -89,7 +90,9 @@ def load_run_component(run: str | os.PathLike, which: str = "best", device="cpu"
 
     model, vocab, _ = load_model(run, which=which, device=device)
     model.eval()
-    return Component(str(run) if name is None else name, "run", Path(run), model, which), vocab
+    return Component(
+        str(run) if name is None else name, "run", Path(run), model, which, words=tuple(vocab.words)
+    ), vocab
 
 
 def ngram_component(path: str | os.PathLike, name: str | None = None) -> Component:
@@ -115,6 +118,13 @@ class Mixture:
                 "a mixture is one or more trained runs and at most one n-gram model (last), two models at least; "
                 f"got {', '.join(kinds) or 'none'}",
             )
+        for c in components:  # ids mean words: a run of other words would be scored with mismatched ids
+            size = getattr(getattr(c.model, "config", None), "vocab_size", None)
+            if c.kind == "run" and (
+                (c.words is not None and list(c.words) != list(vocab.words))
+                or (size is not None and size != len(vocab))
+            ):
+                raise DataError(f"{c.name}: its vocabulary differs from the mixture's; a mixture needs the same words")
         self.components = list(components)
         self.vocab = vocab
         self.device = device
