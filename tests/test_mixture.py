@@ -361,3 +361,36 @@ def test_a_mixture_built_directly_refuses_runs_of_another_vocabulary(parts, tmp_
     with pytest.raises(HlblError, match="vocabulary"):
         Mixture([first, stranger], vocab)
     Mixture([first, load_run_component(run2)[0]], vocab)  # the same words: fine
+
+
+def test_damaged_mixture_files_and_components_are_one_line_errors(parts, tmp_path):
+    import os
+
+    from hlbl.errors import HlblError
+    from hlbl.mixture import read_mixture_file
+
+    data, (run, run2), arpa = parts
+    mix = Mixture.load([run], arpa, weights=0.5)
+    good = tmp_path / "mix.json"
+    mix.save(good)
+    spec = json.loads(good.read_text())
+
+    def refused(text: str, words: str):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(HlblError) as e:
+            Mixture.from_file(bad)
+        assert words in str(e.value) and "\n" not in str(e.value)
+
+    for fitted in ("valid", ["valid"], 3, {"split": ["x"]}):
+        refused(json.dumps({**spec, "fitted_on": fitted}), "fitted_on")
+    refused('{"format": "hlbl-mixture", "components": ' + "[" * 100_000 + "]" * 100_000 + "}", "mixture file")
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    with pytest.raises(HlblError, match="not a regular file"):
+        read_mixture_file(fifo)
+    with pytest.raises(HlblError, match="not a regular file"):
+        read_mixture_file("/dev/zero")
+    os.mkfifo(tmp_path / "pipe.arpa")
+    comps = [dict(spec["components"][0]), {**spec["components"][1], "path": str(tmp_path / "pipe.arpa")}]
+    refused(json.dumps({**spec, "components": comps}), "not a regular file")

@@ -71,6 +71,7 @@ class NgramFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        refuse_special(self.path, DataError, "an n-gram model file")
         if self.path.is_dir():
             raise DataError(f"{self.path} is a directory, expected an n-gram model file")
         if not self.path.exists():
