@@ -394,3 +394,23 @@ def test_damaged_mixture_files_and_components_are_one_line_errors(parts, tmp_pat
     os.mkfifo(tmp_path / "pipe.arpa")
     comps = [dict(spec["components"][0]), {**spec["components"][1], "path": str(tmp_path / "pipe.arpa")}]
     refused(json.dumps({**spec, "components": comps}), "not a regular file")
+
+
+def test_a_stdin_line_over_a_mebibyte_is_held_whole_where_scores_are_per_token(parts, capsys):
+    """score --per-token, score of a mixture and ngram score hold such a line whole: it is scored
+    with the others (the sentences before it are not lost), no traceback."""
+    data, (run, run2), arpa = parts
+    long_line = " ".join(["the cat eats a fish"] * 60_000)  # 1.7 MiB
+    assert len(long_line) > 1 << 20
+    text = SENTENCES[0] + "\n" + long_line + "\n" + SENTENCES[1] + "\n"
+    want_tokens = len(long_line.split()) + 1
+    for argv in (
+        ["score", run, "--device", "cpu", "--per-token", "--jsonl"],
+        ["score", run, "--with", run2, "--interpolate", arpa, "--device", "cpu", "--jsonl"],
+        ["ngram", "score", arpa, "--jsonl"],
+    ):
+        rc, out, err = _cli(argv, capsys, text)
+        assert rc == 0, err
+        objs = [json.loads(x) for x in out.strip().splitlines()]
+        assert len(objs) == 4 and objs[1]["tokens"] == want_tokens, argv
+        assert objs[0]["tokens"] == 7 and objs[2]["tokens"] == 4
