@@ -435,3 +435,43 @@ def test_the_uvicorn_internals_the_guarded_protocol_builds_on_are_there():
     from uvicorn.server import ServerState
 
     assert isinstance(ServerState().default_headers, list)  # (refuse() writes them)
+
+
+def test_a_mixtures_predictions_run_off_the_event_loop_in_capped_batches(tmp_path):
+    """A mixture's top-k looks every word up in its n-gram model (slow): it runs in a worker thread,
+    a capped batch at a time, and /health answers meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    vocab = Vocab(("the", "<eos>", "<unk>", "a", "cat", "dog"), (50, 40, 30, 20, 10, 5))
+    model = LBL(LBLConfig(vocab_size=6, dim=4, context=2, output="flat"), None, torch.Generator().manual_seed(0))
+    service = Service(model, vocab, {"corpus": "toy"}, tmp_path, limits=Limits(max_body=1000))
+    batches = []
+
+    def slow_topk(contexts, k):  # as long as a large mixture's
+        batches.append((threading.current_thread().name, len(contexts)))
+        time.sleep(0.4)
+        return [[0.5, 0.25]] * len(contexts), [[0, 3]] * len(contexts)
+
+    service.topk = slow_topk
+    service.mixture = object()  # (what create_app looks at; the top-k above stands for the mixture's)
+    app = create_app(service)
+
+    def predict(port):
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/predict", data=json.dumps({"context": "the cat", "k": 2}).encode()
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status
+
+    with serving(app) as port, ThreadPoolExecutor(40) as pool:
+        jobs = [pool.submit(predict, port) for _ in range(40)]
+        time.sleep(0.2)
+        slowest = 0.0
+        for _ in range(5):
+            t0 = time.monotonic()
+            assert health(port, timeout=60) == 200
+            slowest = max(slowest, time.monotonic() - t0)
+        assert all(j.result() == 200 for j in jobs)
+    assert slowest < 0.3, slowest
+    assert all(name.startswith("hlbl-predict") for name, _ in batches)
+    assert max(n for _, n in batches) <= 16

@@ -49,6 +49,7 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+MIXTURE_BATCH = 16  # contexts a batch of a mixture's predictions holds at most
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
 
 
@@ -207,10 +208,13 @@ class PredictBatcher:
 
     ``threaded``: the searches run in one worker thread, so that the event loop reads and answers
     requests while a batch is computed (the numba search releases the GIL), and the requests that
-    arrive meanwhile form the next batch. Otherwise they run on the loop itself."""
+    arrive meanwhile form the next batch. Otherwise they run on the loop itself. ``max_batch``
+    caps a batch (the rest wait for the next): a mixture's top-k costs a look-up of every word in
+    its n-gram model per context, so a batch of them takes long."""
 
-    def __init__(self, service: Service, threaded: bool = False):
+    def __init__(self, service: Service, threaded: bool = False, max_batch: int | None = None):
         self.service = service
+        self.max_batch = max_batch
         self.pending: list[tuple[list[int], int, asyncio.Future]] = []
         self.scheduled = False  # a start is queued on the loop
         self.busy = False  # a batch is being computed in the worker thread
@@ -229,8 +233,8 @@ class PredictBatcher:
 
     def start(self) -> None:
         self.scheduled = False
-        batch = [item for item in self.pending if not item[2].done()]  # (a client that went away)
-        self.pending = []
+        live = [item for item in self.pending if not item[2].done()]  # (a client that went away)
+        batch, self.pending = live[: self.max_batch], live[len(live) if self.max_batch is None else self.max_batch :]
         if not batch:
             return
         if self.executor is None:
@@ -570,7 +574,10 @@ def create_app(
     accept (None: any); ``jobs``: how many score, generate and tree requests are computed at once;
     ``max_queued``: how many more may wait (503 beyond); ``predict_thread``: compute predictions in
     a worker thread (see :class:`PredictBatcher`)."""
-    batcher = PredictBatcher(service, threaded=predict_thread)
+    # A mixture's predictions take long (its n-gram model looks up every word): off the event loop,
+    # in capped batches, so that every other endpoint goes on answering.
+    mixture = getattr(service, "mixture", None) is not None
+    batcher = PredictBatcher(service, threaded=predict_thread or mixture, max_batch=MIXTURE_BATCH if mixture else None)
     endpoints = Endpoints(service, batcher, jobs, max_queued)
     app = Starlette(routes=endpoints.routes(), exception_handlers=_exception_handlers())
     app.state.service = service
