@@ -324,12 +324,12 @@ def test_arpa_binary_cache(small, tmp_path, monkeypatch):
             np.testing.assert_array_equal(m.log10_prob[k], parsed.log10_prob[k])
             np.testing.assert_array_equal(m.log10_backoff[k], parsed.log10_backoff[k])
     # A changed file is parsed again, not served from the stale copy.
-    path.write_text(corrupt(7, "-0.25\ta\t-0.2"))
-    assert read_arpa(path).lookup(["a"]) == (-0.25, -0.2)
+    path.write_text(corrupt(7, "-0.25\ta\t-0.3"))
+    assert read_arpa(path).lookup(["a"]) == (-0.25, -0.3)
     # A damaged copy is ignored.
     for f in (tmp_path / "cache" / "arpa").glob("*.npz"):
         f.write_bytes(b"junk")
-    assert read_arpa(path).lookup(["a"]) == (-0.25, -0.2)
+    assert read_arpa(path).lookup(["a"]) == (-0.25, -0.3)
 
 
 def test_arpa_missing_contexts_become_blanks():
@@ -508,7 +508,11 @@ def test_a_back_off_that_makes_a_probability_above_1_is_named_where_scored():
     """Each value in range, the back-off of 'a' (10^5) still makes p(b | a) = 10^4.4: no distribution."""
     text = VALID_ARPA[:6] + ["-0.6\ta\t5", "-0.7\t</s>", "-1.0\t<unk>", "-0.6\tb"] + VALID_ARPA[9:]
     text[1] = "ngram 1=5"
+    with pytest.raises(ArpaError, match=r"^lm.arpa: the probabilities after 'a' sum to .*, more than 1"):
+        parse_arpa("\n".join(text) + "\n", "lm.arpa")  # refused on load, and where scored:
+    text[5], text[6] = "-99\t<s>", "-0.6\ta"  # (no back-offs to check on load)
     model = parse_arpa("\n".join(text) + "\n", "lm.arpa")
+    model.log10_backoff[0][model.index["a"]] = 5.0
     with pytest.raises(DataError, match=r"^lm.arpa gives 'b' after 'a' log10 probability 4.4 \(above 0\)"):
         model.score_sentences([["a", "b"]])
     vocab = Vocab(("<eos>", "<unk>", "a", "b"), (0, 0, 0, 0))
@@ -1003,3 +1007,17 @@ def test_the_binary_form_is_checked_for_structure_and_checksum(small, tmp_path, 
     if change is not _one_value:  # (a value in range is what only the checksum can tell)
         with pytest.raises(DataError, match=f"^{bare}: .*damaged"):
             read_arpa(bare)
+
+
+@pytest.mark.parametrize("extra", [0.5, 1.0])
+def test_back_offs_that_inflate_backed_off_probabilities_are_refused(small, tmp_path, extra):
+    """Every unigram back-off raised: each context's distribution sums to more than 1 (the
+    perplexity would look better than the model is); refused on load, naming a context."""
+    model = small[3]
+    path = tmp_path / "m.arpa"
+    write_arpa(model, path, cache=False)
+    assert read_arpa(path, cache=False).sizes() == model.sizes()  # (the model as estimated loads)
+    bad = dataclasses.replace(model, log10_backoff=[model.log10_backoff[0] + extra, *model.log10_backoff[1:]])
+    write_arpa(bad, path, cache=False)
+    with pytest.raises(ArpaError, match=r"^.*m\.arpa: the probabilities after '.*' sum to [0-9.]+, more than 1"):
+        read_arpa(path, cache=False)

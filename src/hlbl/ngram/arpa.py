@@ -290,7 +290,60 @@ def parse_arpa(data: bytes | str, name: str = "<arpa>") -> NgramModel:
     assert vocab is not None
     model = _assemble(vocab, higher, name)
     model.protocol = protocol
+    problem = overfull_context(model)
+    if problem:
+        raise ArpaError(f"{name}: {problem}")
     return model
+
+
+CONTEXT_MASS_SLACK = 1e-3  # a context's probabilities may sum to 1 + this (values are rounded in files)
+
+
+def overfull_context(model: NgramModel, chunk: int = 1 << 18) -> str | None:
+    """The first context whose next-word probabilities sum to more than 1, in words, or None.
+
+    For a context ``h`` with the n-grams ``h w`` stored for the words ``w`` in ``S``, the back-off
+    rule gives ``M(h) = sum_w p(w | h) = sum_S p*(h w) + bo(h) (M(h') - sum_S p(w | h'))``, with
+    ``h'`` the context without its oldest word and ``M()`` the unigrams' sum. Back-off weights
+    larger than the held-back mass allows make every backed-off probability too large (and a
+    mixture would then trust the model more than it deserves); one look-up per stored n-gram
+    finds them. Every order-k row is a context here (one without continuations backs off whole)."""
+    base = model.base
+    low_mass = np.asarray([unigram_mass(model.log10_prob[0])])  # M(h') per row of the order below
+    for k in range(1, model.order):  # contexts: order-k rows; their continuations: order k + 1
+        n_ctx = len(model.keys[k - 1])
+        keys = model.keys[k]
+        seen, lower = np.zeros(n_ctx), np.zeros(n_ctx)
+        for lo in range(0, len(keys), chunk):
+            rows, w = np.divmod(keys[lo : lo + chunk], base)
+            with np.errstate(under="ignore"):
+                seen += np.bincount(rows, 10.0 ** model.log10_prob[k][lo : lo + chunk], minlength=n_ctx)
+                if k == 1:
+                    low = 10.0 ** model.log10_prob[0][w]
+                else:
+                    win = np.concatenate([_rows_text_ids(model, rows, k)[:, 1:], w[:, None]], axis=1)
+                    low = 10.0 ** model.score_windows(win, max_order=k)
+            lower += np.bincount(rows, low, minlength=n_ctx)
+        if k == 1:
+            m_low = np.full(n_ctx, low_mass[0])
+        else:  # M(h') of each context's suffix (1 where a file lacks the suffix)
+            suffix = model.lookup_rows(_rows_text_ids(model, np.arange(n_ctx), k)[:, 1:])
+            m_low = np.where(suffix >= 0, low_mass[np.maximum(suffix, 0)], 1.0)
+        with np.errstate(over="ignore", under="ignore"):
+            mass = seen + 10.0 ** model.log10_backoff[k - 1] * np.maximum(m_low - lower, 0.0)
+        has = np.bincount(keys // base, minlength=n_ctx) > 0 if len(keys) else np.zeros(n_ctx, bool)
+        # (a context written without a back-off, weight 1, is left alone: the blanks added above, and
+        # files whose contexts are not all stored, are no inflation a weight makes)
+        bad = np.flatnonzero(has & (model.log10_backoff[k - 1] != 0) & ~(mass <= 1.0 + CONTEXT_MASS_SLACK))
+        if len(bad):
+            j = int(bad[np.argmax(mass[bad])])
+            words = " ".join(model.words[x] for x in _rows_text_ids(model, np.asarray([j]), k)[0])
+            return (
+                f"the probabilities after {words!r} sum to {mass[j]:.6g}, more than 1: its back-off weight "
+                f"({model.log10_backoff[k - 1][j]:.6g}) is larger than the held-back probability allows"
+            )
+        low_mass = np.minimum(mass, 1.0 + CONTEXT_MASS_SLACK)
+    return None
 
 
 def _header(line, nlines: int, where, skip_blank) -> tuple[int, list[int], dict | None]:
