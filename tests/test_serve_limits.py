@@ -475,3 +475,28 @@ def test_a_mixtures_predictions_run_off_the_event_loop_in_capped_batches(tmp_pat
     assert slowest < 0.3, slowest
     assert all(name.startswith("hlbl-predict") for name, _ in batches)
     assert max(n for _, n in batches) <= 16
+
+
+def test_two_host_headers_and_an_unknown_transfer_coding_are_refused(tmp_path):
+    vocab = Vocab(("the", "<eos>", "<unk>", "a", "cat", "dog"), (50, 40, 30, 20, 10, 5))
+    model = LBL(LBLConfig(vocab_size=6, dim=4, context=2, output="flat"), None, torch.Generator().manual_seed(0))
+    service = Service(model, vocab, {"corpus": "toy"}, tmp_path, limits=Limits(max_body=1000))
+    from hlbl.serve.app import LOOPBACK_HOSTS
+
+    app = create_app(service, allowed_hosts=LOOPBACK_HOSTS)
+    with serving(app) as port:
+        s = connect(port)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+        status, _, body = split(read_all(s))
+        assert status in (400, 421) and "Host" in json.loads(body)["error"]
+        body = b'{"sentences": ["the cat"]}'
+        chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        s = connect(port)
+        s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" + chunked)
+        assert_json_error(read_all(s), 501, "Transfer-Encoding")
+        s = connect(port)  # plain chunked is read as ever
+        s.sendall(
+            b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            + chunked
+        )
+        assert split(read_all(s))[0] == 200

@@ -349,11 +349,11 @@ class HostCheck:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            host = ""
-            for k, v in scope["headers"]:
-                if k == b"host":
-                    host = v.decode("latin-1").lower()
-                    break
+            hosts = [v for k, v in scope["headers"] if k == b"host"]
+            if len(hosts) > 1:  # (RFC 9112 3.2: 400; the first alone could pass a check the second defeats)
+                await error(400, "a request has one Host header")(scope, receive, send)
+                return
+            host = hosts[0].decode("latin-1").lower() if hosts else ""
             name = host.rsplit(":", 1)[0] if not host.endswith("]") else host  # strip a port
             if name not in self.hosts:
                 await error(421, f"this server answers requests to {', '.join(sorted(self.hosts))} only")(
