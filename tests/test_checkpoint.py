@@ -352,3 +352,20 @@ def test_a_damaged_file_leaves_the_model_as_it_was(run):
     with pytest.raises(ckpt.CheckpointError, match="checksum"):
         ckpt.load_weights(path, fresh, vocab=corpus.vocab)
     assert all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())
+
+
+def test_nan_weights_are_refused_by_every_tensor_loader(tmp_path):
+    """load_weights refused them already; the generic loader (optimizer state, example
+    checkpoints) does too, so no path hands NaN to top-k or predictions."""
+    import torch
+
+    from hlbl.checkpoint import load_tensors, load_tensors_and_meta, save_tensors
+    from hlbl.errors import CheckpointError
+
+    path = tmp_path / "w.safetensors"
+    save_tensors(path, {"a": torch.tensor([1.0, float("nan")]), "b": torch.zeros(2, dtype=torch.int64)})
+    for load in (load_tensors, load_tensors_and_meta):
+        with pytest.raises(CheckpointError, match="tensor a holds NaN or infinite values"):
+            load(path)
+    save_tensors(path, {"a": torch.tensor([1.0, 2.0]), "b": torch.zeros(2, dtype=torch.int64)})
+    assert load_tensors(path)["a"].tolist() == [1.0, 2.0]

@@ -400,3 +400,22 @@ def test_torchrun_fast_engine_trains_checkpoints_and_resumes(tmp_path):
         assert resumed[key] == whole[key]
     lines = metrics(tmp_path / "part")
     assert [x["epoch"] for x in lines] == [1, 2, 3] and lines[-1]["train_loss"] < lines[0]["train_loss"]
+
+
+def test_the_process_group_has_a_collective_timeout_the_user_can_set(monkeypatch):
+    """A rank that stops (not killed) leaves the others waiting at most this long, not torch's
+    30-minute default; HLBL_COLLECTIVE_TIMEOUT (seconds) changes it, a bad value is one line."""
+    seen = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **k: seen.update(k))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("HLBL_COLLECTIVE_TIMEOUT", raising=False)
+    ddp.init_from_env("cpu")
+    assert seen["timeout"] == timedelta(seconds=ddp.DEFAULT_COLLECTIVE_TIMEOUT) < timedelta(minutes=30)
+    monkeypatch.setenv("HLBL_COLLECTIVE_TIMEOUT", "42.5")
+    ddp.init_from_env("cpu")
+    assert seen["timeout"] == timedelta(seconds=42.5)
+    for bad in ("0", "-1", "soon", "nan", "inf"):
+        monkeypatch.setenv("HLBL_COLLECTIVE_TIMEOUT", bad)
+        with pytest.raises(DataError, match="HLBL_COLLECTIVE_TIMEOUT"):
+            ddp.init_from_env("cpu")

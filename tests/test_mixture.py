@@ -316,3 +316,101 @@ def test_hlbl_serve_answers_with_a_mixture(parts, tmp_path):
         assert got["probs"] == pytest.approx(np.exp(lp[0]).tolist(), rel=1e-9)
         # the tree explorer and samples are the first run's
         assert client.post("/v1/generate", json={"prompt": "the", "tokens": 3, "seed": 1}).status_code == 200
+
+
+@pytest.mark.parametrize("damage", ["flip", "above_one"])
+def test_a_tampered_ngram_score_cache_entry_is_scored_again(parts, tmp_path, monkeypatch, damage):
+    """Values in an entry are checked against its checksum and range, not trusted."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from hlbl.ngram.cache import NgramFile
+
+    data, (run, _), arpa = parts
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    vocab = load_model(run)[1]
+    stream = load_corpus(data, vocab=vocab, splits=("valid",))["valid"]
+    want = NgramFile(arpa).stream_log10(stream, vocab.words, vocab.eos)[0]
+    (entry,) = (tmp_path / "cache" / "ngram-scores").glob("*.safetensors")
+    with safe_open(str(entry), framework="numpy") as f:
+        meta, lp = f.metadata(), f.get_tensor("log10_prob").copy()
+    if damage == "flip":
+        bits = lp[:100].view(np.uint64)
+        bits ^= np.uint64(1 << 20)
+    else:
+        lp[5] = 3.0
+    save_file({"log10_prob": lp}, str(entry), metadata=meta)
+    got = NgramFile(arpa).stream_log10(stream, vocab.words, vocab.eos)[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_mixture_built_directly_refuses_runs_of_another_vocabulary(parts, tmp_path):
+    from conftest import write_corpus
+    from hlbl.errors import HlblError
+    from hlbl.mixture import load_run_component
+
+    data, (run, run2), arpa = parts
+    other_data = write_corpus(
+        tmp_path / "other", {s: ["x y z w", "w z y", "y y x"] * 5 for s in ("train", "valid", "test")}
+    )
+    other = tmp_path / "other-run"
+    argv = ["train", "--data", str(other_data), "--out", str(other), "--epochs", "1", "--dim", "8", "--context", "2"]
+    assert main(argv + ["--output", "flat", "--quiet", "--device", "cpu"]) == 0
+    first, vocab = load_run_component(run)
+    stranger, _ = load_run_component(other)
+    with pytest.raises(HlblError, match="vocabulary"):
+        Mixture([first, stranger], vocab)
+    Mixture([first, load_run_component(run2)[0]], vocab)  # the same words: fine
+
+
+def test_damaged_mixture_files_and_components_are_one_line_errors(parts, tmp_path):
+    import os
+
+    from hlbl.errors import HlblError
+    from hlbl.mixture import read_mixture_file
+
+    data, (run, run2), arpa = parts
+    mix = Mixture.load([run], arpa, weights=0.5)
+    good = tmp_path / "mix.json"
+    mix.save(good)
+    spec = json.loads(good.read_text())
+
+    def refused(text: str, words: str):
+        bad = tmp_path / "bad.json"
+        bad.write_text(text)
+        with pytest.raises(HlblError) as e:
+            Mixture.from_file(bad)
+        assert words in str(e.value) and "\n" not in str(e.value)
+
+    for fitted in ("valid", ["valid"], 3, {"split": ["x"]}):
+        refused(json.dumps({**spec, "fitted_on": fitted}), "fitted_on")
+    refused('{"format": "hlbl-mixture", "components": ' + "[" * 100_000 + "]" * 100_000 + "}", "mixture file")
+    fifo = tmp_path / "pipe.json"
+    os.mkfifo(fifo)
+    with pytest.raises(HlblError, match="not a regular file"):
+        read_mixture_file(fifo)
+    with pytest.raises(HlblError, match="not a regular file"):
+        read_mixture_file("/dev/zero")
+    os.mkfifo(tmp_path / "pipe.arpa")
+    comps = [dict(spec["components"][0]), {**spec["components"][1], "path": str(tmp_path / "pipe.arpa")}]
+    refused(json.dumps({**spec, "components": comps}), "not a regular file")
+
+
+def test_a_stdin_line_over_a_mebibyte_is_held_whole_where_scores_are_per_token(parts, capsys):
+    """score --per-token, score of a mixture and ngram score hold such a line whole: it is scored
+    with the others (the sentences before it are not lost), no traceback."""
+    data, (run, run2), arpa = parts
+    long_line = " ".join(["the cat eats a fish"] * 60_000)  # 1.7 MiB
+    assert len(long_line) > 1 << 20
+    text = SENTENCES[0] + "\n" + long_line + "\n" + SENTENCES[1] + "\n"
+    want_tokens = len(long_line.split()) + 1
+    for argv in (
+        ["score", run, "--device", "cpu", "--per-token", "--jsonl"],
+        ["score", run, "--with", run2, "--interpolate", arpa, "--device", "cpu", "--jsonl"],
+        ["ngram", "score", arpa, "--jsonl"],
+    ):
+        rc, out, err = _cli(argv, capsys, text)
+        assert rc == 0, err
+        objs = [json.loads(x) for x in out.strip().splitlines()]
+        assert len(objs) == 4 and objs[1]["tokens"] == want_tokens, argv
+        assert objs[0]["tokens"] == 7 and objs[2]["tokens"] == 4

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import re
 from collections import Counter, defaultdict
 from fractions import Fraction
 from pathlib import Path
@@ -34,6 +36,8 @@ from hlbl.data import TextProtocol
 from hlbl.ngram.protocol import make_protocol
 
 # ---------------------------------------------------------------------------------- helpers
+
+_FMT_FIRST_UNIGRAM = re.compile(r"\\1-grams:\n(-[0-9.]+[0-9])\t(\S+)")
 
 
 def make_vocab(sentences, max_vocab=None) -> Vocab:
@@ -321,12 +325,12 @@ def test_arpa_binary_cache(small, tmp_path, monkeypatch):
             np.testing.assert_array_equal(m.log10_prob[k], parsed.log10_prob[k])
             np.testing.assert_array_equal(m.log10_backoff[k], parsed.log10_backoff[k])
     # A changed file is parsed again, not served from the stale copy.
-    path.write_text(corrupt(7, "-0.25\ta\t-0.2"))
-    assert read_arpa(path).lookup(["a"]) == (-0.25, -0.2)
+    path.write_text(corrupt(7, "-0.25\ta\t-0.3"))
+    assert read_arpa(path).lookup(["a"]) == (-0.25, -0.3)
     # A damaged copy is ignored.
     for f in (tmp_path / "cache" / "arpa").glob("*.npz"):
         f.write_bytes(b"junk")
-    assert read_arpa(path).lookup(["a"]) == (-0.25, -0.2)
+    assert read_arpa(path).lookup(["a"]) == (-0.25, -0.3)
 
 
 def test_arpa_missing_contexts_become_blanks():
@@ -505,7 +509,11 @@ def test_a_back_off_that_makes_a_probability_above_1_is_named_where_scored():
     """Each value in range, the back-off of 'a' (10^5) still makes p(b | a) = 10^4.4: no distribution."""
     text = VALID_ARPA[:6] + ["-0.6\ta\t5", "-0.7\t</s>", "-1.0\t<unk>", "-0.6\tb"] + VALID_ARPA[9:]
     text[1] = "ngram 1=5"
+    with pytest.raises(ArpaError, match=r"^lm.arpa: the probabilities after 'a' sum to .*, more than 1"):
+        parse_arpa("\n".join(text) + "\n", "lm.arpa")  # refused on load, and where scored:
+    text[5], text[6] = "-99\t<s>", "-0.6\ta"  # (no back-offs to check on load)
     model = parse_arpa("\n".join(text) + "\n", "lm.arpa")
+    model.log10_backoff[0][model.index["a"]] = 5.0
     with pytest.raises(DataError, match=r"^lm.arpa gives 'b' after 'a' log10 probability 4.4 \(above 0\)"):
         model.score_sentences([["a", "b"]])
     vocab = Vocab(("<eos>", "<unk>", "a", "b"), (0, 0, 0, 0))
@@ -896,3 +904,121 @@ def test_arpa_vocabulary_with_a_literal_eos_word():
 
     v = arpa_vocab(Fake())
     assert v.words.count("<eos>") == 1 and set(v.words) == {"<eos>", "<unk>", "the"}
+
+
+def test_an_arpa_file_edited_in_place_is_parsed_again_whatever_its_size_and_time(small, tmp_path, monkeypatch):
+    """The parsed copy is keyed by the file's content: the same size and a restored timestamp do not
+    bring the stale copy back."""
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "m.arpa"
+    write_arpa(small[3], path)
+    read_arpa(path)
+    st = path.stat()
+    text = path.read_text()
+    lp = _FMT_FIRST_UNIGRAM.search(text)
+    old = lp.group(1)
+    new = old[:-1] + ("1" if old[-1] != "1" else "2")  # same length, another value
+    path.write_text(text[: lp.start(1)] + new + text[lp.end(1) :])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    word = lp.group(2)
+    assert read_arpa(path).lookup([word])[0] == pytest.approx(float(new))
+    assert read_arpa(path).lookup([word])[0] != pytest.approx(float(old))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_a_damaged_parsed_arpa_copy_is_parsed_again(small, tmp_path, monkeypatch, damage):
+    monkeypatch.setenv("HLBL_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "m.arpa"
+    write_arpa(small[3], path)
+    want = read_arpa(path, cache=False)
+    (entry,) = (tmp_path / "cache" / "arpa").glob("*.npz")
+    data = bytearray(entry.read_bytes())
+    if damage == "flip":
+        data[len(data) // 3] ^= 0x10
+    else:
+        data = data[: len(data) - 40]
+    entry.write_bytes(bytes(data))
+    for _ in range(2):  # and the entry is written again whole
+        got = read_arpa(path)
+        for k in range(want.order):
+            np.testing.assert_array_equal(got.log10_prob[k], want.log10_prob[k])
+            np.testing.assert_array_equal(got.log10_backoff[k], want.log10_backoff[k])
+
+
+def _rewritten(path, out, change):
+    """The binary form at ``path`` with ``change(tensors, meta)`` applied, saved as it was (metadata
+    kept, so a checksum it carries no longer matches) and, as ``out.name + '.bare'``, without one."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(path), framework="numpy") as f:
+        meta = dict(f.metadata())
+        tensors = {n: f.get_tensor(n) for n in f.keys()}
+    change(tensors, meta)
+    save_file(tensors, str(out), metadata=meta)
+    meta.pop("sha256", None)
+    bare = out.with_name(out.name + ".bare")
+    save_file(tensors, str(bare), metadata={**meta, "version": "1"})
+    return out, bare
+
+
+def _shuffle_keys(t, m):
+    t["keys1"] = np.random.default_rng(0).permutation(t["keys1"])
+
+
+def _shift_keys(t, m):
+    t["keys1"] = t["keys1"] + 1
+
+
+def _empty_bigrams(t, m):
+    t["keys1"], t["lp1"], t["bo1"] = t["keys1"][:0], t["lp1"][:0], t["bo1"][:0]
+
+
+def _extra_word(t, m):
+    m["words"] = json.dumps(json.loads(m["words"]) + ["extra"])
+
+
+def _short_table(t, m):
+    t["lp1"] = t["lp1"][:-1]
+
+
+def _two_d(t, m):
+    t["lp0"] = np.stack([t["lp0"], t["lp0"]])
+
+
+def _one_value(t, m):
+    t["lp2"] = t["lp2"].copy()
+    t["lp2"][3] -= 0.5
+
+
+@pytest.mark.parametrize(
+    "change", [_shuffle_keys, _shift_keys, _empty_bigrams, _extra_word, _short_table, _two_d, _one_value]
+)
+def test_the_binary_form_is_checked_for_structure_and_checksum(small, tmp_path, change):
+    from hlbl.ngram.binary import write_binary
+
+    path = tmp_path / "m.safetensors"
+    write_binary(small[3], path)
+    out, bare = _rewritten(path, tmp_path / "bad.safetensors", change)
+    with pytest.raises(DataError) as e:
+        read_arpa(out)
+    assert str(e.value).startswith(f"{out}: ") and "\n" not in str(e.value)
+    assert "checksum" in str(e.value) or "damaged" in str(e.value)
+    if change is not _one_value:  # (a value in range is what only the checksum can tell)
+        with pytest.raises(DataError, match=f"^{bare}: .*damaged"):
+            read_arpa(bare)
+
+
+@pytest.mark.parametrize("extra", [0.5, 1.0])
+def test_back_offs_that_inflate_backed_off_probabilities_are_refused(small, tmp_path, extra):
+    """Every unigram back-off raised: each context's distribution sums to more than 1 (the
+    perplexity would look better than the model is); refused on load, naming a context."""
+    model = small[3]
+    path = tmp_path / "m.arpa"
+    write_arpa(model, path, cache=False)
+    assert read_arpa(path, cache=False).sizes() == model.sizes()  # (the model as estimated loads)
+    bad = dataclasses.replace(model, log10_backoff=[model.log10_backoff[0] + extra, *model.log10_backoff[1:]])
+    write_arpa(bad, path, cache=False)
+    with pytest.raises(ArpaError, match=r"^.*m\.arpa: the probabilities after '.*' sum to [0-9.]+, more than 1"):
+        read_arpa(path, cache=False)

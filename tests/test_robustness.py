@@ -712,11 +712,12 @@ def test_an_arpa_value_no_model_has_is_one_line_naming_the_line(trained, tmp_pat
 
 
 def test_back_offs_in_range_that_make_a_probability_above_1_are_one_line(trained, tmp_path, data, capsys):
-    """Weights of 10^5 turn some valid-split probability into 10^3.97: no traceback from tuning the weight."""
+    """Weights of 10^5 turn some valid-split probability into 10^3.97: refused when the file is read
+    (the context's probabilities sum to more than 1), no traceback from tuning the weight."""
     lm = _edited_arpa(tmp_path, data, _with_backoff("5"))
     argv = ["eval", trained, "--data", data, "--interpolate", lm, "--weight", "auto", "--device", "cpu"]
     rc, _, err = run_cli(argv, capsys)
-    one_line_error(rc, err, f"{lm} gives", "(above 0)")
+    one_line_error(rc, err, f"{lm}: the probabilities after", "more than 1")
 
 
 @pytest.fixture

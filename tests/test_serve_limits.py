@@ -344,3 +344,160 @@ def test_the_serve_command_checks_its_timeouts(tmp_path, capsys):
         assert main(["serve", str(tmp_path), "--port", "0", flag, "0"]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"hlbl: error: {flag} must be above 0 seconds") and len(err.splitlines()) == 1
+
+
+def test_requests_of_clients_that_left_are_not_computed_and_waiting_work_is_bounded(tmp_path):
+    """jobs=1: one score request computes (held on an event) while others wait. Those whose client
+    closed the connection are dropped before they run; beyond max_queued waiting, 503 at once."""
+    vocab = Vocab(("the", "<eos>", "<unk>", "a", "cat", "dog"), (50, 40, 30, 20, 10, 5))
+    model = LBL(LBLConfig(vocab_size=6, dim=4, context=2, output="flat"), None, torch.Generator().manual_seed(0))
+    service = Service(model, vocab, {"corpus": "toy"}, tmp_path, limits=Limits(max_body=1000))
+    release, calls = threading.Event(), []
+    real_score = service.score
+
+    def held_score(sentences):
+        calls.append(sentences[0])
+        release.wait(20)
+        return real_score(sentences)
+
+    service.score = held_score
+    app = create_app(service, jobs=1, max_queued=3)
+
+    def send(port, tag: str) -> socket.socket:
+        body = json.dumps({"sentences": [tag]}).encode()
+        s = connect(port)
+        s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        return s
+
+    def until(cond, wait=10.0):
+        end = time.monotonic() + wait
+        while not cond():
+            assert time.monotonic() < end
+            time.sleep(0.01)
+
+    with serving(app) as port:
+        first = send(port, "the cat")
+        until(lambda: calls == ["the cat"])
+        for tag in ("a cat", "a dog", "the dog", "a a"):  # sent, then the client leaves
+            send(port, tag).close()
+        time.sleep(0.5)
+        kept = [send(port, tag) for tag in ("cat", "dog", "the")]  # max_queued of them wait
+        time.sleep(0.3)
+        over = send(port, "a")
+        over.settimeout(5)
+        status, _, body = split(over.recv(65536))
+        assert status == 503 and "busy" in json.loads(body)["error"]
+        release.set()
+        for s in [first] + kept:
+            s.settimeout(20)
+            assert split(s.recv(65536))[0] == 200
+            s.close()
+        assert calls == ["the cat", "cat", "dog", "the"]  # none of the clients that left
+        assert health(port) == 200
+
+
+def test_the_uvicorn_internals_the_guarded_protocol_builds_on_are_there():
+    """hlbl.serve.server subclasses uvicorn's httptools protocol, which is not public API
+    (pyproject.toml bounds uvicorn below its next minor release): this fails, rather than the
+    limits silently lapsing, when a release renames or reshapes what the subclass overrides or uses."""
+    import inspect
+    import re
+
+    from uvicorn.protocols.http import httptools_impl as impl
+
+    methods = {  # name -> parameters after self
+        "__init__": ["config", "server_state", "app_state", "_loop"],
+        "connection_made": ["transport"],
+        "connection_lost": ["exc"],
+        "data_received": ["data"],
+        "eof_received": [],
+        "shutdown": [],
+        "on_headers_complete": [],
+        "on_message_complete": [],
+        "on_response_complete": [],
+        "send_400_response": ["msg"],
+        "_unset_keepalive_if_required": [],
+        "timeout_keep_alive_handler": [],
+    }
+    for name, params in methods.items():
+        got = list(inspect.signature(getattr(impl.HttpToolsProtocol, name)).parameters)[1:]
+        assert got == params, (name, got)
+    # Attributes the subclass reads or sets, each assigned by uvicorn's own code.
+    protocol_src = inspect.getsource(impl.HttpToolsProtocol)
+    for attr in (
+        "loop", "parser", "scope", "cycle", "pipeline", "url", "headers", "connections", "limit_concurrency",
+        "timeout_keep_alive", "timeout_keep_alive_task", "server_state", "transport",
+    ):  # fmt: skip
+        assert re.search(rf"self\.{attr}(: [^=]+)? = ", protocol_src), attr
+    cycle_src = inspect.getsource(impl.RequestResponseCycle)
+    for attr in ("body", "keep_alive", "response_started", "response_complete", "disconnected", "message_event"):
+        assert re.search(rf"self\.{attr}(: [^=]+)? = ", cycle_src), attr
+    assert impl.STATUS_LINE[503].startswith(b"HTTP/1.1 503")
+    from uvicorn.server import ServerState
+
+    assert isinstance(ServerState().default_headers, list)  # (refuse() writes them)
+
+
+def test_a_mixtures_predictions_run_off_the_event_loop_in_capped_batches(tmp_path):
+    """A mixture's top-k looks every word up in its n-gram model (slow): it runs in a worker thread,
+    a capped batch at a time, and /health answers meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    vocab = Vocab(("the", "<eos>", "<unk>", "a", "cat", "dog"), (50, 40, 30, 20, 10, 5))
+    model = LBL(LBLConfig(vocab_size=6, dim=4, context=2, output="flat"), None, torch.Generator().manual_seed(0))
+    service = Service(model, vocab, {"corpus": "toy"}, tmp_path, limits=Limits(max_body=1000))
+    batches = []
+
+    def slow_topk(contexts, k):  # as long as a large mixture's
+        batches.append((threading.current_thread().name, len(contexts)))
+        time.sleep(0.4)
+        return [[0.5, 0.25]] * len(contexts), [[0, 3]] * len(contexts)
+
+    service.topk = slow_topk
+    service.mixture = object()  # (what create_app looks at; the top-k above stands for the mixture's)
+    app = create_app(service)
+
+    def predict(port):
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/predict", data=json.dumps({"context": "the cat", "k": 2}).encode()
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status
+
+    with serving(app) as port, ThreadPoolExecutor(40) as pool:
+        jobs = [pool.submit(predict, port) for _ in range(40)]
+        time.sleep(0.2)
+        slowest = 0.0
+        for _ in range(5):
+            t0 = time.monotonic()
+            assert health(port, timeout=60) == 200
+            slowest = max(slowest, time.monotonic() - t0)
+        assert all(j.result() == 200 for j in jobs)
+    assert slowest < 0.3, slowest
+    assert all(name.startswith("hlbl-predict") for name, _ in batches)
+    assert max(n for _, n in batches) <= 16
+
+
+def test_two_host_headers_and_an_unknown_transfer_coding_are_refused(tmp_path):
+    vocab = Vocab(("the", "<eos>", "<unk>", "a", "cat", "dog"), (50, 40, 30, 20, 10, 5))
+    model = LBL(LBLConfig(vocab_size=6, dim=4, context=2, output="flat"), None, torch.Generator().manual_seed(0))
+    service = Service(model, vocab, {"corpus": "toy"}, tmp_path, limits=Limits(max_body=1000))
+    from hlbl.serve.app import LOOPBACK_HOSTS
+
+    app = create_app(service, allowed_hosts=LOOPBACK_HOSTS)
+    with serving(app) as port:
+        s = connect(port)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+        status, _, body = split(read_all(s))
+        assert status in (400, 421) and "Host" in json.loads(body)["error"]
+        body = b'{"sentences": ["the cat"]}'
+        chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+        s = connect(port)
+        s.sendall(b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" + chunked)
+        assert_json_error(read_all(s), 501, "Transfer-Encoding")
+        s = connect(port)  # plain chunked is read as ever
+        s.sendall(
+            b"POST /v1/score HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            + chunked
+        )
+        assert split(read_all(s))[0] == 200

@@ -6,6 +6,12 @@ it to disk, gives it the permissions a plain ``open`` would (``0666`` less the u
 over ``dest`` (and syncs the directory, so the rename survives a crash). If the body raises, the
 temporary file is removed and ``dest`` is untouched.
 
+Only a regular file is ever replaced: an existing ``dest`` that is a device, a named pipe or a
+socket (``/dev/null``, ``/dev/full``, a FIFO) is refused with one line before anything is written
+(and checked again just before the rename), since renaming over it would put a file in its place
+(as root, every later ``> /dev/null`` on the machine would write into it). A symbolic link is
+written through: its target is replaced and the link stays.
+
 Crash tests: every step of a write calls :func:`fault_point`. With ``HLBL_TEST_CRASH_AFTER=N`` in
 the environment the process ends at its Nth step with ``os._exit`` (no ``finally`` blocks, no
 buffers flushed: what kill -9 or a power cut leaves, up to the page cache); with
@@ -15,8 +21,10 @@ sleeps there, for a test to kill it with a real signal. Unset, the hook costs on
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import stat
 import tempfile
 import threading
 import time
@@ -91,14 +99,32 @@ def _sync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def output_path(dest: str | os.PathLike) -> Path:
+    """The file a write to ``dest`` replaces: ``dest``, or the target of the link ``dest`` is.
+    Raises OSError (one line naming ``dest``) if that exists and is not a regular file or a directory
+    (a directory is left to the rename, whose error names it)."""
+    dest = Path(dest)
+    real = Path(os.path.realpath(dest)) if os.path.islink(dest) else dest
+    try:
+        mode = os.stat(real).st_mode
+    except OSError:  # missing (a new file), or unreachable: the write says which
+        return real
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise OSError(errno.EEXIST, f"cannot write {dest}: not a regular file ({kind}); name a file to write")
+    return real
+
+
 @contextmanager
 def atomic_path(dest: str | os.PathLike) -> Iterator[str]:
-    """The name of a temporary file to write; renamed to ``dest`` when the block ends cleanly."""
-    dest = Path(dest)
+    """The name of a temporary file to write; renamed to ``dest`` when the block ends cleanly
+    (``dest``'s target where it is a symbolic link; a path that is not a regular file is refused)."""
+    asked = Path(dest)
+    dest = output_path(asked)
     try:
         fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".tmp")
     except OSError as e:  # name the file the caller asked for, not the temporary one
-        raise OSError(e.errno, f"cannot write {dest}: {e.strerror}") from None
+        raise OSError(e.errno, f"cannot write {asked}: {e.strerror}") from None
     os.close(fd)
     try:
         fault_point(f"create {tmp}")
@@ -108,9 +134,12 @@ def atomic_path(dest: str | os.PathLike) -> Iterator[str]:
             fsync_path(tmp)
             fault_point(f"fsync {tmp}")
             os.chmod(tmp, 0o666 & ~_umask())
+            output_path(asked)  # (again: the path may have become a device or pipe meanwhile)
             os.replace(tmp, dest)
         except OSError as e:  # e.g. dest is a directory: name dest, not the temporary file
-            raise OSError(e.errno, f"cannot write {dest}: {e.strerror}") from None
+            if e.strerror and e.strerror.startswith("cannot write"):
+                raise
+            raise OSError(e.errno, f"cannot write {asked}: {e.strerror}") from None
         fault_point(f"rename {dest}")
         _sync_dir(dest.parent)
         fault_point(f"fsync {dest.parent}")

@@ -212,6 +212,11 @@ def load_tensors_and_meta(path: Path, kind: str = WEIGHTS_FORMAT) -> tuple[dict[
         tensors = {k: torch.empty(shape, dtype=dtype) for k, (dtype, shape) in layout.items()}
 
         def keep(name: str, lo: int, piece: torch.Tensor) -> None:
+            if piece.is_floating_point() and not bool(torch.isfinite(piece).all()):
+                # (as load_weights: NaN weights would make top-k and predictions answer arbitrary words)
+                raise CheckpointError(
+                    f"{path}: tensor {name} holds NaN or infinite values (a damaged file, or a diverged run)"
+                )
             if piece.dim():
                 tensors[name][lo : lo + len(piece)] = piece
             else:

@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -80,8 +81,30 @@ def init_from_env(device: str) -> str:
         torch.cuda.set_device(local)  # nccl collectives and barriers run on the current device
     if not dist.is_initialized():
         # env:// reads MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE, all set by torchrun.
-        dist.init_process_group("nccl" if kind == "cuda" else "gloo", init_method="env://")
+        dist.init_process_group(
+            "nccl" if kind == "cuda" else "gloo", init_method="env://", timeout=collective_timeout()
+        )
     return device
+
+
+DEFAULT_COLLECTIVE_TIMEOUT = 600.0  # seconds; torch's default is 30 minutes
+
+
+def collective_timeout() -> timedelta:
+    """How long a collective (or barrier) waits for the other ranks before it fails: a rank that
+    stopped (SIGSTOP, a hung disk) then ends the run with an error instead of holding the others
+    for torch's 30 minutes. ``HLBL_COLLECTIVE_TIMEOUT`` (seconds) sets it: raise it where one rank
+    legitimately works alone longer (rank 0 scores the test split while the others wait)."""
+    raw = os.environ.get("HLBL_COLLECTIVE_TIMEOUT")
+    if raw is None:
+        return timedelta(seconds=DEFAULT_COLLECTIVE_TIMEOUT)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not (0 < seconds < 1e7):  # (NaN and infinity too)
+        raise DataError(f"HLBL_COLLECTIVE_TIMEOUT must be a number of seconds above 0, got {raw!r}")
+    return timedelta(seconds=seconds)
 
 
 def cleanup(finished: bool = True) -> None:

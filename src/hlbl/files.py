@@ -28,7 +28,9 @@ def refuse_special(path: str | os.PathLike, error: type[HlblError], what: str) -
 
 def file_sha256(path: str | os.PathLike) -> str:
     """SHA-256 of a file's bytes, read in blocks: what names a corpus file in the cache, an n-gram
-    model or a run's weights (a path, size and timestamp would miss a file replaced in place)."""
+    model or a run's weights (a path, size and timestamp would miss a file replaced in place).
+    Anything but a regular file is refused (a named pipe would block, a device never end)."""
+    refuse_special(path, DataError, "a file")
     h = hashlib.sha256()
     try:
         with open(path, "rb") as f:

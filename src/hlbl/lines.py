@@ -14,7 +14,10 @@ Memory does not grow with the input:
   word of any vocabulary: its bytes are checked as UTF-8 and dropped as they arrive, and the
   long line's object is told ``unknown()`` in its place (score and predict read it as ``<unk>``);
   (``MAX_TOKEN_BYTES`` is no less than ``LONG_LINE_BYTES``: only a long line can hold such a token);
-* a list of lines holds at most ``size`` lines and about ``LONG_LINE_BYTES`` of their text.
+* a list of lines holds at most ``size`` lines and about ``LONG_LINE_BYTES`` of their text;
+* a caller that gives no ``long_line`` (scores per token, of a mixture, of an n-gram model: they
+  need the whole sentence) gets a long line whole, as one ``str``: that line's text is held, its
+  too long tokens each as ``<unk>``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,22 @@ class LongLine(Protocol):
 
     def finish(self) -> object:
         """The line has ended: its entry in the list of lines (None: no entry)."""
+
+
+class _WholeLine:
+    """A long line held whole (``long_line`` None): its pieces joined, as if read in one."""
+
+    def __init__(self):
+        self.parts: list[str] = []
+
+    def feed(self, text: str) -> None:
+        self.parts.append(text)  # (pieces end at a space, or are followed by one: joined as read)
+
+    def unknown(self) -> None:
+        self.parts.append("<unk>")  # (a token over MAX_TOKEN_BYTES is no word: it reads as unknown)
+
+    def finish(self) -> object:
+        return "".join(self.parts)
 
 
 def more_input_waiting(stream) -> Callable[[], bool]:
@@ -191,13 +210,16 @@ class _Line:
 
 
 def read_lines(
-    stream: BinaryIO, long_line: Callable[[], LongLine], size: int = 1024, name: str = "standard input"
+    stream: BinaryIO, long_line: Callable[[], LongLine] | None, size: int = 1024, name: str = "standard input"
 ) -> Iterator[list]:
     """Lines of ``stream`` (line end removed) in lists of at most ``size`` lines and about
     ``LONG_LINE_BYTES`` of text. A list goes out when it is full or when no more input is
     waiting, so a person typing, or a program that writes a line and waits for the answer, gets
     it at once, while a file still goes through in large batches. An entry is a ``str``, or for a
-    line longer than ``LONG_LINE_BYTES`` what ``long_line().finish()`` returned (none if None)."""
+    line longer than ``LONG_LINE_BYTES`` what ``long_line().finish()`` returned (none if None), or
+    with ``long_line`` None, that line whole as a ``str``."""
+    if long_line is None:
+        long_line = _WholeLine
     waiting = more_input_waiting(stream)
     line = _Line(long_line, name)
     chunk: list = []

@@ -50,13 +50,14 @@ import numpy as np
 
 from . import atomic
 from .errors import ConfigError, DataError
-from .files import file_sha256
+from .files import file_sha256, refuse_special
 from .ngram.cache import NgramFile, words_sha256
 from .scoring import SentenceScore, TokenScores, ngram_token_scores, token_scores
 
 MIXTURE_FORMAT = "hlbl-mixture"
 MIXTURE_VERSION = 1
 KINDS = ("run", "ngram")
+MAX_MIXTURE_BYTES = 1 << 20  # a mixture file is a few hundred bytes a component
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Component:
     model: object
     which: str | None = None  # a run's weights: best or last
     _digest: str | None = field(default=None, repr=False)
+    words: tuple[str, ...] | None = field(default=None, repr=False)  # a run's vocabulary, where known
 
     @property
     def weights_file(self) -> Path:
@@ -89,7 +91,9 @@ def load_run_component(run: str | os.PathLike, which: str = "best", device="cpu"
 
     model, vocab, _ = load_model(run, which=which, device=device)
     model.eval()
-    return Component(str(run) if name is None else name, "run", Path(run), model, which), vocab
+    return Component(
+        str(run) if name is None else name, "run", Path(run), model, which, words=tuple(vocab.words)
+    ), vocab
 
 
 def ngram_component(path: str | os.PathLike, name: str | None = None) -> Component:
@@ -115,6 +119,13 @@ class Mixture:
                 "a mixture is one or more trained runs and at most one n-gram model (last), two models at least; "
                 f"got {', '.join(kinds) or 'none'}",
             )
+        for c in components:  # ids mean words: a run of other words would be scored with mismatched ids
+            size = getattr(getattr(c.model, "config", None), "vocab_size", None)
+            if c.kind == "run" and (
+                (c.words is not None and list(c.words) != list(vocab.words))
+                or (size is not None and size != len(vocab))
+            ):
+                raise DataError(f"{c.name}: its vocabulary differs from the mixture's; a mixture needs the same words")
         self.components = list(components)
         self.vocab = vocab
         self.device = device
@@ -460,12 +471,15 @@ def _refuse_missing(c: Component, missing: tuple[int, str | None], size: int, ru
 def read_mixture_file(path: str | os.PathLike) -> dict:
     """A mixture file's content, checked; one-line errors naming the file."""
     path = Path(path)
+    refuse_special(path, DataError, "a mixture file")  # (a pipe would block the read, /dev/zero never end)
     try:
+        if path.stat().st_size > MAX_MIXTURE_BYTES:
+            raise DataError(f"{path}: not a mixture file (over {MAX_MIXTURE_BYTES:,} bytes)")
         spec = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise DataError(f"cannot read mixture file {path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise DataError(f"{path}: not a mixture file (not JSON: {e})") from None
+    except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
+        raise DataError(f"{path}: not a mixture file (not JSON: {str(e).splitlines()[0] if str(e) else e})") from None
     if not isinstance(spec, dict) or spec.get("format") != MIXTURE_FORMAT:
         raise DataError(f"{path}: not a mixture file (format is not {MIXTURE_FORMAT!r})")
     if spec.get("version") != MIXTURE_VERSION:
@@ -479,6 +493,11 @@ def read_mixture_file(path: str | os.PathLike) -> dict:
         ok = ok and (c.get("kind") == "ngram" or c.get("which") in ("best", "last"))
     if not ok:
         raise DataError(f"{path}: damaged mixture file (components)")
+    fitted = spec.get("fitted_on")
+    if fitted is not None and not (
+        isinstance(fitted, dict) and all(v is None or isinstance(v, (str, int, float)) for v in fitted.values())
+    ):
+        raise DataError(f"{path}: damaged mixture file (fitted_on is not an object of plain values)")
     return spec
 
 

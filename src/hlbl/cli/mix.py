@@ -78,6 +78,18 @@ def check_mixture_flags(args) -> None:
         raise DataError(
             "--save-mixture saves a mixture: give the n-gram model with --interpolate, or a run with --with"
         )
+    if args.save_mixture:
+        refuse_output(args.save_mixture)  # before the fitting, not after it
+
+
+def refuse_output(path) -> None:
+    """A one-line error if ``path`` is no file to write (a device, a named pipe: hlbl.atomic)."""
+    from ..atomic import output_path
+
+    try:
+        output_path(path)
+    except OSError as e:
+        raise DataError(e.strerror or str(e)) from None
 
 
 def parse_weight(text: str) -> float | Path | None:

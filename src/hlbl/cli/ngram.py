@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..config import BLANK_LINES
 from ..errors import DataError
 from .common import DATA_HELP, min_count_arg, score_output_args
-from .mix import ngram_blank_lines
+from .mix import ngram_blank_lines, refuse_output
 
 if TYPE_CHECKING:
     import numpy as np
@@ -44,6 +44,7 @@ def cmd_ngram_train(args) -> int:
 
     if args.order < 1:
         raise DataError(f"--order must be at least 1, got {args.order}")
+    refuse_output(args.out)  # before the training, not after it
     t0 = time.perf_counter()
     corpus = load_corpus(args.data, args.max_vocab, args.min_count, splits=("train",), blank_lines=args.blank_lines)
     model = train_kneser_ney(corpus["train"], corpus.vocab, args.order)
@@ -56,7 +57,8 @@ def cmd_ngram_train(args) -> int:
         else:
             write_arpa(model, args.out)
     except OSError as e:
-        raise DataError(f"cannot write {args.out}: {e.strerror or e}") from None
+        msg = e.strerror or str(e)
+        raise DataError(msg if msg.startswith("cannot write") else f"cannot write {args.out}: {msg}") from None
     t2 = time.perf_counter()
     print(
         json.dumps(

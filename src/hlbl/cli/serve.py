@@ -33,7 +33,7 @@ def cmd_serve(args) -> int:
 
     if not 0 <= args.port < 65536:
         raise DataError(f"--port must be in 0..65535, got {args.port}")
-    for name in ("jobs", "max_body", "max_connections"):
+    for name in ("jobs", "max_body", "max_connections", "max_queued"):
         if getattr(args, name) < 1:
             raise DataError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     for name in ("header_timeout", "body_timeout", "keep_alive"):
@@ -57,7 +57,11 @@ def cmd_serve(args) -> int:
         service.warm_up()
         local = _loopback(args.host)
         app = create_app(
-            service, allowed_hosts=LOOPBACK_HOSTS if local else None, jobs=args.jobs, predict_thread=args.predict_thread
+            service,
+            allowed_hosts=LOOPBACK_HOSTS if local else None,
+            jobs=args.jobs,
+            predict_thread=args.predict_thread,
+            max_queued=args.max_queued,
         )
         if not local:
             print(
@@ -109,6 +113,12 @@ def add_commands(sub) -> None:
     )
     s.add_argument("--threads", type=int, default=None, help="CPU threads for scoring")
     s.add_argument("--jobs", type=int, default=2, help="score/generate/tree requests computed at once (others wait)")
+    s.add_argument(
+        "--max-queued",
+        type=int,
+        default=64,
+        help="score/generate/tree requests that may wait for --jobs (503 beyond); one whose client leaves is dropped",
+    )
     s.add_argument("--max-body", type=int, default=1 << 20, help="largest request body in bytes")
     s.add_argument(
         "--max-connections",

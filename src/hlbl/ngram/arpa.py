@@ -31,9 +31,13 @@ every score unchanged (KenLM does the same). A missing ``<unk>`` gets log10 prob
 and a missing ``<s>`` is added as a context-only word, also as KenLM does.
 
 Parsing PTB's 5-gram file (100 MB) takes seconds, so :func:`read_arpa` keeps a binary copy of
-each model it parses in the hlbl cache (``$HLBL_CACHE/arpa/*.npz``, keyed by the file's resolved
-path, size and modification time) and :func:`write_arpa` leaves one for the file it writes; an
-unchanged file is then loaded in a fraction of a second. ``cache=False`` turns this off.
+each model it parses in the hlbl cache (``$HLBL_CACHE/arpa/*.npz``, keyed by the SHA-256 of the
+file's bytes: a file edited in place, whatever its size and timestamp, is parsed again, and a copy
+of it elsewhere finds the entry) and :func:`write_arpa` leaves one for the file it writes; an
+unchanged file is then loaded in a fraction of a second (hashing 100 MB takes a fraction of a
+second too). An entry that is damaged (a flipped byte fails the zip format's CRC, a truncation its
+directory) or whose tables are not a model's is parsed again and rewritten, never an error.
+``cache=False`` turns this off.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..data import DataError, default_cache_dir
-from ..files import refuse_special
+from ..files import file_sha256, refuse_special
 from ..progress import progress
 from .protocol import ARPA_TAG, arpa_line, parse_protocol
 from .model import BOS_WORD, MAX_LOG10_BACKOFF, UNIGRAM_MASS_SLACK, UNK_WORD, NgramModel, unigram_mass
@@ -70,14 +74,13 @@ def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True, c
     what parsing it would.
     """
     path = Path(path)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     words = list(model.words)
     fmt = _FMT.format
     written_lp: list[np.ndarray] = []
     written_bo: list[np.ndarray] = []
     bar = progress(sum(model.sizes()), "writing ARPA", "lines", heartbeat=True)
     try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
             if model.protocol is not None:  # a comment line other readers skip (hlbl.ngram.protocol)
                 f.write(arpa_line(model.protocol))
             f.write("\\data\\\n")
@@ -109,10 +112,6 @@ def write_arpa(model: NgramModel, path: str | os.PathLike, cache: bool = True, c
                 written_lp.append(lp_out)
                 written_bo.append(bo_out)
             f.write("\n\\end\\\n")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     finally:
         bar.close()
     if cache:
@@ -124,8 +123,8 @@ def read_arpa(path: str | os.PathLike, cache: bool = True) -> NgramModel:
     """Load an ARPA file into an :class:`NgramModel` (word ids in unigram-section order).
 
     With ``cache``, a binary copy of the parsed model is kept in the hlbl cache
-    (``$HLBL_CACHE/arpa``), keyed by the file's resolved path, size and modification time, and
-    used on later reads of the unchanged file (parsing PTB's 5-gram file takes seconds).
+    (``$HLBL_CACHE/arpa``), keyed by the SHA-256 of the file's bytes, and used on later reads of
+    the same bytes (parsing PTB's 5-gram file takes seconds).
     """
     path = Path(path)
     refuse_special(path, ArpaError, "an ARPA file")
@@ -149,15 +148,15 @@ def read_arpa(path: str | os.PathLike, cache: bool = True) -> NgramModel:
     return model
 
 
-_CACHE_VERSION = 3  # 2: values checked (a copy of an earlier parse may hold what is now refused); 3: protocol
+_CACHE_VERSION = 4  # 2: values checked; 3: protocol; 4: keyed by content, structure checked on load
 
 
 def _cache_file(path: Path) -> Path | None:
     try:
-        st = path.stat()
-    except OSError:
+        digest = file_sha256(path)
+    except DataError:
         return None
-    key = f"{_CACHE_VERSION}:{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    key = f"{_CACHE_VERSION}:{digest}"
     return default_cache_dir() / "arpa" / (hashlib.sha1(key.encode()).hexdigest()[:20] + ".npz")
 
 
@@ -181,20 +180,26 @@ def _save_cached(model: NgramModel, where: Path | None) -> None:
 
 
 def _load_cached(where: Path) -> NgramModel | None:
-    """The cached model, or None if the copy is unreadable (then the file is parsed again)."""
+    """The cached model, or None if the copy is unreadable or not a model's tables (then the file
+    is parsed again): any failure to read it, of whatever kind, only costs the parse."""
+    from .binary import bad_structure, bad_value
+
     try:
         with np.load(where, allow_pickle=False) as z:
             words = tuple(z["words"].tobytes().decode("utf-8").split("\n"))
             order = sum(1 for n in z.files if n.startswith("keys"))
-            return NgramModel(
+            model = NgramModel(
                 words,
                 [z[f"keys{k}"] for k in range(order)],
                 [z[f"lp{k}"] for k in range(order)],
                 [z[f"bo{k}"] for k in range(order)],
                 protocol=json.loads(z["protocol"].tobytes()) if "protocol" in z.files else None,
             )
-    except (OSError, ValueError, KeyError, UnicodeDecodeError):
+    except Exception:  # noqa: BLE001 (BadZipFile, EOFError, zlib.error, ValueError...: parse again)
         return None
+    if bad_structure(model) or bad_value(model):
+        return None
+    return model
 
 
 # ASCII whitespace: what bytes.split() splits on (and so what separates ARPA fields here).
@@ -285,7 +290,60 @@ def parse_arpa(data: bytes | str, name: str = "<arpa>") -> NgramModel:
     assert vocab is not None
     model = _assemble(vocab, higher, name)
     model.protocol = protocol
+    problem = overfull_context(model)
+    if problem:
+        raise ArpaError(f"{name}: {problem}")
     return model
+
+
+CONTEXT_MASS_SLACK = 1e-3  # a context's probabilities may sum to 1 + this (values are rounded in files)
+
+
+def overfull_context(model: NgramModel, chunk: int = 1 << 18) -> str | None:
+    """The first context whose next-word probabilities sum to more than 1, in words, or None.
+
+    For a context ``h`` with the n-grams ``h w`` stored for the words ``w`` in ``S``, the back-off
+    rule gives ``M(h) = sum_w p(w | h) = sum_S p*(h w) + bo(h) (M(h') - sum_S p(w | h'))``, with
+    ``h'`` the context without its oldest word and ``M()`` the unigrams' sum. Back-off weights
+    larger than the held-back mass allows make every backed-off probability too large (and a
+    mixture would then trust the model more than it deserves); one look-up per stored n-gram
+    finds them. Every order-k row is a context here (one without continuations backs off whole)."""
+    base = model.base
+    low_mass = np.asarray([unigram_mass(model.log10_prob[0])])  # M(h') per row of the order below
+    for k in range(1, model.order):  # contexts: order-k rows; their continuations: order k + 1
+        n_ctx = len(model.keys[k - 1])
+        keys = model.keys[k]
+        seen, lower = np.zeros(n_ctx), np.zeros(n_ctx)
+        for lo in range(0, len(keys), chunk):
+            rows, w = np.divmod(keys[lo : lo + chunk], base)
+            with np.errstate(under="ignore"):
+                seen += np.bincount(rows, 10.0 ** model.log10_prob[k][lo : lo + chunk], minlength=n_ctx)
+                if k == 1:
+                    low = 10.0 ** model.log10_prob[0][w]
+                else:
+                    win = np.concatenate([_rows_text_ids(model, rows, k)[:, 1:], w[:, None]], axis=1)
+                    low = 10.0 ** model.score_windows(win, max_order=k)
+            lower += np.bincount(rows, low, minlength=n_ctx)
+        if k == 1:
+            m_low = np.full(n_ctx, low_mass[0])
+        else:  # M(h') of each context's suffix (1 where a file lacks the suffix)
+            suffix = model.lookup_rows(_rows_text_ids(model, np.arange(n_ctx), k)[:, 1:])
+            m_low = np.where(suffix >= 0, low_mass[np.maximum(suffix, 0)], 1.0)
+        with np.errstate(over="ignore", under="ignore"):
+            mass = seen + 10.0 ** model.log10_backoff[k - 1] * np.maximum(m_low - lower, 0.0)
+        has = np.bincount(keys // base, minlength=n_ctx) > 0 if len(keys) else np.zeros(n_ctx, bool)
+        # (a context written without a back-off, weight 1, is left alone: the blanks added above, and
+        # files whose contexts are not all stored, are no inflation a weight makes)
+        bad = np.flatnonzero(has & (model.log10_backoff[k - 1] != 0) & ~(mass <= 1.0 + CONTEXT_MASS_SLACK))
+        if len(bad):
+            j = int(bad[np.argmax(mass[bad])])
+            words = " ".join(model.words[x] for x in _rows_text_ids(model, np.asarray([j]), k)[0])
+            return (
+                f"the probabilities after {words!r} sum to {mass[j]:.6g}, more than 1: its back-off weight "
+                f"({model.log10_backoff[k - 1][j]:.6g}) is larger than the held-back probability allows"
+            )
+        low_mass = np.minimum(mass, 1.0 + CONTEXT_MASS_SLACK)
+    return None
 
 
 def _header(line, nlines: int, where, skip_blank) -> tuple[int, list[int], dict | None]:

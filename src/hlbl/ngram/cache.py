@@ -11,8 +11,9 @@ is never answered from a stale entry, and a moved or copied one still finds its 
 An entry is one safetensors file (no pickle), written atomically: the (N,) float64 log10
 probabilities exactly as :func:`~hlbl.ngram.model.stream_log10` gives them, so a cached score is
 bit-for-bit the one computed, and in its metadata how many of the vocabulary's words the model
-lacks (the check a mixture makes, answered without reading the model). A damaged entry is
-computed again; a cache that cannot be written is not used (scores are still returned).
+lacks (the check a mixture makes, answered without reading the model), and a SHA-256 of the
+scores. An entry whose scores do not match their checksum, or hold a value no probability has
+(above 0, NaN), is damaged, and a damaged entry is computed again; a cache that cannot be written is not used (scores are still returned).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .protocol import arpa_protocol, parse_protocol
 logger = logging.getLogger(__name__)
 
 SCORES_FORMAT = "hlbl-ngram-scores"
-SCORES_VERSION = 1  # part of every key: raise it when the same model and stream would score differently
+SCORES_VERSION = 2  # part of every key (2: entries carry a checksum): raise it when the same model and stream would score differently
 
 
 def words_sha256(words: Sequence[str]) -> str:
@@ -70,6 +71,7 @@ class NgramFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        refuse_special(self.path, DataError, "an n-gram model file")
         if self.path.is_dir():
             raise DataError(f"{self.path} is a directory, expected an n-gram model file")
         if not self.path.exists():
@@ -147,12 +149,17 @@ def _read_entry(where: Path, n: int) -> tuple[np.ndarray, tuple[int, str | None]
             lp = f.get_tensor("log10_prob")
         missing = json.loads(meta["missing_words"])
         ok = meta.get("format") == SCORES_FORMAT and lp.dtype == np.float64 and lp.shape == (n,)
+        ok = ok and meta.get("sha256") == _scores_sha256(lp) and not np.any(~(lp <= 0))  # (NaN too)
         if ok and isinstance(missing, list) and len(missing) == 2 and isinstance(missing[0], int):
             return lp, (missing[0], missing[1])
     except (SafetensorError, OSError, KeyError, ValueError):
         pass
     logger.info("n-gram score cache entry %s is damaged: scoring again", where)
     return None
+
+
+def _scores_sha256(lp: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(lp, dtype="<f8").tobytes()).hexdigest()
 
 
 def _write_entry(where: Path, lp: np.ndarray, missing: tuple[int, str | None], source: NgramFile) -> None:
@@ -164,6 +171,7 @@ def _write_entry(where: Path, lp: np.ndarray, missing: tuple[int, str | None], s
         "version": str(SCORES_VERSION),
         "missing_words": json.dumps(list(missing)),
         "ngram_sha256": source.digest,
+        "sha256": _scores_sha256(lp),
         "ngram_file": str(source.path),  # for a person looking in the cache; no part of the key
     }
     try:

@@ -14,7 +14,10 @@ search is short and bounded (``k`` is), so by default it runs on the loop itself
 computes each batch in a worker thread instead, while the loop reads the requests of the next one
 (the numba search releases the GIL); the hand-off costs CPU per request and pays only where a core
 is free for the thread, so it is an option. Scoring, sampling and tree queries can take longer and
-run in other worker threads, a few at a time.
+run in other worker threads, a few at a time (``jobs``); at most ``max_queued`` more wait for a
+thread (a request beyond gets 503 at once), and one whose client closes the connection while it
+waits is dropped without being computed: work and memory stay bounded however many clients send a
+request and leave.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import anyio
+import anyio.lowlevel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -45,6 +49,7 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+MIXTURE_BATCH = 16  # contexts a batch of a mixture's predictions holds at most
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
 
 
@@ -203,10 +208,13 @@ class PredictBatcher:
 
     ``threaded``: the searches run in one worker thread, so that the event loop reads and answers
     requests while a batch is computed (the numba search releases the GIL), and the requests that
-    arrive meanwhile form the next batch. Otherwise they run on the loop itself."""
+    arrive meanwhile form the next batch. Otherwise they run on the loop itself. ``max_batch``
+    caps a batch (the rest wait for the next): a mixture's top-k costs a look-up of every word in
+    its n-gram model per context, so a batch of them takes long."""
 
-    def __init__(self, service: Service, threaded: bool = False):
+    def __init__(self, service: Service, threaded: bool = False, max_batch: int | None = None):
         self.service = service
+        self.max_batch = max_batch
         self.pending: list[tuple[list[int], int, asyncio.Future]] = []
         self.scheduled = False  # a start is queued on the loop
         self.busy = False  # a batch is being computed in the worker thread
@@ -225,8 +233,8 @@ class PredictBatcher:
 
     def start(self) -> None:
         self.scheduled = False
-        batch = [item for item in self.pending if not item[2].done()]  # (a client that went away)
-        self.pending = []
+        live = [item for item in self.pending if not item[2].done()]  # (a client that went away)
+        batch, self.pending = live[: self.max_batch], live[len(live) if self.max_batch is None else self.max_batch :]
         if not batch:
             return
         if self.executor is None:
@@ -341,11 +349,11 @@ class HostCheck:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            host = ""
-            for k, v in scope["headers"]:
-                if k == b"host":
-                    host = v.decode("latin-1").lower()
-                    break
+            hosts = [v for k, v in scope["headers"] if k == b"host"]
+            if len(hosts) > 1:  # (RFC 9112 3.2: 400; the first alone could pass a check the second defeats)
+                await error(400, "a request has one Host header")(scope, receive, send)
+                return
+            host = hosts[0].decode("latin-1").lower() if hosts else ""
             name = host.rsplit(":", 1)[0] if not host.endswith("]") else host  # strip a port
             if name not in self.hosts:
                 await error(421, f"this server answers requests to {', '.join(sorted(self.hosts))} only")(
@@ -358,14 +366,17 @@ class HostCheck:
 class Endpoints:
     """The routed endpoints over one service (``POST /v1/predict`` is answered before the router,
     by :class:`Predict`). ``jobs``: how many score, generate and tree requests are computed at once
-    in worker threads (others wait), so that long requests cannot take every thread."""
+    in worker threads, so that long requests cannot take every thread; ``max_queued``: how many
+    more may wait for one (503 beyond)."""
 
-    def __init__(self, service: Service, batcher: PredictBatcher, jobs: int):
+    def __init__(self, service: Service, batcher: PredictBatcher, jobs: int, max_queued: int = 64):
         self.service = service
         self.limits: Limits = service.limits
         self.batcher = batcher
         self.files = _static_files()
         self.limiter = anyio.CapacityLimiter(jobs)
+        self.max_queued = max_queued
+        self.queued = 0  # requests waiting for a worker thread
 
     def routes(self) -> list[Route]:
         return [
@@ -385,8 +396,44 @@ class Endpoints:
             Route("/v1/tree/decisions", self.decisions, methods=["POST"]),
         ]
 
-    async def in_thread(self, fn, *args):
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+    async def in_thread(self, request: Request, fn, *args):
+        """``fn(*args)`` in a worker thread once one of the ``jobs`` is free; 503 when ``max_queued``
+        requests already wait, and not at all if the client leaves while this one waits."""
+        if self.queued >= self.max_queued:
+            raise ApiError(503, f"the server is busy ({self.queued} requests wait to be computed); try again later")
+        self.queued += 1
+        try:
+            acquired = await self._slot_unless_gone(request.receive)
+        finally:
+            self.queued -= 1
+        if not acquired:
+            raise ApiError(400, "the client went away")  # (nobody reads this answer)
+        try:
+            return await anyio.to_thread.run_sync(fn, *args)
+        finally:
+            self.limiter.release()
+
+    async def _slot_unless_gone(self, receive) -> bool:
+        """Waits for a free job; False (and none taken) if the client disconnects first. The request's
+        body has been read, so ``receive`` now answers only ``http.disconnect``, when the client leaves."""
+        gone = acquired = False
+
+        async def watch(scope: anyio.CancelScope) -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch, tg.cancel_scope)
+            await self.limiter.acquire()
+            acquired = True
+            await anyio.lowlevel.checkpoint()  # (a client already gone is seen here, before any work)
+            tg.cancel_scope.cancel()
+        if acquired and gone:
+            self.limiter.release()
+        return acquired and not gone
 
     async def page(self, request: Request) -> Response:
         return Response(self.files["index.html"], media_type="text/html; charset=utf-8", headers=PAGE_HEADERS)
@@ -411,7 +458,7 @@ class Endpoints:
         limits = self.limits
         f = Fields(await json_body(request, limits.max_body), ("sentences",))
         sentences = f.strings("sentences", limits.max_sentences, limits.max_body)
-        return JSONResponse(await self.in_thread(self.service.score, sentences))
+        return JSONResponse(await self.in_thread(request, self.service.score, sentences))
 
     async def generate(self, request: Request) -> Response:
         service, limits = self.service, self.limits
@@ -428,7 +475,9 @@ class Endpoints:
             raise ApiError(
                 400, f"per_node_temperature needs a tree model; this one has {service.model.config.output} output"
             )
-        return JSONResponse(await self.in_thread(service.generate, prompt, tokens, seed, temperature, per_node))
+        return JSONResponse(
+            await self.in_thread(request, service.generate, prompt, tokens, seed, temperature, per_node)
+        )
 
     async def tree(self, request: Request) -> Response:
         return JSONResponse(self.service.tree_summary())
@@ -441,13 +490,13 @@ class Endpoints:
             if len(text) > self.limits.max_text:
                 raise ApiError(400, f"'context' is {len(text):,} characters; the limit is {self.limits.max_text:,}")
             context = self.service.context_ids(text)[0]
-        return JSONResponse(await self.in_thread(self.service.node, node, context))
+        return JSONResponse(await self.in_thread(request, self.service.node, node, context))
 
     async def node_words(self, request: Request) -> Response:
         node = path_node(request)
         offset = query_int(request, "offset", 0, 0, 10**12)
         limit = query_int(request, "limit", 100, 1, self.limits.max_page)
-        return JSONResponse(await self.in_thread(self.service.node_words, node, offset, limit))
+        return JSONResponse(await self.in_thread(request, self.service.node_words, node, offset, limit))
 
     async def word(self, request: Request) -> Response:
         w = request.path_params["word"]
@@ -515,13 +564,22 @@ def _exception_handlers() -> dict:
 
 
 def create_app(
-    service: Service, allowed_hosts: tuple[str, ...] | None = None, jobs: int = 2, predict_thread: bool = False
+    service: Service,
+    allowed_hosts: tuple[str, ...] | None = None,
+    jobs: int = 2,
+    predict_thread: bool = False,
+    max_queued: int = 64,
 ):
     """The ASGI application answering for ``service``. ``allowed_hosts``: Host header names to
-    accept (None: any); ``jobs``: how many score, generate and tree requests are computed at once (others wait);
-    ``predict_thread``: compute predictions in a worker thread (see :class:`PredictBatcher`)."""
-    batcher = PredictBatcher(service, threaded=predict_thread)
-    app = Starlette(routes=Endpoints(service, batcher, jobs).routes(), exception_handlers=_exception_handlers())
+    accept (None: any); ``jobs``: how many score, generate and tree requests are computed at once;
+    ``max_queued``: how many more may wait (503 beyond); ``predict_thread``: compute predictions in
+    a worker thread (see :class:`PredictBatcher`)."""
+    # A mixture's predictions take long (its n-gram model looks up every word): off the event loop,
+    # in capped batches, so that every other endpoint goes on answering.
+    mixture = getattr(service, "mixture", None) is not None
+    batcher = PredictBatcher(service, threaded=predict_thread or mixture, max_batch=MIXTURE_BATCH if mixture else None)
+    endpoints = Endpoints(service, batcher, jobs, max_queued)
+    app = Starlette(routes=endpoints.routes(), exception_handlers=_exception_handlers())
     app.state.service = service
     app.state.batcher = batcher
     app = Predict(app, service, batcher)

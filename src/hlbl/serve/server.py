@@ -10,6 +10,8 @@ the answer for. :class:`GuardedHttpProtocol` is uvicorn's httptools protocol wit
   connection opened or the last answer was sent (else 408 and close; a connection that sent
   nothing is closed without an answer, as uvicorn closes idle keep-alive connections);
 * a body deadline: ``body_timeout`` seconds from the end of the head to the end of the body;
+* a request whose Transfer-Encoding is anything but ``chunked`` (``gzip, chunked``) gets 501,
+  rather than its coded bytes read as the body;
 * caps on the head: the request line and each header line (``max_line`` bytes: 414 or 431), the
   number of headers and the whole head (431); while a head is still arriving, what the parser
   holds of it is bounded by the caps and a read or two (httptools keeps a header line whole until
@@ -198,6 +200,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.partial_head or self.read_size > self.limits.max_line:
             self.partial_head = False
             self._check_head()
+        codings = [v for k, v in self.headers if k == b"transfer-encoding"]
+        if codings and b",".join(codings).replace(b" ", b"").replace(b"\t", b"").lower() != b"chunked":
+            # (httptools frames "gzip, chunked" as chunked and hands the coded bytes on as the body)
+            self._stop(501, "the only Transfer-Encoding this server reads is chunked")
         if self.limit_concurrency is not None and len(self.connections) >= self.limit_concurrency:
             self._make_room()
         before = self.cycle
