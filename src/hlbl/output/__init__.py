@@ -38,6 +38,7 @@ from ..tree import WordTree
 from .base import LayerOutput, OutputLayer, noise_seed
 from .classes import ClassSoftmax
 from .flat import AdaptiveSoftmax, FlatSoftmax
+from .hybrid import HybridSoftmax, hybrid_split
 from .sampled import NCEOutput, SampledOutput, SampledSoftmax
 from .tree import TreeSoftmax
 
@@ -47,6 +48,8 @@ __all__ = [
     "LayerOutput",
     "OutputLayer",
     "TreeSoftmax",
+    "HybridSoftmax",
+    "hybrid_split",
     "ClassSoftmax",
     "FlatSoftmax",
     "AdaptiveSoftmax",
