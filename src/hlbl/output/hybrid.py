@@ -50,6 +50,32 @@ def _check_head(head, V: int) -> None:
         )
 
 
+def restrict_tree(tree: WordTree, words: Sequence[int]) -> WordTree:
+    """The tree over ``words`` only (its word i is ``words[i]``): every other word's leaves cut
+    off, and each node left with one child replaced by that child. The order of the remaining
+    decisions is kept, so a tree learned over a whole vocabulary serves as a tail tree."""
+    words = np.asarray(words, dtype=np.int64)
+    local = np.full(tree.num_words, -1, dtype=np.int64)
+    local[words] = np.arange(len(words))
+    ch = tree.children
+
+    def visit(node: int):  # nested tuples of local word ids, or None where no kept word is below
+        kids = []
+        for c in ch[node]:
+            if c < 0:
+                w = local[-1 - c]
+                kids.append(int(w) if w >= 0 else None)
+            else:
+                kids.append(visit(int(c)))
+        kids = [k for k in kids if k is not None]
+        return None if not kids else kids[0] if len(kids) == 1 else tuple(kids)
+
+    nested = visit(0)
+    if not isinstance(nested, tuple):
+        raise ValueError(f"a tree over {len(words)} word(s) needs at least two of them")
+    return WordTree.from_nested(nested, len(words))
+
+
 class HybridSoftmax(OutputLayer):
     """A softmax over K head words and one tail entry; a tree softmax over the tail words under it.
 
@@ -102,6 +128,7 @@ class HybridSoftmax(OutputLayer):
         slot[word] = np.arange(V)
         self.register_buffer("_slot", torch.from_numpy(slot), persistent=False)
         self.register_buffer("_word", torch.from_numpy(word), persistent=False)
+        self.source_tree: WordTree | None = None  # the whole-vocabulary tree of from_tree, if any
 
     @classmethod
     def from_counts(
@@ -121,6 +148,28 @@ class HybridSoftmax(OutputLayer):
         elif tail_tree.num_words != len(tail_words):
             raise ValueError(f"the tail tree has {tail_tree.num_words} words, the tail {len(tail_words)}")
         return cls(in_features, head_words, tail_tree, init_std, generator)
+
+    @classmethod
+    def from_tree(
+        cls,
+        in_features: int,
+        tree: WordTree,
+        head: int,
+        init_std: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> "HybridSoftmax":
+        """Words ``0 .. head-1`` in the head and ``tree`` (over all V words) restricted to the
+        others as the tail tree (:func:`restrict_tree`): the LBL's ``hybrid`` output, whose
+        vocabulary lists the words most frequent first. The layer keeps ``tree`` as
+        :attr:`source_tree` (a run saves it as its tree.json)."""
+        if not isinstance(tree, WordTree):
+            raise TypeError(f"HybridSoftmax.from_tree needs a hlbl WordTree, not {type(tree).__name__}")
+        _check_head(head, tree.num_words)
+        layer = cls(
+            in_features, np.arange(head), restrict_tree(tree, np.arange(head, tree.num_words)), init_std, generator
+        )
+        layer.source_tree = tree
+        return layer
 
     @property
     def tail_words(self) -> torch.Tensor:
