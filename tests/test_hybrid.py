@@ -126,9 +126,11 @@ def test_topk_skips_the_tree_where_the_head_decides_and_searches_it_elsewhere(mo
         layer.bias[6] = -20.0  # ... unless the input says otherwise: rows 0-4 push the tail entry up
         layer.weight[6, 0] = 30.0
         h[:5, 0], h[5:, 0] = 2.0, -2.0
+    import hlbl.search
+
     searched = []
-    real = TreeSoftmax.topk
-    monkeypatch.setattr(TreeSoftmax, "topk", lambda self, x, k: searched.append(len(x)) or real(self, x, k))
+    real = hlbl.search.tree_topk
+    monkeypatch.setattr(hlbl.search, "tree_topk", lambda *a, **kw: searched.append(len(a[3])) or real(*a, **kw))
     values, ids = layer.topk(h, 3)
     assert searched == [5]
     assert topk_matches(values, ids, layer.log_prob(h), atol=1e-10)
@@ -321,3 +323,43 @@ def test_the_cli_trains_a_hybrid_run_that_loads_and_predicts(tmp_path, capsys):
     assert "--head applies to --output hybrid only" in capsys.readouterr().err
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "r3"), "--output", "hybrid", *flags]) == 2
     assert "--head 2000: the hybrid needs 1 to V - 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("tree", [random_tree(60, 3), multi_code_tree()], ids=["single", "multi"])
+def test_a_floor_stops_the_tree_search_without_changing_what_it_finds(tree):
+    """tree_topk(floor=f): exactly the words of the plain search at or above f, fewer nodes scored."""
+    from hlbl.search import tree_topk
+
+    layer, _ = randomised(TreeSoftmax(5, tree), seed=4)
+    h = torch.randn(30, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    k = min(8, tree.num_words)
+    plain = tree_topk(tree, layer.weight, layer.bias, h, k)
+    floor = plain.values[:, 2].clone()  # rows want their best three (and ties)
+    floor[::3] = -math.inf  # some rows want everything
+    cut = tree_topk(tree, layer.weight, layer.bias, h, k, floor=floor)
+    want = plain.values >= floor[:, None]
+    assert torch.equal(cut.indices[want], plain.indices[want]) and torch.equal(cut.values[want], plain.values[want])
+    # below the floor: unfilled (-1, -inf), or a word met on the way, with its exact value
+    rest_w, rest_v = cut.indices[~want], cut.values[~want]
+    assert (rest_v < floor[:, None].expand_as(want)[~want]).all()
+    assert torch.isinf(rest_v[rest_w < 0]).all()
+    lp = layer.log_prob(h)
+    met = rest_w >= 0
+    rows = torch.arange(30)[:, None].expand_as(want)[~want][met]
+    assert torch.allclose(rest_v[met], lp[rows, rest_w[met]], atol=1e-12)
+    assert (cut.nodes <= plain.nodes).all()
+    if tree.num_nodes > 8:  # (the 8 nodes of the small multi-code tree are all scored either way)
+        assert cut.nodes.sum() < plain.nodes.sum()
+    with pytest.raises(ValueError, match="one value per row"):
+        tree_topk(tree, layer.weight, layer.bias, h, k, floor=floor[:3])
+
+
+def test_the_head_top_k_breaks_ties_by_lower_index_as_a_stable_sort():
+    from hlbl.output.hybrid import _sorted_topk
+    from hlbl.search import full_topk
+
+    lp = torch.tensor([[0.5, 1.0, 1.0, 0.2, 1.0, 0.9], [3.0, 1.0, 2.0, 2.0, 0.0, 2.0]])
+    for k in range(1, 7):
+        assert all(torch.equal(a, b) for a, b in zip(_sorted_topk(lp, k), full_topk(lp, k)))
+    x = torch.randn(50, 300, generator=torch.Generator().manual_seed(0)).round(decimals=1)  # many ties
+    assert all(torch.equal(a, b) for a, b in zip(_sorted_topk(x, 10), full_topk(x, 10)))

@@ -228,6 +228,43 @@ def evaluate(model: LSTMLM, data: torch.Tensor, bptt: int) -> float:
 
 
 @torch.no_grad()
+def band_losses(model: LSTMLM, data: torch.Tensor, bptt: int, counts: np.ndarray, edges) -> list[dict]:
+    """Exact loss per frequency band of the next word: words of ranks ``[lo, hi)`` between
+    consecutive ``edges`` (with 0 and V; ids are ranks, :class:`Corpus` orders words by training
+    count), e.g. (2000, 5000): the adaptive softmax's and the hybrid's head, then two bands of the
+    tail. Per band: its ranks and training counts, its tokens and their share, the mean NLL (nats),
+    its share of the total NLL, and the band's perplexity (exp of the mean NLL)."""
+    model.eval()
+    V = len(counts)
+    edges = sorted({0, V, *(int(e) for e in edges if 0 < e < V)})
+    band_of = torch.bucketize(torch.arange(V), torch.tensor(edges[1:-1]), right=True)  # (V,) word -> band
+    nll = torch.zeros(len(edges) - 1, dtype=torch.float64)
+    tokens = torch.zeros(len(edges) - 1, dtype=torch.float64)
+    state = None
+    for i in range(0, data.size(0) - 1, bptt):
+        x, y = data[i : i + bptt], data[i + 1 : i + 1 + bptt]
+        out, state = model(x[: len(y)], y, state)
+        band = band_of[y.reshape(-1).cpu()]
+        nll.index_add_(0, band, -out.output.detach().double().cpu())
+        tokens.index_add_(0, band, torch.ones(len(band), dtype=torch.float64))
+    rows = []
+    for j, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+        n = float(tokens[j])
+        rows.append(
+            {
+                "ranks": [lo, hi],
+                "train_counts": [float(counts[hi - 1]), float(counts[lo])],
+                "tokens": int(n),
+                "token_share": n / float(tokens.sum()),
+                "mean_nll": float(nll[j]) / n if n else None,
+                "nll_share": float(nll[j] / nll.sum()),
+                "ppl": math.exp(float(nll[j]) / n) if n else None,
+            }
+        )
+    return rows
+
+
+@torch.no_grad()
 def generate(model: LSTMLM, corpus: Corpus, n: int, seed: int, temperature: float = 1.0) -> str:
     """``n`` words sampled from the model (the tree: ancestral sampling down the tree)."""
     model.eval()
@@ -303,6 +340,8 @@ def trained_model(path: Path, corpus: Corpus, args) -> tuple[LSTMLM, str]:
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"{path}: not a run directory of this example's --checkpoint ({e})") from None
     want = {k: getattr(args, k) for k in ("emsize", "nhid", "nlayers")} | {"data": str(corpus.root)}
+    if kind.startswith("hybrid"):  # the run's own head size
+        args = argparse.Namespace(**{**vars(args), "head": recipe.get("head", args.head)})
     for k, v in want.items():
         if recipe.get(k) != v:
             raise SystemExit(f"{path}: a model with {k} = {recipe.get(k)!r}, not {v!r}")
@@ -379,9 +418,28 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
         "epochs": epochs,
         **info,
     }
+    result["test_bands"] = band_losses(model, batches["test"], args.bptt, corpus.counts, args.bands)
     if args.generate:
         result["sample"] = generate(model, corpus, args.generate, args.seed)
     return result
+
+
+def bands_of(corpus: Corpus, dirs: list[Path], args) -> list[dict]:
+    """``--bands-of``: the test loss per band (:func:`band_losses`) of the best model of each
+    ``--checkpoint`` run directory (``DIR/KIND``), with its test perplexity."""
+    test = batchify(corpus.splits["test"], 10).to(args.device)
+    out = []
+    for path in dirs:
+        model, kind = trained_model(path, corpus, args)
+        out.append(
+            {
+                "output": kind,
+                "run": str(path),
+                "test_ppl": evaluate(model, test, args.bptt),
+                "test_bands": band_losses(model, test, args.bptt, corpus.counts, args.bands),
+            }
+        )
+    return out
 
 
 # ---- checkpoints ------------------------------------------------------------------------------
@@ -531,6 +589,17 @@ def parse_args(argv=None):
     )
     p.add_argument("--save-tree", type=Path, help="write the learned tree here (.json or .npz)")
     p.add_argument("--generate", type=int, default=0, help="sample this many words after training")
+    p.add_argument(
+        "--bands",
+        type=lambda s: [int(c) for c in s.split(",")],
+        default=[2000, 5000],
+        help="rank edges of the frequency bands of the test loss per band (the head, then the tail's bands)",
+    )
+    p.add_argument(
+        "--bands-of",
+        type=lambda s: [Path(c) for c in s.split(",")],
+        help="only the test loss per band of these --checkpoint run directories (DIR/KIND, comma-separated)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda when there is one)")
     p.add_argument("--seed", type=int, default=1111)
@@ -560,6 +629,7 @@ def parse_args(argv=None):
     if args.quick:
         args.emsize, args.nhid, args.nlayers, args.bptt, args.log_every = 16, 16, 1, 10, 5
         args.output, args.generate, args.cutoffs, args.samples, args.head = list(OUTPUTS), 8, [10, 30], 10, 10
+        args.bands = [10, 30]
     return args
 
 
@@ -569,6 +639,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = synthetic_corpus(Path(tmp) / "toy") if args.quick else args.data
         corpus = Corpus(data)
+        if args.bands_of:
+            results = bands_of(corpus, args.bands_of, args)
+            print(json.dumps(results, indent=1))
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
+            return 0
         results = [run(corpus, kind, args, log=lambda m: print(m, file=sys.stderr)) for kind in args.output]
     for r in results:
         print(

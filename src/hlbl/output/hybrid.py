@@ -17,6 +17,7 @@ the ``state_dict``: a state loads only into a layer of the same structure, and
 
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -298,38 +299,57 @@ class HybridSoftmax(OutputLayer):
         The head first: its words' log-probabilities are exact, and no tail word can beat the
         tail's mass ``m``. A head word above ``m`` is in the top k for sure; where the head's k-th
         best is at or above ``m`` the tree is not searched at all. Other rows take the tail's top
-        ``k - c`` (c: their head words above ``m``) by the tree's exact search (best-first on a
-        CPU), shifted by ``m``, merged with the head's.
+        ``k - c`` (c: their head words above ``m``), shifted by ``m``, merged with the head's: on
+        a CPU by the tree's best-first search with a floor (the head's k-th best less ``m``), so
+        it stops once no tail word left can beat the head's k-th best; elsewhere from the tail's
+        full distribution.
         """
-        from ..search import _check_k, full_topk
+        from ..search import _check_k, layer_tree_arrays, tree_topk
 
         h, one = self._input(input)
         h = h.to(self.weight.dtype)
         k = _check_k(k, self.vocab_size)
-        K = self.head_size
+        K, V = self.head_size, self.vocab_size
         head = self._head_log_probs(h)  # (B, K + 1)
         mass = head[:, K]  # (B,) log-probability of the tail
-        hv, hi = full_topk(head[:, :K], min(k, K))  # ties: lower slot = lower word id
+        hv, hi = _sorted_topk(head[:, :K], min(k, K))  # ties: lower slot = lower word id
         hw = self._word[hi]
         above = (hv > mass[:, None]).sum(1)  # (B,) head words certainly in the top k
-        need = above < k if hv.shape[1] == k else torch.ones_like(above, dtype=torch.bool)
+        full_head = hv.shape[1] == k
+        need = above < k if full_head else torch.ones_like(above, dtype=torch.bool)
         rows = need.nonzero().squeeze(1)
         if len(rows) == 0:
-            values, ids = hv, hw
+            return (hv[0], hw[0]) if one else (hv, hw)
+        kt = min(int((k - above[rows]).max()), V - K)
+        hr, m = h[rows], mass[rows, None]
+        if h.device.type == "cpu":
+            # a tail word enters only at or above the head's k-th best: P_tail >= that / m (with
+            # slack for the float32 rounding of both sides; a lower floor only searches more)
+            floor = (
+                (hv[rows, k - 1 : k] - m).double()[:, 0] - 1e-4 if full_head else torch.full((len(rows),), -math.inf)
+            )
+            res = tree_topk(
+                self.tail.tree,
+                self.tail.weight,
+                self.tail.bias,
+                hr,
+                kt,
+                arrays=layer_tree_arrays(self.tail),
+                floor=floor,
+            )
+            tv, ti = res.values, res.indices  # unfilled slots: -inf, -1
         else:
-            kt = min(int((k - above[rows]).max()), self.vocab_size - K)
-            tv, ti = self.tail.topk(h[rows], kt)  # (R, kt), the tail's own log-probabilities
-            cand_v = torch.cat((hv[rows], tv.to(hv.dtype) + mass[rows, None]), 1)
-            cand_w = torch.cat((hw[rows], self.tail_words[ti]), 1)
-            by_id = cand_w.argsort(dim=1)  # then a stable sort by value: ties by lower word id
-            cand_v, cand_w = cand_v.gather(1, by_id), cand_w.gather(1, by_id)
-            order = torch.sort(cand_v, dim=1, descending=True, stable=True).indices[:, :k]
-            values = hv.new_empty(len(h), k)
-            ids = hw.new_empty(len(h), k)
-            keep = (~need).nonzero().squeeze(1)
-            if len(keep):  # rows the head alone answers (then the head has k columns)
-                values[keep], ids[keep] = hv[keep], hw[keep]
-            values[rows], ids[rows] = cand_v.gather(1, order), cand_w.gather(1, order)
+            tv, ti = self.tail.topk(hr, kt)
+        cand_v = torch.cat((hv[rows], tv.to(hv.dtype) + m), 1)
+        cand_w = torch.cat((hw[rows], torch.where(ti >= 0, self.tail_words[ti.clamp(min=0)], V)), 1)  # V: no word
+        by_id = cand_w.argsort(dim=1)  # then a stable sort by value: ties by lower word id
+        cand_v, cand_w = cand_v.gather(1, by_id), cand_w.gather(1, by_id)
+        order = torch.sort(cand_v, dim=1, descending=True, stable=True).indices[:, :k]
+        values, ids = hv.new_empty(len(h), k), hw.new_empty(len(h), k)
+        keep = (~need).nonzero().squeeze(1)
+        if len(keep):  # rows the head alone answers (then the head has k columns)
+            values[keep], ids[keep] = hv[keep], hw[keep]
+        values[rows], ids[rows] = cand_v.gather(1, order), cand_w.gather(1, order)
         return (values[0], ids[0]) if one else (values, ids)
 
     @torch.no_grad()
@@ -366,6 +386,26 @@ class HybridSoftmax(OutputLayer):
         else:
             words = sample_from_log_prob(self.log_prob(h), generator, temperature)
         return words[0] if one else words
+
+
+def _sorted_topk(lp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of (B, n) by value, ties by lower index, as a stable sort would give but by
+    ``torch.topk`` (a full sort of the head's 2,000 columns costs more than its matrix product):
+    rows where the k-th and (k+1)-th values tie, where ``torch.topk`` may keep either, are sorted."""
+    from ..search import full_topk
+
+    if k >= lp.shape[1]:
+        return full_topk(lp, k)
+    v, i = torch.topk(lp, k + 1, dim=1)
+    v, i, tie = v[:, :k], i[:, :k], v[:, k - 1] == v[:, k]
+    by_id = i.argsort(dim=1)  # equal values inside the k: lower index first
+    v, i = v.gather(1, by_id), i.gather(1, by_id)
+    order = torch.sort(v, dim=1, descending=True, stable=True).indices
+    v, i = v.gather(1, order), i.gather(1, order)
+    if bool(tie.any()):
+        rows = tie.nonzero().squeeze(1)
+        v[rows], i[rows] = full_topk(lp[rows], k)
+    return v, i
 
 
 def _size(head) -> str:
