@@ -129,6 +129,8 @@ class HybridSoftmax(OutputLayer):
         slot[word] = np.arange(V)
         self.register_buffer("_slot", torch.from_numpy(slot), persistent=False)
         self.register_buffer("_word", torch.from_numpy(word), persistent=False)
+        # head = words 0..K-1 (a vocabulary listed most frequent first): slots are word ids
+        self._head_first = bool((word == np.arange(V)).all())
         self.source_tree: WordTree | None = None  # the whole-vocabulary tree of from_tree, if any
 
     @classmethod
@@ -259,8 +261,14 @@ class HybridSoftmax(OutputLayer):
         h, one = self._input(input)
         K = self.head_size
         head = self._head_log_probs(h)
-        tail = self.tail.log_prob(h).to(head.dtype) + head[:, K:]  # (B, V-K): log mass + log P_tree
-        lp = torch.cat((head[:, :K], tail), 1).index_select(1, self._slot)
+        tail = self.tail.log_prob(h).to(head.dtype)  # (B, V-K) log P_tree
+        if tail.requires_grad or head.requires_grad:
+            tail = tail + head[:, K:]
+        else:
+            tail += head[:, K:]  # its own fresh tensor: no second (B, V-K) copy
+        lp = torch.cat((head[:, :K], tail), 1)
+        if not self._head_first:  # slots -> word ids
+            lp = lp.index_select(1, self._slot)
         return lp[0] if one else lp
 
     def init_unigram(self, counts: Sequence[float]) -> None:
