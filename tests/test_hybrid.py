@@ -363,3 +363,19 @@ def test_the_head_top_k_breaks_ties_by_lower_index_as_a_stable_sort():
         assert all(torch.equal(a, b) for a, b in zip(_sorted_topk(lp, k), full_topk(lp, k)))
     x = torch.randn(50, 300, generator=torch.Generator().manual_seed(0)).round(decimals=1)  # many ties
     assert all(torch.equal(a, b) for a, b in zip(_sorted_topk(x, 10), full_topk(x, 10)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_the_hybrid_gives_what_it_gives_on_the_cpu():
+    """The device paths (the tree for every row, top-k from the tail's distribution, the tensor
+    walk) against the CPU's."""
+    cpu, h = randomised(layers()["multi_code_tail"])
+    gpu, _ = randomised(layers()["multi_code_tail"])
+    gpu, hg = gpu.cuda(), h.cuda()
+    t = torch.arange(11) % cpu.vocab_size
+    assert torch.allclose(gpu(hg, t.cuda()).output.cpu(), cpu(h, t).output, atol=1e-10)
+    assert torch.allclose(gpu.log_prob(hg).cpu(), cpu.log_prob(h), atol=1e-10)
+    values, ids = gpu.topk(hg, 4)
+    assert ids.device.type == "cuda" and topk_matches(values.cpu(), ids.cpu(), cpu.log_prob(h), atol=1e-10)
+    words = gpu.sample(hg, torch.Generator("cuda").manual_seed(0))
+    assert words.device.type == "cuda" and ((0 <= words) & (words < cpu.vocab_size)).all()
