@@ -8,13 +8,18 @@ training time, and the speed of the full distribution (``log_prob``).
     python bench/lstm.py --epochs 4 --bootstrap-epochs 1 --no-speed --out results/lstm/epochs4
     python bench/lstm.py --optimizer adam --outputs adaptive,tree,learned-tree --no-speed --out results/lstm/adam
     python bench/lstm.py --epochs 40 --stop-lr 1 --bootstrap-epochs 1 --no-speed --checkpoint runs/lstm --out results/lstm/converged
+    python bench/lstm.py --epochs 40 --stop-lr 1 --bootstrap-epochs 1 --no-speed --outputs hybrid --head 2000 \
+        --checkpoint runs/lstm-converged --out results/lstm/converged
 
 Training (``examples/lstm_lm``): 2-layer LSTM, bptt 35, batch 20, SGD lr 20, clip 0.25, dropout
 0.2, one thread, the same seed for every output layer: ``full`` (Linear + softmax), ``adaptive``
 (``nn.AdaptiveLogSoftmaxWithLoss``, cutoffs 2000, 5000), ``huffman`` (TreeSoftmax on a Huffman
 tree), ``learned_tree`` (the bootstrap: a Huffman model trained for as many epochs, the mean
 hidden state before each word, an ADAPTIVE(0.25) tree learned from those, a fresh model on it)
-and ``sampled`` (hlbl's sampled softmax: 100 noise words in training, exact in evaluation).
+``sampled`` (hlbl's sampled softmax: 100 noise words in training, exact in evaluation),
+``hybrid`` (``HybridSoftmax``: an exact softmax over the ``--head`` most frequent words and one
+tail entry, a tree over the other words learned by the same bootstrap from a hybrid model with a
+Huffman tail) and ``hybrid-huffman`` (its Huffman-tail model, no bootstrap).
 Test perplexity is exact for every layer.
 
 Speed: ``log_prob`` of (700, 200) hidden vectors at V = 10,000 (PTB's counts) and V = 33,278
@@ -126,6 +131,7 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=ROOT / "results" / "lstm")
     p.add_argument("--checkpoint", type=Path, help="as the example's --checkpoint: a stopped call goes on from there")
     p.add_argument("--tree-policy", default="adaptive:0.25", help="as the example's: the learned tree's policy")
+    p.add_argument("--head", type=int, default=2000, help="as the example's: the hybrid's flat head (K words)")
     p.add_argument("--tree-copies", type=int, default=1, help="as the example's: the learned tree's K of xK")
     p.add_argument("--bootstrap-from", help="as the example's: the learned tree from this trained run's model")
     p.add_argument(
@@ -200,6 +206,7 @@ def train_all(ex, args) -> tuple[dict, list]:
     argv += ["--checkpoint", str(args.checkpoint)] if args.checkpoint else []
     argv += ["--tree-policy", args.tree_policy, "--tree-copies", str(args.tree_copies)]
     argv += ["--bootstrap-from", args.bootstrap_from] if args.bootstrap_from else []
+    argv += ["--head", str(args.head)]
     ex_args = ex.parse_args(argv)
     corpus = ex.Corpus(args.data)
     names = {
@@ -208,6 +215,8 @@ def train_all(ex, args) -> tuple[dict, list]:
         "tree": "huffman",
         "learned-tree": "learned_tree",
         "sampled": "sampled",
+        "hybrid": "hybrid",
+        "hybrid-huffman": "hybrid_huffman",
     }
     # a variant's summary holds its own keys only: the shared ones stay those of the default runs
     summary = (
@@ -229,8 +238,12 @@ def train_all(ex, args) -> tuple[dict, list]:
     )
     runs = []
     for kind in args.outputs.split(","):
-        r = ex.run(corpus, kind, ex_args, log=lambda m: print(m, file=sys.stderr))
         name = f"{names[kind]}_{args.variant}" if args.variant else names[kind]
+        if kind == "hybrid" and not args.quick:  # its tail tree beside, not over, the learned tree's
+            ex_args.save_tree = args.out / f"{name}_tail_tree.npz"
+        elif not args.quick:
+            ex_args.save_tree = args.out / tree_file
+        r = ex.run(corpus, kind, ex_args, log=lambda m: print(m, file=sys.stderr))
         if args.variant:
             r["variant"] = args.variant
             settings = {"tree_policy": args.tree_policy, "tree_copies": args.tree_copies, "bootstrap_epochs": boot}
@@ -244,6 +257,10 @@ def train_all(ex, args) -> tuple[dict, list]:
         summary[f"{name}_best_epoch"] = r["best_epoch"]
         summary[f"{name}_epochs_run"] = len(r["epochs"])
         summary[f"{name}_head_over_encoder_grad"] = float(np.median([e["head_over_encoder"] for e in r["epochs"]]))
+        if kind.startswith("hybrid"):  # the hybrid's settings beside its figures
+            summary[f"{name}_settings"] = {**summary.get(f"{name}_settings", {}), "head": ex_args.head}
+            if kind == "hybrid":
+                summary[f"{name}_settings"] |= {"tree_policy": args.tree_policy, "bootstrap_epochs": boot}
         if "bootstrap_s" in r:  # the Huffman model, its features and the tree, before the timed epochs
             summary[f"{name}_bootstrap_s"] = r["bootstrap_s"]
     return summary, runs

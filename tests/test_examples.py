@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -31,12 +32,36 @@ def test_the_lstm_example_trains_every_output_layer_in_quick_mode(tmp_path):
     proc = run_example(ROOT / "examples" / "lstm_lm" / "lstm_lm.py", "--quick", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = {r["output"]: r for r in json.loads(out.read_text())}
-    assert set(results) == {"full", "adaptive", "tree", "learned-tree", "sampled"}
+    assert set(results) == {"full", "adaptive", "tree", "learned-tree", "sampled", "hybrid", "hybrid-huffman"}
     for r in results.values():
         # exact evaluation of a toy grammar over ~60 words: far below the uniform model's perplexity
         assert 1.0 < r["test_ppl"] < 40, r
         assert len(r["sample"].split()) == 8
+        # the bands (ranks 0-10, 10-30, 30-58) split the test tokens and their loss, nothing lost or counted twice
+        bands = r["test_bands"]
+        assert [b["ranks"] for b in bands] == [[0, 10], [10, 30], [30, 58]]
+        total = sum(b["tokens"] for b in bands)
+        mean = sum(b["mean_nll"] * b["tokens"] for b in bands if b["tokens"]) / total
+        assert math.exp(mean) == pytest.approx(r["test_ppl"], rel=1e-9)
+        assert sum(b["token_share"] for b in bands) == pytest.approx(1.0)
     assert results["learned-tree"]["tree"]["words"] == 58 and "learned tree from hidden features" in proc.stderr
+    assert results["hybrid"]["tree"]["words"] == 58 - 10  # the tail tree: the words outside the head of 10
+    assert results["hybrid"]["bootstrap_output"] == "hybrid-huffman"
+
+
+def test_the_lstm_example_gives_the_band_losses_of_a_saved_run(tmp_path):
+    """--bands-of: the best model of a --checkpoint directory tested again, per band, without training."""
+    ex = lstm_example()
+    corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
+    args = ex.parse_args(["--quick", "--head", "5", "--max-steps", "30", "--checkpoint", str(tmp_path / "ck")])
+    args.head = 5  # (--quick sets 10)
+    r = ex.run(corpus, "hybrid-huffman", args, log=lambda m: None)
+    again = ex.bands_of(corpus, [tmp_path / "ck" / "hybrid-huffman"], ex.parse_args(["--quick"]))  # its own head
+    assert again[0]["output"] == "hybrid-huffman"
+    assert again[0]["test_ppl"] == pytest.approx(r["test_ppl"], rel=1e-12)
+    assert again[0]["test_bands"] == r["test_bands"]
+    with pytest.raises(SystemExit, match="not a run directory"):
+        ex.bands_of(corpus, [tmp_path], args)
 
 
 def test_the_lstm_example_refuses_an_unknown_output():

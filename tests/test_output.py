@@ -136,13 +136,15 @@ def test_gradient_weights_each_path_by_its_posterior_share():
     assert not torch.allclose(got, sum(per_path) / 3, atol=1e-3)
 
 
-@pytest.mark.parametrize("kind", ["tree", "flat"])
+@pytest.mark.parametrize("kind", ["tree", "flat", "hybrid"])
 def test_zero_weights_and_unigram_biases_give_the_unigram_model(kind):
-    tree = multi_code_tree() if kind == "tree" else None
+    tree = multi_code_tree() if kind in ("tree", "hybrid") else None
     counts = np.array([5.0, 1.0, 7.0, 2.0, 3.0, 9.0])
-    layer = make_output_layer(kind, 4, 6, tree).double()
+    layer = make_output_layer(kind, 4, 6, tree, head=2).double()
     with torch.no_grad():
-        layer.weight.zero_()
+        for name, p in layer.named_parameters():
+            if "weight" in name:
+                p.zero_()
     layer.init_unigram(counts)
     p = counts / counts.sum()
     lp = layer.log_prob(torch.randn(3, 4, dtype=torch.float64))
@@ -175,11 +177,11 @@ def test_factory_rejects_bad_requests():
         make_output_layer("tree", 4, 7, multi_code_tree())
 
 
-@pytest.mark.parametrize("kind", ["tree", "flat"])
+@pytest.mark.parametrize("kind", ["tree", "flat", "hybrid"])
 def test_targets_out_of_range_are_refused_not_wrapped(kind):
     """A -1 "padding" target must not silently score word V-1 (nor be skipped as -100 would be)."""
     tree = multi_code_tree()
-    layer = make_output_layer(kind, 3, tree.num_words, tree if kind == "tree" else None)
+    layer = make_output_layer(kind, 3, tree.num_words, tree if kind != "flat" else None, head=2)
     h = torch.randn(2, 3)
     for bad in (-1, -100, tree.num_words):
         with pytest.raises(ValueError, match="target word ids"):
@@ -214,21 +216,21 @@ def test_adaptive_init_unigram_changes_nothing():
 
 
 @pytest.mark.parametrize("counts", [[1e308] * 9, [1e300] + [1e-300] * 8])
-@pytest.mark.parametrize("kind", ["tree", "flat"])
+@pytest.mark.parametrize("kind", ["tree", "flat", "hybrid"])
 def test_init_unigram_with_extreme_counts_keeps_biases_finite(kind, counts):
     tree = random_tree(9, 0)
-    layer = make_output_layer(kind, 3, 9, tree if kind == "tree" else None)
+    layer = make_output_layer(kind, 3, 9, tree if kind != "flat" else None, head=3)
     layer.init_unigram(counts)
-    assert torch.isfinite(layer.bias).all()
+    assert all(torch.isfinite(p).all() for name, p in layer.named_parameters() if "bias" in name)
     assert torch.allclose(layer.log_prob(torch.zeros(1, 3)).exp().sum(), torch.tensor(1.0))
 
 
-@pytest.mark.parametrize("kind", ["tree", "flat"])
+@pytest.mark.parametrize("kind", ["tree", "flat", "hybrid"])
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.bool, torch.float32])
 def test_targets_of_a_non_integer_dtype_are_refused(kind, dtype):
     """A uint8/bool tensor would index as a mask (B == V gives plausible wrong numbers)."""
     tree = random_tree(10, 0)
-    layer = make_output_layer(kind, 3, 10, tree if kind == "tree" else None)
+    layer = make_output_layer(kind, 3, 10, tree if kind != "flat" else None, head=4)
     with pytest.raises(TypeError, match="int64 or int32"):
         layer(torch.randn(10, 3), torch.arange(10).to(dtype))
     assert torch.equal(
@@ -251,13 +253,14 @@ def test_factory_refuses_a_tree_for_other_layers():
             make_output_layer(kind, 4, 6, multi_code_tree())
 
 
-@pytest.mark.parametrize("kind", ["tree", "flat", "adaptive"])
+@pytest.mark.parametrize("kind", ["tree", "flat", "adaptive", "hybrid"])
 def test_every_layer_has_the_whole_interface(kind):
     """topk / sample / forward exist on every layer and agree with log_prob (no per-layer dispatch)."""
     from hlbl.output import OutputLayer
 
     V = 40
-    layer = make_output_layer(kind, 16, V, random_tree(V, 0) if kind == "tree" else None).double()
+    tree = random_tree(V, 0) if kind in ("tree", "hybrid") else None
+    layer = make_output_layer(kind, 16, V, tree, init_std=0.3, generator=torch.Generator(), head=8).double()
     assert isinstance(layer, OutputLayer)
     h = torch.randn(5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     lp = layer.log_prob(h)
@@ -269,7 +272,7 @@ def test_every_layer_has_the_whole_interface(kind):
     assert torch.allclose(out.output, lp[torch.arange(5), t], atol=1e-9) and torch.isclose(out.loss, -out.output.mean())
     words = layer.sample(h, torch.Generator().manual_seed(1), temperature=0.7)
     assert words.shape == (5,) and ((0 <= words) & (words < V)).all()
-    if kind != "tree":
+    if kind not in ("tree", "hybrid"):
         with pytest.raises(ValueError, match="per-node temperature needs a tree"):
             layer.sample(h, None, 0.7, per_node=True)
 
@@ -296,11 +299,11 @@ def test_adaptive_softmax_on_too_few_words_is_a_clear_error():
     assert make_output_layer("adaptive", 8, 3).log_prob(torch.zeros(1, 8)).exp().sum().item() == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("kind", ["tree", "flat"])
+@pytest.mark.parametrize("kind", ["tree", "flat", "hybrid"])
 def test_a_standalone_layer_draws_its_weights_from_the_given_generator(kind):
-    tree = random_tree(12, 0) if kind == "tree" else None
-    a, b = (make_output_layer(kind, 5, 12, tree, 0.1, torch.Generator().manual_seed(3)) for _ in range(2))
+    tree = random_tree(12, 0) if kind != "flat" else None
+    a, b = (make_output_layer(kind, 5, 12, tree, 0.1, torch.Generator().manual_seed(3), head=3) for _ in range(2))
     torch.manual_seed(0)  # the global generator plays no part
-    c = make_output_layer(kind, 5, 12, tree, 0.1, torch.Generator().manual_seed(4))
+    c = make_output_layer(kind, 5, 12, tree, 0.1, torch.Generator().manual_seed(4), head=3)
     assert torch.equal(a.weight, b.weight) and not torch.equal(a.weight, c.weight)
     assert a.weight.std().item() == pytest.approx(0.1, rel=0.3)

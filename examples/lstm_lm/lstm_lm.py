@@ -1,5 +1,7 @@
 """An LSTM language model with a choice of output layer: full softmax, adaptive softmax, hlbl's
-tree softmax on a Huffman tree or on a tree learned for this model, or a sampled softmax.
+tree softmax on a Huffman tree or on a tree learned for this model, hlbl's hybrid softmax (an exact
+softmax over the ``--head`` most frequent words, a learned or Huffman tree over the rest), or a
+sampled softmax.
 
 The recipe is PyTorch's word_language_model (2-layer LSTM, bptt 35, batch 20, SGD lr 20, clip
 0.25, dropout 0.2), on PTB or any directory of train/valid/test text (``train.txt`` ... or
@@ -32,7 +34,8 @@ from hlbl.atomic import write_text
 from hlbl.checkpoint import load_tensors_and_meta, optimizer_tensors, restore_optimizer, save_tensors
 from hlbl.output import SampledSoftmax
 
-OUTPUTS = ("full", "adaptive", "tree", "learned-tree", "sampled")
+OUTPUTS = ("full", "adaptive", "tree", "learned-tree", "sampled", "hybrid", "hybrid-huffman")
+LEARNED = ("learned-tree", "hybrid")  # kinds whose tree the bootstrap learns (saved as tree.npz)
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -114,15 +117,20 @@ def make_head(kind: str, nhid: int, corpus: Corpus, args, tree: hlbl.WordTree | 
         head = SampledSoftmax(nhid, V, samples=args.samples, init_std=0.1, generator=torch.Generator().manual_seed(1))
         head.init_unigram(corpus.counts)  # the noise distribution (and unigram biases)
         return head
-    tree = tree if tree is not None else hlbl.huffman_tree(corpus.counts)
-    head = hlbl.TreeSoftmax(nhid, tree)
+    if kind in ("hybrid", "hybrid-huffman"):  # the tail tree: learned (``tree``) or Huffman (None)
+        head = hlbl.HybridSoftmax.from_counts(nhid, corpus.counts, head=min(args.head, V - 2), tail_tree=tree)
+        tree_layer = head.tail
+    else:
+        head = tree_layer = hlbl.TreeSoftmax(nhid, tree if tree is not None else hlbl.huffman_tree(corpus.counts))
     if args.tree_init in ("scaled", "unigram", "frozen"):  # zero node vectors, biases giving the unigram distribution
         head.init_unigram(corpus.counts)
     if args.tree_init == "frozen":  # the unigram biases kept fixed
-        head.bias.requires_grad_(False)
+        tree_layer.bias.requires_grad_(False)
     if args.tree_init == "scaled":  # no node learns faster than the softmax's busiest row (docs/layer.md)
         head.scale_node_gradients(corpus.counts)
     elif args.tree_init == "uniform":  # as the recipe's decoder: uniform +-0.1 node vectors, zero biases
+        nn.init.uniform_(tree_layer.weight, -0.1, 0.1)
+    if head is not tree_layer:  # the hybrid's flat head: the recipe decoder's uniform +-0.1 rows
         nn.init.uniform_(head.weight, -0.1, 0.1)
     return head
 
@@ -220,6 +228,43 @@ def evaluate(model: LSTMLM, data: torch.Tensor, bptt: int) -> float:
 
 
 @torch.no_grad()
+def band_losses(model: LSTMLM, data: torch.Tensor, bptt: int, counts: np.ndarray, edges) -> list[dict]:
+    """Exact loss per frequency band of the next word: words of ranks ``[lo, hi)`` between
+    consecutive ``edges`` (with 0 and V; ids are ranks, :class:`Corpus` orders words by training
+    count), e.g. (2000, 5000): the adaptive softmax's and the hybrid's head, then two bands of the
+    tail. Per band: its ranks and training counts, its tokens and their share, the mean NLL (nats),
+    its share of the total NLL, and the band's perplexity (exp of the mean NLL)."""
+    model.eval()
+    V = len(counts)
+    edges = sorted({0, V, *(int(e) for e in edges if 0 < e < V)})
+    band_of = torch.bucketize(torch.arange(V), torch.tensor(edges[1:-1]), right=True)  # (V,) word -> band
+    nll = torch.zeros(len(edges) - 1, dtype=torch.float64)
+    tokens = torch.zeros(len(edges) - 1, dtype=torch.float64)
+    state = None
+    for i in range(0, data.size(0) - 1, bptt):
+        x, y = data[i : i + bptt], data[i + 1 : i + 1 + bptt]
+        out, state = model(x[: len(y)], y, state)
+        band = band_of[y.reshape(-1).cpu()]
+        nll.index_add_(0, band, -out.output.detach().double().cpu())
+        tokens.index_add_(0, band, torch.ones(len(band), dtype=torch.float64))
+    rows = []
+    for j, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
+        n = float(tokens[j])
+        rows.append(
+            {
+                "ranks": [lo, hi],
+                "train_counts": [float(counts[hi - 1]), float(counts[lo])],
+                "tokens": int(n),
+                "token_share": n / float(tokens.sum()),
+                "mean_nll": float(nll[j]) / n if n else None,
+                "nll_share": float(nll[j] / nll.sum()),
+                "ppl": math.exp(float(nll[j]) / n) if n else None,
+            }
+        )
+    return rows
+
+
+@torch.no_grad()
 def generate(model: LSTMLM, corpus: Corpus, n: int, seed: int, temperature: float = 1.0) -> str:
     """``n`` words sampled from the model (the tree: ancestral sampling down the tree)."""
     model.eval()
@@ -251,16 +296,20 @@ def hidden_pairs(model: LSTMLM, data: torch.Tensor, bptt: int):
             yield h.reshape(-1, model.nhid), y.reshape(-1)
 
 
-def learn_tree(corpus: Corpus, train: torch.Tensor, args, log) -> tuple[hlbl.WordTree, dict]:
-    """The bootstrap: a model with a Huffman tree (or a full softmax, for ``--tree-features
-    embedding``) trained ``--bootstrap-epochs``, its word features, a tree learned from them.
-    With ``--bootstrap-from DIR`` the model is instead the one trained in a checkpoint directory
-    (another round of the bootstrap: features from a model trained to the end)."""
+def learn_tree(
+    corpus: Corpus, train: torch.Tensor, args, log, kind: str = "learned-tree"
+) -> tuple[hlbl.WordTree, dict]:
+    """The bootstrap: a model with a Huffman tree (a hybrid softmax with a Huffman tail for
+    ``kind`` hybrid; a full softmax for ``--tree-features embedding``) trained
+    ``--bootstrap-epochs``, its word features, a tree learned from them (for the hybrid: over its
+    tail words, from their features). With ``--bootstrap-from DIR`` the model is instead the one
+    trained in a checkpoint directory (another round of the bootstrap: features from a model
+    trained to the end)."""
     t0 = time.perf_counter()
     if args.bootstrap_from:
         boot, boot_kind = trained_model(Path(args.bootstrap_from), corpus, args)
     else:
-        boot_kind = "full" if args.tree_features == "embedding" else "tree"
+        boot_kind = "full" if args.tree_features == "embedding" else "hybrid-huffman" if kind == "hybrid" else "tree"
         torch.manual_seed(args.seed)
         boot = build_model(corpus, boot_kind, args)
         opt = make_optimizer(boot, args)
@@ -270,8 +319,12 @@ def learn_tree(corpus: Corpus, train: torch.Tensor, args, log) -> tuple[hlbl.Wor
         X = hlbl.embedding_features(boot.head.decoder.weight)  # (V, nhid): the vector each word is scored by
     else:
         X, _ = hlbl.hidden_features(hidden_pairs(boot, train, args.bptt), len(corpus))
+    counts = corpus.counts
+    if kind == "hybrid":  # the tail tree's word i is tail word i
+        tail = hlbl.hybrid_split(corpus.counts, min(args.head, len(corpus) - 2))[1]
+        X, counts = X[tail], counts[tail]
     tree = hlbl.learn_tree(X, args.tree_policy, copies=args.tree_copies, seed=args.seed)
-    info = {"bootstrap_output": boot_kind, "bootstrap_s": time.perf_counter() - t0, "tree": tree.stats(corpus.counts)}
+    info = {"bootstrap_output": boot_kind, "bootstrap_s": time.perf_counter() - t0, "tree": tree.stats(counts)}
     if args.bootstrap_from:
         info["bootstrap_from"] = str(args.bootstrap_from)
     log(f"learned tree from {args.tree_features} features: {json.dumps(info['tree'])}")
@@ -287,6 +340,8 @@ def trained_model(path: Path, corpus: Corpus, args) -> tuple[LSTMLM, str]:
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"{path}: not a run directory of this example's --checkpoint ({e})") from None
     want = {k: getattr(args, k) for k in ("emsize", "nhid", "nlayers")} | {"data": str(corpus.root)}
+    if kind.startswith("hybrid"):  # the run's own head size
+        args = argparse.Namespace(**{**vars(args), "head": recipe.get("head", args.head)})
     for k, v in want.items():
         if recipe.get(k) != v:
             raise SystemExit(f"{path}: a model with {k} = {recipe.get(k)!r}, not {v!r}")
@@ -294,7 +349,7 @@ def trained_model(path: Path, corpus: Corpus, args) -> tuple[LSTMLM, str]:
     if kind not in OUTPUTS or (args.tree_features == "embedding" and kind != "full"):
         raise SystemExit(f"{path}: a model with a {kind} output; --tree-features embedding takes a full softmax model")
     try:
-        tree = hlbl.WordTree.load(path / "tree.npz") if kind == "learned-tree" else None
+        tree = hlbl.WordTree.load(path / "tree.npz") if kind in LEARNED else None
         model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, tree)
         tensors, _ = load_tensors_and_meta(path / "checkpoint.safetensors", CHECKPOINT_FORMAT)
         model.load_state_dict(_part(tensors, "best.") or _part(tensors, "model."))
@@ -319,10 +374,10 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
     }
     ckpt = Checkpoint(args.checkpoint, kind, args, corpus) if args.checkpoint else None
     tree, info = (None, {})
-    if kind == "learned-tree":
+    if kind in LEARNED:
         tree, info = ckpt.tree() if ckpt else (None, {})
         if tree is None:
-            tree, info = learn_tree(corpus, batches["train"], args, log)
+            tree, info = learn_tree(corpus, batches["train"], args, log, kind)
             if ckpt:
                 ckpt.save_tree(tree, info)
         if args.save_tree:
@@ -363,9 +418,28 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
         "epochs": epochs,
         **info,
     }
+    result["test_bands"] = band_losses(model, batches["test"], args.bptt, corpus.counts, args.bands)
     if args.generate:
         result["sample"] = generate(model, corpus, args.generate, args.seed)
     return result
+
+
+def bands_of(corpus: Corpus, dirs: list[Path], args) -> list[dict]:
+    """``--bands-of``: the test loss per band (:func:`band_losses`) of the best model of each
+    ``--checkpoint`` run directory (``DIR/KIND``), with its test perplexity."""
+    test = batchify(corpus.splits["test"], 10).to(args.device)
+    out = []
+    for path in dirs:
+        model, kind = trained_model(path, corpus, args)
+        out.append(
+            {
+                "output": kind,
+                "run": str(path),
+                "test_ppl": evaluate(model, test, args.bptt),
+                "test_bands": band_losses(model, test, args.bptt, corpus.counts, args.bands),
+            }
+        )
+    return out
 
 
 # ---- checkpoints ------------------------------------------------------------------------------
@@ -390,6 +464,8 @@ class Checkpoint:
     def __init__(self, root: Path, kind: str, args, corpus: Corpus):
         self.dir, self.kind = Path(root) / kind, kind
         self.recipe = {k: getattr(args, k) for k in RECIPE} | {"output": kind, "data": str(corpus.root)}
+        if kind.startswith("hybrid"):  # only there: older run directories have no such key
+            self.recipe["head"] = args.head
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "recipe.json"
         if not path.exists():
@@ -494,6 +570,7 @@ def parse_args(argv=None):
     p.add_argument("--max-steps", type=int, default=0, help="stop each epoch after this many steps (0: none)")
     p.add_argument("--cutoffs", type=lambda s: [int(c) for c in s.split(",")], default=[2000, 5000])
     p.add_argument("--samples", type=int, default=100, help="noise words of the sampled softmax")
+    p.add_argument("--head", type=int, default=2000, help="hybrid: the most frequent words in its flat softmax")
     p.add_argument(
         "--tree-init",
         choices=("scaled", "unigram", "frozen", "uniform", "zero"),
@@ -512,6 +589,17 @@ def parse_args(argv=None):
     )
     p.add_argument("--save-tree", type=Path, help="write the learned tree here (.json or .npz)")
     p.add_argument("--generate", type=int, default=0, help="sample this many words after training")
+    p.add_argument(
+        "--bands",
+        type=lambda s: [int(c) for c in s.split(",")],
+        default=[2000, 5000],
+        help="rank edges of the frequency bands of the test loss per band (the head, then the tail's bands)",
+    )
+    p.add_argument(
+        "--bands-of",
+        type=lambda s: [Path(c) for c in s.split(",")],
+        help="only the test loss per band of these --checkpoint run directories (DIR/KIND, comma-separated)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda when there is one)")
     p.add_argument("--seed", type=int, default=1111)
@@ -540,7 +628,8 @@ def parse_args(argv=None):
         p.error(f"unknown output {bad[0]!r}; choose from {', '.join(OUTPUTS)}")
     if args.quick:
         args.emsize, args.nhid, args.nlayers, args.bptt, args.log_every = 16, 16, 1, 10, 5
-        args.output, args.generate, args.cutoffs, args.samples = list(OUTPUTS), 8, [10, 30], 10
+        args.output, args.generate, args.cutoffs, args.samples, args.head = list(OUTPUTS), 8, [10, 30], 10, 10
+        args.bands = [10, 30]
     return args
 
 
@@ -550,6 +639,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         data = synthetic_corpus(Path(tmp) / "toy") if args.quick else args.data
         corpus = Corpus(data)
+        if args.bands_of:
+            results = bands_of(corpus, args.bands_of, args)
+            print(json.dumps(results, indent=1))
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1))
+            return 0
         results = [run(corpus, kind, args, log=lambda m: print(m, file=sys.stderr)) for kind in args.output]
     for r in results:
         print(

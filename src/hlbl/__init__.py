@@ -28,6 +28,8 @@ _LAZY = {
     "LBL": "model",
     "LBLConfig": "config",
     "TreeSoftmax": "output",
+    "HybridSoftmax": "output",
+    "hybrid_split": "output",
     "FlatSoftmax": "output",
     "AdaptiveSoftmax": "output",
     "ClassSoftmax": "output",
@@ -75,6 +77,8 @@ __all__ = [  # the errors and __version__, then every name of _LAZY
     "LBL",
     "LBLConfig",
     "TreeSoftmax",
+    "HybridSoftmax",
+    "hybrid_split",
     "FlatSoftmax",
     "AdaptiveSoftmax",
     "ClassSoftmax",
@@ -131,7 +135,15 @@ if TYPE_CHECKING:  # what type checkers and IDEs see
     from .mixture import Mixture
     from .config import LBLConfig, TrainConfig
     from .model import LBL
-    from .output import AdaptiveSoftmax, ClassSoftmax, FlatSoftmax, TreeSoftmax, make_output_layer
+    from .output import (
+        AdaptiveSoftmax,
+        ClassSoftmax,
+        FlatSoftmax,
+        HybridSoftmax,
+        TreeSoftmax,
+        hybrid_split,
+        make_output_layer,
+    )
     from .scoring import score_report, score_sentences
     from .run import Run, fit, load_model
     from .tree import WordTree, balanced_tree, build_tree, huffman_tree, random_tree

@@ -17,7 +17,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-OUTPUT_KINDS = ("tree", "flat", "adaptive", "nce", "sampled", "classes")  # hlbl.output.make_output_layer
+OUTPUT_KINDS = ("tree", "flat", "adaptive", "nce", "sampled", "classes", "hybrid")  # hlbl.output.make_output_layer
 SAMPLED_KINDS = ("nce", "sampled")  # output layers trained by sampling (hlbl.output.sampled)
 OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 LR_SCHEDULES = ("auto", "two-rate", "halve")
@@ -62,13 +62,20 @@ class LBLConfig:
     samples: int = 25  # k noise words per training step (output "nce" / "sampled" only)
     noise_power: float = 1.0  # noise = unigram ** noise_power, renormalised ("nce" / "sampled" only)
     noise_share: int = 25  # examples per noise draw, 0 = the whole minibatch ("nce" / "sampled" only)
+    head: int = 2000  # words 0..head-1 (the most frequent) in the exact softmax ("hybrid" only)
 
     def __post_init__(self):
-        for name in ("vocab_size", "dim", "context", "samples"):  # 8.0 from a hand-edited run.json is not a size
+        for name in (
+            "vocab_size",
+            "dim",
+            "context",
+            "samples",
+            "head",
+        ):  # 8.0 from a hand-edited run.json is not a size
             _need(_is_int(getattr(self, name)), name, f"must be an integer, not {getattr(self, name)!r}")
         _need(isinstance(self.full_context, bool), "full_context", f"must be true or false, not {self.full_context!r}")
         _need(self.vocab_size >= 2, "vocab_size", f"must be at least 2, got {self.vocab_size}")
-        for name in ("dim", "context", "samples"):
+        for name in ("dim", "context", "samples", "head"):
             _need(getattr(self, name) >= 1, name, f"must be at least 1, got {getattr(self, name)}")
         _need(
             self.output in OUTPUT_KINDS, "output", f"{self.output!r} is unknown; choose from {', '.join(OUTPUT_KINDS)}"

@@ -56,6 +56,7 @@ class LBL(nn.Module):
             samples=config.samples,
             noise_power=config.noise_power,
             noise_share=config.noise_share,
+            head=config.head,
         )
         if not init:
             return
@@ -75,8 +76,10 @@ class LBL(nn.Module):
     @property
     def structure(self) -> WordTree | WordClasses | None:
         """What the output layer is built on and a run saves as tree.json: its word tree, its word
-        classes (``classes`` output), or None."""
+        classes (``classes`` output), the whole-vocabulary tree its tail was cut from (``hybrid``), or None."""
         tree = self.tree
+        if tree is None:
+            tree = getattr(self.out, "source_tree", None)
         return tree if tree is not None else getattr(self.out, "classes", None)
 
     def init_unigram(self, counts: Sequence[float]) -> None:

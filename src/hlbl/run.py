@@ -544,8 +544,13 @@ def _upgrade_v1(info: dict) -> dict:
     ``drop`` before it was recorded), and the vocabulary cut beside the tree in ``options`` (absent
     for a run started from Python: its vocabulary was the caller's, no cut recorded)."""
     options = info.get("options") or {}
+    model = info.get("model")
+    if isinstance(model, dict) and "head" not in model:
+        # the hybrid output's head size came after version 1; no version-1 run is a hybrid
+        model = {**model, "head": 2000}
     return {
-        **{k: info[k] for k in ("format", "model", "train") if k in info},
+        **{k: info[k] for k in ("format", "train") if k in info},
+        **({"model": model} if model is not None else {}),
         "version": RUN_VERSION,
         "corpus": {"spec": info.get("corpus"), "path": info.get("corpus_path"), "sha256": info.get("data_sha256")},
         "text": {

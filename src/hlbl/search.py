@@ -249,10 +249,12 @@ def _resolve(w, h, wt, tree, s, tag, counter):
 
 
 @numba.njit(cache=True)
-def _topk_one(h, wt, tree, single, k, s, tag, out_v, out_w):
+def _topk_one(h, wt, tree, single, k, s, tag, out_v, out_w, floor):
     """Best-first exact top-k for context h (d,) float64 on ``tree`` (TreeArrays) weighted by
     ``wt`` (NodeWeights); fills out_v/out_w (k,), returns the nodes scored. ``single``: every
     word has one code (tree.ncodes.max() == 1). ``s`` (Scratch) holds no entry stamped ``tag``.
+    ``floor``: words below it are not wanted (-inf: none); the search stops once no unresolved
+    word can reach it, leaving the list's rest at -inf / -1 (or words below it met on the way).
 
     The best frontier item is carried in (cur_k, cur_p, cur_t) outside the heap: expanding it
     makes its better child the new current item and pushes only the other child, so a greedy
@@ -281,6 +283,8 @@ def _topk_one(h, wt, tree, single, k, s, tag, out_v, out_w):
             k0, p0, t0 = hk[0], hp[0], hb[0]
             _heap_sift_down(hk, hp, hb, size, cur_k, cur_p, cur_t)
             cur_k, cur_p, cur_t = k0, p0, t0
+        if cur_k + _LOG_MARGIN < floor:
+            break  # cur_k bounds every unresolved word (the invariant above): none reaches the floor
         if n_res == k:
             # Single-code: leaves come out in final order, so k of them are the answer.
             # Multi-code: no unresolved word can beat cur_k (module docstring).
@@ -335,20 +339,20 @@ def _topk_one(h, wt, tree, single, k, s, tag, out_v, out_w):
 
 
 @numba.njit(cache=True, nogil=True)
-def _topk_range(H, wt, tree, k, start, stop, out_v, out_w, out_nodes):
+def _topk_range(H, wt, tree, k, start, stop, out_v, out_w, out_nodes, floors):
     """Contexts ``start:stop`` of H (B, d) float64 into rows ``start:stop`` of out_v (B, k),
-    out_w (B, k) and out_nodes (B,), with scratch of its own. Releases the GIL, so slices run
-    in parallel threads."""
+    out_w (B, k) and out_nodes (B,), with scratch of its own; ``floors`` (B,): each row's floor
+    (:func:`_topk_one`). Releases the GIL, so slices run in parallel threads."""
     s = scratch(wt.W.shape[0], tree.ncodes.shape[0], tree.word_leaves.shape[1])
-    _topk_range_scratch(H, wt, tree, tree.ncodes.max() == 1, k, start, stop, s, 0, out_v, out_w, out_nodes)
+    _topk_range_scratch(H, wt, tree, tree.ncodes.max() == 1, k, start, stop, s, 0, out_v, out_w, out_nodes, floors)
 
 
 @numba.njit(cache=True, nogil=True)
-def _topk_range_scratch(H, wt, tree, single, k, start, stop, s, tag0, out_v, out_w, out_nodes):
+def _topk_range_scratch(H, wt, tree, single, k, start, stop, s, tag0, out_v, out_w, out_nodes, floors):
     """:func:`_topk_range` with the caller's scratch ``s`` (Scratch): context i is stamped
     ``tag0 + i + 1``, so scratch whose stamps are all at most ``tag0`` needs no clearing."""
     for i in range(start, stop):
-        out_nodes[i] = _topk_one(H[i], wt, tree, single, k, s, tag0 + i + 1, out_v[i], out_w[i])
+        out_nodes[i] = _topk_one(H[i], wt, tree, single, k, s, tag0 + i + 1, out_v[i], out_w[i], floors[i])
 
 
 # ---- top-k ------------------------------------------------------------------------------------
@@ -415,8 +419,14 @@ def tree_topk(
     k: int,
     threads: int | None = None,
     arrays: TreeArrays | None = None,
+    floor: torch.Tensor | np.ndarray | None = None,
 ) -> TopK:
     """Exact top-k words under the tree softmax for each row of ``input`` (B, d).
+
+    ``floor`` (B,) log-probabilities, optional: a row wants only words at or above its floor
+    (e.g. a caller that already holds k candidates that good); its search stops once no word
+    left can reach it; the slots it did not fill hold -inf and word -1, or a word below the floor
+    that it resolved on the way (with its exact value: a multi-code word's leaf may promise more).
 
     ``k`` larger than the vocabulary gives all V words, best first (shape (B, V)), as fastText's
     ``predict`` does; ``torch.topk`` would raise instead.
@@ -439,9 +449,15 @@ def tree_topk(
     out_v = np.full((B, k), -np.inf)
     out_w = np.full((B, k), -1, dtype=np.int64)
     out_n = np.zeros(B, dtype=np.int64)
+    if floor is None:
+        floors = np.full(B, -np.inf)
+    else:
+        floors = np.ascontiguousarray(torch.as_tensor(floor).detach().to("cpu", torch.float64).numpy())
+        if floors.shape != (B,):
+            raise ValueError(f"floor must have one value per row ({B},), got {floors.shape}")
 
     def run(start: int, stop: int) -> None:
-        _topk_range(H, wt, a, k, start, stop, out_v, out_w, out_n)
+        _topk_range(H, wt, a, k, start, stop, out_v, out_w, out_n, floors)
 
     in_row_slices(run, B, numba.get_num_threads() if threads is None else int(threads))
     dev = input.device
@@ -494,7 +510,9 @@ class TreeSearch:
         out_w = np.full((B, k), -1, dtype=np.int64)
         out_n = np.empty(B, dtype=np.int64)
         s, tag0 = self._scratch(B)
-        _topk_range_scratch(H, self.weights, self.arrays, self.single, k, 0, B, s, tag0, out_v, out_w, out_n)
+        _topk_range_scratch(
+            H, self.weights, self.arrays, self.single, k, 0, B, s, tag0, out_v, out_w, out_n, np.full(B, -np.inf)
+        )
         return out_v, out_w
 
 

@@ -33,6 +33,7 @@ FLAGS = {
     "samples": "--samples",
     "noise_power": "--noise-power",
     "noise_share": "--noise-share",
+    "head": "--head",
     "init_from": "--init-from",
     "keep_output": "--keep-output",
     # the recipe (TrainConfig)

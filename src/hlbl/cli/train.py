@@ -146,7 +146,7 @@ def _structure(args, counts) -> object:
     """The output layer's structure from --tree: a word tree (tree output), word classes (classes
     output: frequency binning into about sqrt(V) classes by default, or a classes file), or None."""
     V = len(counts)
-    if args.output == "tree":
+    if args.output in ("tree", "hybrid"):
         from ..tree import build_tree
 
         return build_tree(args.tree or "random", V, counts, args.seed)
@@ -164,10 +164,13 @@ def _structure(args, counts) -> object:
 
 def _new_run(args, splits: tuple[str, ...], device: str):
     """A new model and recipe from the flags; the vocabulary comes from the training split."""
-    if args.tree is not None and args.output not in ("tree", "classes"):
+    if args.tree is not None and args.output not in ("tree", "classes", "hybrid"):
         raise DataError(
-            f"--tree applies to the tree output layer (and to classes output) only, not --output {args.output}"
+            f"--tree applies to the tree output layer (and to classes and hybrid output) only, not --output {args.output}"
         )
+    if args.head is not None and args.output != "hybrid":
+        raise DataError(f"--head applies to --output hybrid only, not {args.output}")
+    args.head = LBLConfig.head if args.head is None else args.head
     if args.output not in SAMPLED_KINDS and any(
         x is not None for x in (args.samples, args.noise_power, args.noise_share)
     ):
@@ -200,6 +203,10 @@ def _new_run(args, splits: tuple[str, ...], device: str):
         args.data, args.max_vocab, args.min_count, splits=splits, blank_lines=args.blank_lines or "drop"
     )
     V = len(corpus.vocab)
+    if args.output == "hybrid" and not 1 <= args.head <= V - 2:
+        raise DataError(
+            f"--head {args.head}: the hybrid needs 1 to V - 2 = {V - 2} head words (the vocabulary has {V})"
+        )
     mcfg = LBLConfig(
         V,
         dim=args.dim,
@@ -210,6 +217,7 @@ def _new_run(args, splits: tuple[str, ...], device: str):
         samples=args.samples,
         noise_power=args.noise_power,
         noise_share=args.noise_share,
+        head=args.head,
     )
     cfg = TrainConfig(
         lr=args.lr,
@@ -323,8 +331,8 @@ def _options(args, model):
     from ..run import RunOptions
 
     tree = None
-    if model.config.output in ("tree", "classes"):
-        tree = args.tree or ("random" if model.config.output == "tree" else "frequency")
+    if model.config.output in ("tree", "classes", "hybrid"):
+        tree = args.tree or ("frequency" if model.config.output == "classes" else "random")
     init_from = str(Path(args.init_from).resolve()) if getattr(args, "init_from", None) else None
     return RunOptions(tree, init_from, bool(init_from and args.keep_output))
 
@@ -393,7 +401,14 @@ def _model_args(t) -> None:
         help="output layer: tree = HLBL, classes = two-level tree with a softmax over classes then over "
         "the class's words (--tree: its classes), flat = LBL, adaptive = PyTorch's adaptive softmax, "
         "nce = noise-contrastive estimation, sampled = sampled softmax (nce and sampled train on "
-        "--samples noise words per step and are evaluated with the exact full softmax)",
+        "--samples noise words per step and are evaluated with the exact full softmax), hybrid = an exact "
+        "softmax over the --head most frequent words and the --tree restricted to the others (the torch engine)",
+    )
+    t.add_argument(
+        "--head",
+        type=int,
+        default=None,
+        help=f"hybrid: the most frequent words in its exact softmax (default {m['head']}; at most V - 2)",
     )
     t.add_argument(
         "--samples", type=int, default=None, help=f"K noise words per example (nce/sampled; default {m['samples']})"
@@ -414,7 +429,8 @@ def _model_args(t) -> None:
     t.add_argument(
         "--tree",
         default=None,
-        help="tree output: random (the default), huffman, or a tree file (JSON/npz); classes output: "
+        help="tree and hybrid output: random (the default), huffman, or a tree file (JSON/npz; hybrid: cut to "
+        "its tail words); classes output: "
         "frequency (the default: frequency binning into about sqrt(V) classes) or a word classes file "
         "(hlbl tree build --classes)",
     )

@@ -4,7 +4,8 @@ Every layer subclasses :class:`~hlbl.output.base.OutputLayer`, one narrow interf
 says what a layer implements and what the interface derives from it), so the model, the training
 loop and inference never ask which one they hold.
 
-The kinds: ``tree`` (hierarchical softmax, the HLBL; :mod:`hlbl.output.tree`), ``classes`` (a
+The kinds: ``tree`` (hierarchical softmax, the HLBL; :mod:`hlbl.output.tree`), ``hybrid`` (an
+exact softmax over the most frequent words and a tree over the rest, :mod:`hlbl.output.hybrid`), ``classes`` (a
 two-level tree with a softmax at each level, :mod:`hlbl.output.classes`), ``flat`` (the LBL's full
 softmax) and ``adaptive`` (PyTorch's adaptive softmax; both :mod:`hlbl.output.flat`), and ``nce``
 / ``sampled`` (:mod:`hlbl.output.sampled`): the flat layer's parameters trained by
@@ -38,6 +39,7 @@ from ..tree import WordTree
 from .base import LayerOutput, OutputLayer, noise_seed
 from .classes import ClassSoftmax
 from .flat import AdaptiveSoftmax, FlatSoftmax
+from .hybrid import HybridSoftmax, hybrid_split, restrict_tree
 from .sampled import NCEOutput, SampledOutput, SampledSoftmax
 from .tree import TreeSoftmax
 
@@ -47,6 +49,9 @@ __all__ = [
     "LayerOutput",
     "OutputLayer",
     "TreeSoftmax",
+    "HybridSoftmax",
+    "hybrid_split",
+    "restrict_tree",
     "ClassSoftmax",
     "FlatSoftmax",
     "AdaptiveSoftmax",
@@ -61,14 +66,15 @@ __all__ = [
 
 
 def takes_tree(kind: str) -> bool:
-    """Whether output layers of this kind are built on a :class:`~hlbl.tree.WordTree` (saved as tree.json)."""
-    return kind == "tree"
+    """Whether output layers of this kind are built on a :class:`~hlbl.tree.WordTree` (saved as
+    tree.json): ``tree``, and ``hybrid`` (the tree restricted to its tail words)."""
+    return kind in ("tree", "hybrid")
 
 
 def takes_structure(kind: str) -> bool:
     """Whether output layers of this kind are built on a structure saved as the run's tree.json: a
     :class:`~hlbl.tree.WordTree` (``tree``) or :class:`~hlbl.classes.WordClasses` (``classes``)."""
-    return kind in ("tree", "classes")
+    return kind in ("tree", "hybrid", "classes")
 
 
 def make_output_layer(
@@ -81,13 +87,17 @@ def make_output_layer(
     samples: int = 25,
     noise_power: float = 1.0,
     noise_share: int = 25,
+    head: int = 2000,
 ) -> OutputLayer:
     """The one place that maps an output kind to a layer. ``init_std`` > 0 draws the tree, flat
     and sampled layers' weights from N(0, init_std^2) with ``generator`` (0: zeros); the adaptive
     softmax keeps PyTorch's own initialisation (from torch's global generator). ``samples`` (k),
     ``noise_power`` and ``noise_share`` apply to the ``nce`` and ``sampled`` kinds only
     (:mod:`hlbl.output.sampled`). ``tree``: a :class:`~hlbl.tree.WordTree` for ``tree``, a
-    :class:`~hlbl.classes.WordClasses` for ``classes``, None for the others."""
+    :class:`~hlbl.classes.WordClasses` for ``classes``, None for the others. ``hybrid``: words
+    ``0 .. head-1`` (the most frequent, in a vocabulary listed most frequent first) in an exact
+    softmax, ``tree`` restricted to the other words under its tail entry
+    (:meth:`HybridSoftmax.from_tree`)."""
     if kind == "classes":
         if not isinstance(tree, WordClasses):
             raise ValueError(
@@ -98,9 +108,11 @@ def make_output_layer(
         return ClassSoftmax(in_features, tree, init_std, generator)
     if takes_tree(kind):
         if not isinstance(tree, WordTree):
-            raise ValueError("the tree output layer needs a WordTree")
+            raise ValueError(f"the {kind} output layer needs a WordTree")
         if tree.num_words != vocab_size:
             raise ValueError(f"tree has {tree.num_words} words, vocabulary {vocab_size}")
+        if kind == "hybrid":
+            return HybridSoftmax.from_tree(in_features, tree, head, init_std, generator)
         return TreeSoftmax(in_features, tree, init_std, generator)
     if tree is not None and kind in OUTPUT_KINDS:  # it would be saved beside a model that ignores it
         raise ValueError(f"the {kind} output layer takes no tree")
