@@ -27,6 +27,17 @@ DEFAULT_EM_ITERS = 10  # hlbl.treebuild: EM iterations per split of a learned tr
 DEFAULT_MAX_LEAVES_PER_WORD = 4  # hlbl.treebuild: a learned tree's leaf budget, in units of V
 
 
+def takes_tree(kind: str) -> bool:
+    """Whether output layers of this kind are built on a :class:`~hlbl.tree.WordTree` (saved as tree.json)."""
+    return kind == "tree"
+
+
+def takes_structure(kind: str) -> bool:
+    """Whether output layers of this kind are built on a structure saved as the run's tree.json: a
+    :class:`~hlbl.tree.WordTree` (``tree``) or :class:`~hlbl.classes.WordClasses` (``classes``)."""
+    return kind in ("tree", "classes")
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, Integral) and not isinstance(v, bool)
 
