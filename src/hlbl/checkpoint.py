@@ -166,8 +166,6 @@ def write_tensors(
 ) -> None:
     """Write an hlbl safetensors file at ``path`` as it is (the caller makes it atomic); OSError
     for a failed write (safetensors' own error carries the OS's)."""
-    from safetensors.torch import save_file
-
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     meta = {"format": kind, "version": str(FORMAT_VERSION), **(meta or {}), "sha256": _digest(tensors)}
     try:
@@ -177,6 +175,13 @@ def write_tensors(
         message = re.search(r'message: "([^"]*)"', str(e))
         raise OSError(int(found.group(1)) if found else errno.EIO, message.group(1) if message else str(e)) from None
     _sort_metadata(str(path))
+
+
+def save_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str]) -> None:
+    """safetensors' torch writer (imported here, with torch, when a file is written)."""
+    from safetensors.torch import save_file as write
+
+    write(tensors, path, metadata=metadata)
 
 
 def _sort_metadata(path: str) -> None:

@@ -174,7 +174,7 @@ class NumpyLBL:
 
     def context_vectors(self, context: np.ndarray) -> np.ndarray:
         """r_hat (B, d) float32 for ``context`` (B, n) word ids, oldest first: ``LBL.context_vector``'s
-        ``(R[context] * C).sum(1)``, the products rounded to float32 and summed in context order."""
+        order: the products ``C_i * R[w_i]`` rounded to float32, summed in context order."""
         context = np.asarray(context, dtype=np.int64)
         B, n = context.shape
         if n != self.config.context:
@@ -182,8 +182,10 @@ class NumpyLBL:
         V = self.config.vocab_size
         if context.size and (context.min() < 0 or context.max() >= V):
             raise ValueError(f"word ids must be in 0..{V - 1}")
-        h = np.zeros((B, self.config.dim), np.float32)
-        for i in range(n):
+        if n == 0:
+            return np.zeros((B, self.config.dim), np.float32)
+        h = self.R[context[:, 0]] * self.C[0]
+        for i in range(1, n):
             h += self.R[context[:, i]] * self.C[i]
         return h
 
