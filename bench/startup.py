@@ -11,13 +11,15 @@ them alike): ``hlbl --help`` (the interpreter and the parser: a floor no command
 score RUN`` on the first 100 sentences of the corpus's test split, and ``hlbl eval RUN --split
 test``; then ``predict`` and ``score`` once more on the torch model (``Run.numpy_model`` refused
 in the child), what the commands cost before inference without torch (docs/inference.md). Times
-are wall-clock seconds, the median and the range over the rounds, with the load average: on a
+are wall-clock seconds, the median and the range over the rounds, and each process's CPU seconds
+(user + system, the median), with the load average: on a
 shared machine compare each command with ``--help`` in the same file, not across files.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,8 +35,15 @@ TORCH_PATH = (
 )
 
 
-def _first_line_seconds(argv: list[str], stdin: str) -> tuple[float, float]:
-    """(seconds to the first line of stdout, seconds to exit) of ``argv`` fed ``stdin``."""
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _first_line_seconds(argv: list[str], stdin: str) -> tuple[float, float, float]:
+    """(seconds to the first line of stdout, seconds to exit, CPU seconds) of ``argv`` fed ``stdin``."""
+    cpu = _children_cpu()
     start = time.perf_counter()
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.stdin.write(stdin)
@@ -45,7 +54,7 @@ def _first_line_seconds(argv: list[str], stdin: str) -> tuple[float, float]:
     err = proc.stderr.read()
     if proc.wait() != 0 or not first:
         raise SystemExit(f"{' '.join(argv)} failed: {err[-500:]}")
-    return t_first, time.perf_counter() - start
+    return t_first, time.perf_counter() - start, _children_cpu() - cpu
 
 
 def _commands(run: Path, sentences: str) -> dict[str, tuple[list[str], str]]:
@@ -90,18 +99,27 @@ def main() -> None:
     lines = [x for x in (corpus / "test.txt").read_text(encoding="utf-8").splitlines() if x.strip()][:100]
     commands = _commands(run, "\n".join(lines) + "\n")
     times: dict[str, list[float]] = {name: [] for name in commands}
+    cpus: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(args.rounds):
         for name, (argv, stdin) in commands.items():
-            first, total = _first_line_seconds(argv, stdin)
+            first, total, cpu = _first_line_seconds(argv, stdin)
             times[name].append(first if name.startswith("predict") else total)
+            cpus[name].append(cpu)  # (predict: the whole process, one context)
     summary = {
-        name: {"median_s": round(statistics.median(t), 3), "min_s": round(min(t), 3), "max_s": round(max(t), 3)}
+        name: {
+            "median_s": round(statistics.median(t), 3),
+            "min_s": round(min(t), 3),
+            "max_s": round(max(t), 3),
+            "cpu_median_s": round(statistics.median(cpus[name]), 3),
+        }
         for name, t in times.items()
     }
     result = {"run": str(run), "sentences": len(lines), "rounds": args.rounds, "seconds": summary, **machine()}
     write_json(args.out, result)
     for name, s in summary.items():
-        print(f"{name:28s} {s['median_s']:7.3f} s  ({s['min_s']:.3f} .. {s['max_s']:.3f})")
+        print(
+            f"{name:28s} {s['median_s']:7.3f} s  ({s['min_s']:.3f} .. {s['max_s']:.3f}), CPU {s['cpu_median_s']:.3f} s"
+        )
     print(f"written to {args.out}")
 
 
