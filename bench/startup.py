@@ -19,6 +19,7 @@ shared machine compare each command with ``--help`` in the same file, not across
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 import resource
 import statistics
 import subprocess
@@ -95,7 +96,8 @@ def main() -> None:
         run = Path(args.run) if args.run else _small_run(args.data)
     from hlbl.run import Run
 
-    corpus = Run.open(run).record.corpus.directory()
+    record = Run.open(run).record
+    corpus = record.corpus.directory()
     lines = [x for x in (corpus / "test.txt").read_text(encoding="utf-8").splitlines() if x.strip()][:100]
     commands = _commands(run, "\n".join(lines) + "\n")
     times: dict[str, list[float]] = {name: [] for name in commands}
@@ -114,7 +116,15 @@ def main() -> None:
         }
         for name, t in times.items()
     }
-    result = {"run": str(run), "sentences": len(lines), "rounds": args.rounds, "seconds": summary, **machine()}
+    # The run by what it is (its model and corpus), not by where it lies.
+    result = {
+        "model": asdict(record.model),
+        "corpus": record.corpus.spec,
+        "sentences": len(lines),
+        "rounds": args.rounds,
+        "seconds": summary,
+        **machine(),
+    }
     write_json(args.out, result)
     for name, s in summary.items():
         print(
