@@ -9,6 +9,7 @@ from conftest import tiny_corpus
 from hlbl.data import load_corpus
 from hlbl.evaluate import evaluate, perplexity_report
 from hlbl.model import LBL, LBLConfig
+import hlbl.engine as hengine
 import hlbl.run as hrun
 import hlbl.train as tr
 from hlbl.errors import ConfigError
@@ -171,7 +172,7 @@ def scripted(monkeypatch):
     rates and the weights at the start of the epoch and when it is validated."""
     record = {"lr": {}, "start": {}, "validated": {}, "script": []}
     clone = lambda m: {k: v.detach().clone() for k, v in m.state_dict().items()}  # noqa: E731
-    real_runner = hrun.choose_engine
+    real_runner = hengine.choose_engine  # (run.fit imports it from hlbl.engine when it trains)
 
     def runner(model, cfg):
         run = real_runner(model, cfg)
@@ -188,7 +189,7 @@ def scripted(monkeypatch):
         record["validated"][record["epoch"]] = clone(model)
         return {"perplexity": record["script"][record["epoch"] - 1], "tokens": 1, "nll": 0.0}
 
-    monkeypatch.setattr(hrun, "choose_engine", runner)
+    monkeypatch.setattr(hengine, "choose_engine", runner)
     monkeypatch.setattr(tr, "evaluate", fake_evaluate)
     return record
 

@@ -22,18 +22,19 @@ import os
 import re
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-import torch
+import numpy as np
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
-
-from torch import nn
 
 from . import atomic
 from .data import Vocab
 from .errors import CheckpointError
 from .files import refuse_special
+
+if TYPE_CHECKING:  # torch is imported by the functions that read or write torch tensors: the numpy
+    import torch  # reader (load_arrays) serves inference without it
+    from torch import nn
 
 WEIGHTS_FORMAT = "hlbl-weights"
 STATE_FORMAT = "hlbl-train-state"
@@ -121,6 +122,8 @@ def check_dataclass_fields(path: Path, section: str, obj: Any, cls) -> None:
 def _digest(tensors: dict[str, torch.Tensor]) -> str:
     """SHA-256 over names, dtypes, shapes and bytes: safetensors itself has no checksum, so a
     flipped data byte would otherwise load as a plausible number."""
+    import torch
+
     h = hashlib.sha256()
     for k in sorted(tensors):
         v = tensors[k]
@@ -174,6 +177,13 @@ def write_tensors(
     _sort_metadata(str(path))
 
 
+def save_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str]) -> None:
+    """safetensors' torch writer (imported here, with torch, when a file is written)."""
+    from safetensors.torch import save_file as write
+
+    write(tensors, path, metadata=metadata)
+
+
 def _sort_metadata(path: str) -> None:
     """Rewrite a just-written safetensors header with its metadata keys in sorted order.
 
@@ -207,6 +217,8 @@ PIECE_BYTES = 64 << 20
 
 def load_tensors_and_meta(path: Path, kind: str = WEIGHTS_FORMAT) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """The tensors of an hlbl safetensors file and its metadata, checked."""
+    import torch
+
     path = Path(path)
     with _reader(path, kind) as (f, meta, layout):
         tensors = {k: torch.empty(shape, dtype=dtype) for k, (dtype, shape) in layout.items()}
@@ -228,9 +240,10 @@ def load_tensors_and_meta(path: Path, kind: str = WEIGHTS_FORMAT) -> tuple[dict[
 
 
 @contextlib.contextmanager
-def _reader(path: Path, kind: str):
+def _reader(path: Path, kind: str, framework: str = "pt"):
     """``(file, metadata, layout)`` of an hlbl safetensors file of format ``kind``, its format and
-    version checked; ``layout``: each tensor's (dtype, shape) by name, sorted. The file stays open
+    version checked; ``layout``: each tensor's (dtype, shape) by name, sorted, the dtype a torch
+    dtype (``framework="pt"``) or a numpy one (``"numpy"``: torch is not imported). The file stays open
     (one mapping, one version of the file) until the block ends; safetensors and OS errors inside
     the block become one-line CheckpointErrors."""
     try:
@@ -243,7 +256,8 @@ def _reader(path: Path, kind: str):
     except OSError as e:
         raise CheckpointError(f"{path}: cannot read checkpoint ({e.strerror or e})") from None
     try:
-        with safe_open(str(path), framework="pt") as f:
+        dtypes = _torch_dtypes() if framework == "pt" else _NUMPY_DTYPES
+        with safe_open(str(path), framework=framework) as f:
             meta = f.metadata() or {}
             if meta.get("format") != kind:
                 raise CheckpointError(
@@ -256,9 +270,9 @@ def _reader(path: Path, kind: str):
             layout = {}
             for k in sorted(f.keys()):
                 sl = f.get_slice(k)
-                if sl.get_dtype() not in _DTYPES:
+                if sl.get_dtype() not in dtypes:
                     raise CheckpointError(f"{path}: tensor {k} is of a type hlbl does not write ({sl.get_dtype()})")
-                layout[k] = (_DTYPES[sl.get_dtype()], tuple(sl.get_shape()))
+                layout[k] = (dtypes[sl.get_dtype()], tuple(sl.get_shape()))
             yield f, meta, layout
     except SafetensorError as e:
         raise CheckpointError(f"{path}: damaged or truncated checkpoint ({e})") from None
@@ -266,35 +280,65 @@ def _reader(path: Path, kind: str):
         raise CheckpointError(f"{path}: cannot read checkpoint ({e})") from None
 
 
-def _read_pieces(path: Path, f, layout: dict, visit: Callable[[str, int, torch.Tensor], None]) -> str:
+def _read_pieces(path: Path, f, layout: dict, visit: Callable[[str, int, Any], None]) -> str:
     """Every tensor of ``layout`` read from the open file ``f`` in pieces of whole rows
-    (``PIECE_BYTES``), in name order; ``visit(name, first_row, piece)`` for each. Returns the
-    SHA-256 that :func:`_digest` gives the whole tensors."""
+    (``PIECE_BYTES``), in name order; ``visit(name, first_row, piece)`` for each (a torch tensor,
+    or a numpy array from a file opened for numpy). Returns the SHA-256 that :func:`_digest` gives
+    the whole tensors (whichever framework read them: the digest names torch's dtypes)."""
     h = hashlib.sha256()
     for k, (dtype, shape) in layout.items():
-        h.update(f"{k}:{dtype}:{shape};".encode())
+        name = f"torch.{dtype.name}" if isinstance(dtype, np.dtype) else str(dtype)  # np.float32 -> torch.float32
+        h.update(f"{k}:{name}:{shape};".encode())
         step = max(1, PIECE_BYTES // max(1, math.prod(shape[1:]) * dtype.itemsize))
         for lo in range(0, shape[0], step) if shape else (0,):
-            piece = f.get_slice(k)[lo : lo + step] if shape else f.get_tensor(k)
+            piece = (
+                f.get_slice(k)[lo : min(lo + step, shape[0])] if shape else f.get_tensor(k)
+            )  # (numpy's slices do not clamp)
             if tuple(piece.shape[1:]) != shape[1:] or piece.dtype != dtype:
                 raise CheckpointError(f"{path}: damaged checkpoint (tensor {k} does not read as its header says)")
-            if piece.numel():
+            if isinstance(piece, np.ndarray):
+                if piece.size:
+                    h.update(np.ascontiguousarray(piece).reshape(-1).view(np.uint8))
+            elif piece.numel():
+                import torch  # (a torch tensor: torch is loaded)
+
                 h.update(piece.contiguous().reshape(-1).view(torch.uint8).numpy())
             visit(k, lo, piece)
     return h.hexdigest()
 
 
-_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
+def _torch_dtypes() -> dict:
+    """The torch dtype of each safetensors dtype hlbl writes."""
+    import torch
+
+    return {
+        "F64": torch.float64,
+        "F32": torch.float32,
+        "F16": torch.float16,
+        "BF16": torch.bfloat16,
+        "I64": torch.int64,
+        "I32": torch.int32,
+        "I16": torch.int16,
+        "I8": torch.int8,
+        "U8": torch.uint8,
+        "BOOL": torch.bool,
+    }
+
+
+# The same for a numpy reader (numpy has no bfloat16: such a file is refused as a foreign type there).
+_NUMPY_DTYPES = {
+    name: np.dtype(kind)
+    for name, kind in (
+        ("F64", "float64"),
+        ("F32", "float32"),
+        ("F16", "float16"),
+        ("I64", "int64"),
+        ("I32", "int32"),
+        ("I16", "int16"),
+        ("I8", "int8"),
+        ("U8", "uint8"),
+        ("BOOL", "bool"),
+    )
 }
 
 
@@ -371,12 +415,74 @@ def vocab_fingerprint(vocab: Vocab) -> str:
 def _weights_meta(model: nn.Module, vocab: Vocab | None = None) -> dict[str, str]:
     """What the weights belong to: a tree's node vectors are meaningless under another tree, and
     word vectors under another vocabulary (even one of the same size)."""
-    meta = {"vocab_size": str(model.config.vocab_size)}
+    return weights_meta(model.config.vocab_size, model.structure, vocab)
+
+
+def weights_meta(vocab_size: int, structure: Any = None, vocab: Vocab | None = None) -> dict[str, str]:
+    """:func:`_weights_meta` of a model of ``vocab_size`` words over ``structure`` (a word tree or
+    word classes, or None) trained with ``vocab``."""
+    meta = {"vocab_size": str(vocab_size)}
     if vocab is not None:
         meta["vocab_sha256"] = vocab_fingerprint(vocab)
-    if model.structure is not None:
-        meta["tree_sha256"] = model.structure.fingerprint()
+    if structure is not None:
+        meta["tree_sha256"] = structure.fingerprint()
     return meta
+
+
+def _check_owner(path: Path, meta: dict, want: dict[str, str], epoch: int | None) -> None:
+    """The file's metadata against what the weights must belong to (:func:`weights_meta`) and the
+    epoch they must end."""
+    # What the weights belong to first: a file of another tree is that, whatever epoch it ends.
+    for key, value in want.items():
+        if key in meta and meta[key] != value:  # (weights saved without their vocabulary lack vocab_sha256)
+            what = {"tree_sha256": "word tree", "vocab_sha256": "vocabulary (same size, other words or order)"}.get(
+                key, "vocabulary size"
+            )
+            raise CheckpointError(f"{path}: these weights were trained with another {what} than this model's")
+    if epoch is not None:
+        check_epoch(path, meta, epoch)
+
+
+def _check_layout(path: Path, layout: dict, own: dict[str, tuple[Any, tuple[int, ...]]]) -> None:
+    """The file's tensors must be the model's (``own``: (dtype, shape) by name), of its shapes and dtypes."""
+    if set(layout) != set(own):
+        raise CheckpointError(f"{path}: tensors {sorted(set(layout) ^ set(own))[:4]} do not match the model")
+    for k, (dtype, shape) in layout.items():
+        if shape != tuple(own[k][1]):
+            raise CheckpointError(f"{path}: tensor {k} has shape {shape}, the model {tuple(own[k][1])}")
+        if dtype != own[k][0]:  # a silent cast could turn a checked finite float64 into an infinite float32
+            raise CheckpointError(f"{path}: tensor {k} is {dtype}, the model's {own[k][0]}")
+
+
+def _not_finite(path: Path, name: str) -> CheckpointError:
+    # safetensors has no checksum: damaged data bytes read as numbers; NaN/inf are the detectable ones
+    return CheckpointError(f"{path}: tensor {name} holds NaN or infinite values (a damaged file, or a diverged run)")
+
+
+def load_arrays(
+    path: Path, own: dict[str, tuple[np.dtype, tuple[int, ...]]], want: dict[str, str], epoch: int | None = None
+) -> dict[str, np.ndarray]:
+    """A weights file read as numpy arrays, without torch, with :func:`load_weights`'s checks: format
+    and version, what the weights belong to (``want``: :func:`weights_meta`), the tensors' names,
+    shapes and dtypes (``own``: (numpy dtype, shape) by name), finite values and the checksum. One
+    pass, a piece at a time, into arrays allocated up front: no second copy of the weights."""
+    path = Path(path)
+    with _reader(path, WEIGHTS_FORMAT, framework="numpy") as (f, meta, layout):
+        _check_owner(path, meta, want, epoch)
+        _check_layout(path, layout, own)
+        arrays = {k: np.empty(shape, dtype) for k, (dtype, shape) in layout.items()}
+
+        def keep(name: str, lo: int, piece: np.ndarray) -> None:
+            if piece.dtype.kind == "f" and not np.isfinite(piece).all():
+                raise _not_finite(path, name)
+            if piece.ndim:
+                arrays[name][lo : lo + len(piece)] = piece
+            else:
+                arrays[name][...] = piece
+
+        if _read_pieces(path, f, layout, keep) != meta.get("sha256"):
+            raise CheckpointError(f"{path}: damaged checkpoint (its data does not match its checksum)")
+    return arrays
 
 
 def save_weights(path: Path, model: nn.Module, epoch: int | None = None, vocab: Vocab | None = None) -> None:
@@ -419,33 +525,18 @@ def _load_checked(
     path: Path, f, meta: dict, layout: dict, model: nn.Module, epoch: int | None, vocab: Vocab | None
 ) -> None:
     """:func:`load_weights` of the open file ``f``."""
-    # What the weights belong to first: a file of another tree is that, whatever epoch it ends.
-    for key, want in _weights_meta(model, vocab).items():
-        if key in meta and meta[key] != want:  # (weights saved without their vocabulary lack vocab_sha256)
-            what = {"tree_sha256": "word tree", "vocab_sha256": "vocabulary (same size, other words or order)"}.get(
-                key, "vocabulary size"
-            )
-            raise CheckpointError(f"{path}: these weights were trained with another {what} than this model's")
-    if epoch is not None:
-        check_epoch(path, meta, epoch)
+    import torch
+
+    _check_owner(path, meta, _weights_meta(model, vocab), epoch)
     own = model.state_dict()
-    if set(layout) != set(own):
-        raise CheckpointError(f"{path}: tensors {sorted(set(layout) ^ set(own))[:4]} do not match the model")
-    for k, (dtype, shape) in layout.items():
-        if shape != tuple(own[k].shape):
-            raise CheckpointError(f"{path}: tensor {k} has shape {shape}, the model {tuple(own[k].shape)}")
-        if dtype != own[k].dtype:  # a silent cast could turn a checked finite float64 into an infinite float32
-            raise CheckpointError(f"{path}: tensor {k} is {dtype}, the model's {own[k].dtype}")
+    _check_layout(path, layout, {k: (v.dtype, tuple(v.shape)) for k, v in own.items()})
     fixed = {}  # the tensors that are not weights (a tree's children table): through load_state_dict's checks
 
     def check(name: str, lo: int, piece: torch.Tensor) -> None:
         if not piece.is_floating_point():
             fixed[name] = torch.cat([fixed[name], piece]) if lo else piece
         elif not bool(torch.isfinite(piece).all()):
-            # safetensors has no checksum: damaged data bytes read as numbers; NaN/inf are the detectable ones
-            raise CheckpointError(
-                f"{path}: tensor {name} holds NaN or infinite values (a damaged file, or a diverged run)"
-            )
+            raise _not_finite(path, name)
 
     if _read_pieces(path, f, layout, check) != meta.get("sha256"):
         raise CheckpointError(f"{path}: damaged checkpoint (its data does not match its checksum)")
@@ -461,6 +552,8 @@ def _load_checked(
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """Split an optimiser state into tensors (for safetensors) and JSON scalars."""
+    import torch
+
     sd = optimizer.state_dict()
     tensors, scalars = {}, {}
     for idx, st in sd["state"].items():

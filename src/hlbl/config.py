@@ -27,6 +27,18 @@ DEFAULT_EM_ITERS = 10  # hlbl.treebuild: EM iterations per split of a learned tr
 DEFAULT_MAX_LEAVES_PER_WORD = 4  # hlbl.treebuild: a learned tree's leaf budget, in units of V
 
 
+def takes_tree(kind: str) -> bool:
+    """Whether output layers of this kind are built on a :class:`~hlbl.tree.WordTree` (saved as
+    tree.json): ``tree``, and ``hybrid`` (the tree restricted to its tail words)."""
+    return kind in ("tree", "hybrid")
+
+
+def takes_structure(kind: str) -> bool:
+    """Whether output layers of this kind are built on a structure saved as the run's tree.json: a
+    :class:`~hlbl.tree.WordTree` (``tree``, ``hybrid``) or :class:`~hlbl.classes.WordClasses` (``classes``)."""
+    return kind in ("tree", "hybrid", "classes")
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, Integral) and not isinstance(v, bool)
 

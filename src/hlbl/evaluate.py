@@ -8,14 +8,16 @@ Perplexity = exp(total NLL / N), with the total accumulated in float64 and divid
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from .data import batches
 
+if TYPE_CHECKING:  # imported where a torch model is scored: a NumpyLBL (hlbl.numpy_model) needs no torch
+    import torch
 
-@torch.no_grad()
+
 def token_log_probs(
     model,
     stream: np.ndarray,
@@ -27,8 +29,24 @@ def token_log_probs(
     """(N,) float64 natural-log probability of every token of ``stream`` given its context.
 
     ``engine="torch"`` always uses the model's forward; otherwise tree models on the CPU are
-    scored by ``hlbl.fast`` (the same values up to float32 rounding, several times faster).
+    scored by ``hlbl.fast`` (the same values up to float32 rounding, several times faster). A
+    :class:`~hlbl.numpy_model.NumpyLBL` is scored by the same kernel (``device`` and ``engine``
+    aside), without torch.
     """
+    from .numpy_model import NumpyLBL
+
+    if isinstance(model, NumpyLBL):  # its scorer is the fast engine's
+        return model.token_log_probs(stream, pad)
+    import torch
+
+    with torch.no_grad():
+        return _torch_log_probs(model, stream, pad, batch_size, device, engine)
+
+
+def _torch_log_probs(model, stream: np.ndarray, pad: int, batch_size: int, device, engine: str) -> np.ndarray:
+    """:func:`token_log_probs` of a torch model (under no_grad)."""
+    import torch
+
     if engine != "torch":
         from .fast import scorer  # lazily: numba compiles its kernels on first use
 
@@ -68,7 +86,6 @@ def evaluate(
     return perplexity_report(token_log_probs(model, stream, pad, batch_size, device, engine))
 
 
-@torch.no_grad()
 def self_normalisation(
     model, stream: np.ndarray, pad: int, batch_size: int = 4096, device: str | torch.device = "cpu"
 ) -> dict | None:
@@ -79,9 +96,19 @@ def self_normalisation(
 
     This is a diagnostic: the model's perplexity is :func:`evaluate`'s, from the full softmax.
     """
-    out = model.out
+    out = getattr(model, "out", None)  # (a NumpyLBL has a tree: normalised)
     if not (hasattr(out, "log_normaliser") and hasattr(out, "score")):
         return None
+    import torch
+
+    with torch.no_grad():
+        return _self_normalisation(model, out, stream, pad, batch_size, device)
+
+
+def _self_normalisation(model, out, stream: np.ndarray, pad: int, batch_size: int, device) -> dict:
+    """:func:`self_normalisation` of a layer with unnormalised scores (under no_grad)."""
+    import torch
+
     was_training = model.training
     model.eval()
     log_z = np.empty(len(stream), dtype=np.float64)

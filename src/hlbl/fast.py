@@ -114,10 +114,11 @@ import numba
 import numpy as np
 import torch
 
-from . import data
 from .data import EpochOrder, EpochReader, EpochSpan, epoch_span
-from .kernels import PHASES, OptState, Params, WordPaths, Workspace, _catch_up, _score, _train_steps
+from .kernels import PHASES, OptState, Params, WordPaths, Workspace, _catch_up, _train_steps
 from .memory import prefer_huge_pages
+from .numpy_model import SCORE_CHUNK, score_stream, word_paths
+from .numpy_model import check_stream as _check_stream
 from .output import TreeSoftmax
 from .progress import progress
 
@@ -126,53 +127,15 @@ BLOCK = 32  # examples per block of a step (kernels._step): a speed setting, the
 
 
 def _word_paths(layer: TreeSoftmax) -> WordPaths:
-    """The tree's paths as the kernels read them (:class:`~hlbl.kernels.WordPaths`), by word and code.
-
-    Record ``first[w] + k`` is word w's k-th code: ``codes[r, 0]`` its length and
-    ``codes[r, 1 + t] = 2 * node + bit`` its step t (bit 1: left, 0: right). A record is W int32,
-    W = the longest path + 1 rounded up to 16 (64-byte records that never straddle a cache line
-    more than they must): a step's gather then reads one record a code where separate tables of
-    leaves, nodes, bits and depths cost four random memory accesses. Built once per tree and kept
-    on the layer.
-    """
+    """:func:`hlbl.numpy_model.word_paths` of the layer's tree (the kernels' layout of its paths),
+    built once per tree and kept on the layer."""
     tree = layer.tree
     cached = layer.__dict__.get("_fast_word_paths")
     if cached is not None and cached[0] is tree:
         return cached[1]
-    if tree.num_nodes >= 2**30:
-        raise ValueError(f"the fast engine handles trees of fewer than 2**30 nodes, not {tree.num_nodes}")
-    leaves = tree.word_leaves  # (V, K), -1 padded
-    has = leaves >= 0
-    first = np.zeros(leaves.shape[0] + 1, np.int64)
-    np.cumsum(has.sum(1), out=first[1:])
-    lf = leaves[has]  # (L,) every word's leaves, word by word
-    D = int(tree.leaf_depth.max())
-    codes = np.zeros((len(lf), -(-(D + 1) // 16) * 16), np.int32)
-    for r0 in range(0, len(lf), 1 << 16):  # in slices: whole-table temporaries would double peak memory at V = 1M
-        part = lf[r0 : r0 + (1 << 16)]
-        codes[r0 : r0 + len(part), 0] = tree.leaf_depth[part]
-        steps = 2 * tree.path_nodes[part] + tree.path_bits[part]
-        codes[r0 : r0 + len(part), 1 : D + 1] = np.where(tree.path_mask[part], steps, 0)
-    paths = WordPaths(first=first, codes=codes, most=int(leaves.shape[1]))
+    paths = word_paths(tree)
     layer.__dict__["_fast_word_paths"] = (tree, paths)
     return paths
-
-
-def _check_stream(stream: np.ndarray, pad: int, V: int) -> np.ndarray:
-    """The stream as contiguous int32, after checking every id (the kernels do no bounds checks).
-    A memory-mapped int32 stream is returned as it is (its ids read through the file, in pieces:
-    the check maps none of it; see data.EpochReader)."""
-    if not isinstance(stream, np.memmap) or data.mapped_file(stream) is None:
-        stream = np.ascontiguousarray(stream, dtype=np.int32)
-    lo, hi = 0, 0
-    for i, part in enumerate(data.stream_pieces(stream)):
-        a, b = int(part.min()), int(part.max())
-        lo, hi = (a, b) if i == 0 else (min(lo, a), max(hi, b))
-    if len(stream) and (lo < 0 or hi >= V):
-        raise ValueError(f"token ids must be in 0..{V - 1}; the stream has {lo}..{hi}")
-    if not 0 <= pad < V:
-        raise ValueError(f"pad id {pad} is not in 0..{V - 1}")
-    return stream
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -665,9 +628,6 @@ def _train_rounds(sched: _Schedule, shared: _Shared, readers, pad: int, bar, mix
     return total, steps_s, rest_s
 
 
-SCORE_CHUNK = 1 << 19  # positions per scoring call (a progress update each)
-
-
 def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = None) -> np.ndarray:
     """(N,) float64 log P of every token of ``stream`` given its context (the fast scorer)."""
     why = unsupported(model)
@@ -675,23 +635,10 @@ def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = N
         raise ValueError(f"the fast engine cannot score this model: {why}")
     set_numba_threads(threads)
     stream = np.asarray(_check_stream(stream, pad, model.config.vocab_size))
-    out = np.empty(len(stream), dtype=np.float64)
     _huge_pages_once(model, _np(model.R.weight), _np(model.out.weight))
-    n = model.config.context
     weights = (_np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias), _word_paths(model.out))
-    # In pieces of SCORE_CHUNK positions, each with the n tokens before it as context (their own
-    # scores are dropped): the same numbers as one call, and progress on a 2M-token split.
-    bar = progress(len(stream), "scoring", "w", show=len(stream) > SCORE_CHUNK)
-    with torch.no_grad():
-        for lo in range(0, len(stream), SCORE_CHUNK):
-            hi = min(lo + SCORE_CHUNK, len(stream))
-            start = max(0, lo - n)
-            part = np.empty(hi - start, dtype=np.float64)
-            _score(stream[start:hi], pad, *weights, part)
-            out[lo:hi] = part[lo - start :]
-            bar.update(hi - lo)
-    bar.close()
-    return out
+    with torch.no_grad():  # (the scorer of the numpy model: hlbl.numpy_model owns it)
+        return score_stream(weights, stream, pad, SCORE_CHUNK)
 
 
 def scorer(model, device="cpu") -> Callable[[np.ndarray, int], np.ndarray] | None:

@@ -86,11 +86,21 @@ class LBL(nn.Module):
         self.out.init_unigram(counts)
 
     def context_vector(self, context: torch.Tensor) -> torch.Tensor:
-        """r_hat (B, d) for ``context`` (B, n-1) word ids, oldest first."""
+        """r_hat (B, d) for ``context`` (B, n-1) word ids, oldest first.
+
+        Diagonal C: the products ``C_i * r_i`` summed in context order, one add at a time, as the
+        numba kernels (scorer, feature sums) and :class:`~hlbl.numpy_model.NumpyLBL` sum them:
+        ``(r * C).sum(1)`` reduces in an order that depends on the shape (its float32 results
+        differ in the last bit for, e.g., n = 5 and d = 50)."""
         r = self.R(context)  # (B, n, d)
         if self.config.full_context:
             return torch.einsum("bnd,ned->be", r, self.C)
-        return (r * self.C).sum(1)
+        if r.shape[1] == 0:
+            return r.sum(1)  # (B, d) zeros
+        h = r[:, 0] * self.C[0]
+        for i in range(1, r.shape[1]):
+            h = h + r[:, i] * self.C[i]
+        return h
 
     def forward(self, context: torch.Tensor, target: torch.Tensor) -> LayerOutput:
         """Per-example log P(target | context) (B,) and the mean NLL."""

@@ -37,18 +37,16 @@ from dataclasses import dataclass, replace
 from functools import partial
 import logging
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from . import atomic
-from . import distributed as ddp
 from .checkpoint import (
     FORMAT_VERSION,
     STATE_FORMAT,
     check_dataclass_fields,
     check_epoch,
     check_field,
+    load_arrays,
     load_tensors_and_meta,
     load_weights,
     optimizer_tensors,
@@ -57,13 +55,14 @@ from .checkpoint import (
     read_state,
     restore_optimizer,
     vocab_fingerprint,
+    weights_meta,
     write_error,
     write_json,
     write_tensors,
     write_weights,
 )
 from .classes import WordClasses
-from .config import LBLConfig, TrainConfig, check_model_memory
+from .config import LBLConfig, TrainConfig, check_model_memory, takes_structure, takes_tree
 from .data import (
     Corpus,
     DataError,
@@ -74,15 +73,15 @@ from .data import (
     resolve_corpus,
     stream_fingerprint,
 )
-from .engine import check_memory, choose_engine
 from .errors import CheckpointError, ConfigError, TreeError
-from .model import LBL
-from .optim import make_optimizer
-from .output import takes_structure, takes_tree
 from .schedule import Schedule, TrainState
-from .train import Loop, train_loop
 from .tree import WordTree
-from .warmstart import warm_start
+
+if TYPE_CHECKING:  # torch and the training modules are imported where a model is built or trained:
+    import torch  # reading a run's record and its numpy model (hlbl.numpy_model) needs neither
+
+    from .model import LBL
+    from .numpy_model import NumpyLBL
 
 RUN_FORMAT = "hlbl-run"
 # 2: the corpus, the text protocol and the options as sections, every field written (1: read by
@@ -216,6 +215,8 @@ class Run:
 
     def model(self, which: str = "best", device: str | torch.device = "cpu") -> LBL:
         """The run's model with its ``best`` or ``last`` weights."""
+        from .model import LBL
+
         config, vocab, tree = self.recipe()
         try:
             model = LBL(config, tree, init=False)  # every weight comes from the file
@@ -223,6 +224,22 @@ class Run:
             raise CheckpointError(f"{self.path}: {e}") from None
         load_weights(self.path / f"{which}.safetensors", model, vocab=vocab)
         return model.to(device)
+
+    def numpy_model(self, which: str = "best") -> NumpyLBL | None:
+        """The run's ``best`` or ``last`` weights as a :class:`~hlbl.numpy_model.NumpyLBL` (read
+        without torch, with the checks of :meth:`model`), or None for a run of a kind it does not
+        hold (:func:`hlbl.numpy_model.unsupported`): use :meth:`model` then."""
+        from .numpy_model import NumpyLBL, unsupported
+
+        config, vocab, tree = self.recipe()
+        if unsupported(config) is not None:
+            return None
+        path = self.path / f"{which}.safetensors"
+        arrays = load_arrays(path, NumpyLBL.layout(config, tree), weights_meta(config.vocab_size, tree, vocab))
+        try:
+            return NumpyLBL.from_state(config, tree, arrays)
+        except ValueError as e:  # another tree's weights
+            raise CheckpointError(f"{path}: {e}") from None
 
     def load_model(self, which: str = "best", device: str | torch.device = "cpu") -> tuple[LBL, Vocab, RunRecord]:
         """The model of the run (``best`` or ``last`` weights), its vocabulary and record."""
@@ -378,6 +395,9 @@ class Run:
         """The state, weights, optimiser and metrics lines of the complete checkpoint ``found``
         (every rank reads them); rank 0 then republishes its files, which a crash may have
         stopped half-way, and drops older checkpoints."""
+        from . import distributed as ddp
+        from .optim import make_optimizer
+
         state = state_from_json(read_state(found / "state.json"))
         load_weights(found / "last.safetensors", model, epoch=state.epoch, vocab=vocab)
         tensors, meta = load_tensors_and_meta(found / "optimizer.safetensors", kind="hlbl-optimizer")
@@ -448,6 +468,11 @@ class Run:
         run.json records; a directory, a name or a loaded :class:`Corpus`), which must be the same
         text; ``runtime``: settings of :attr:`TrainConfig.RUNTIME`; ``splits``: default train,
         valid and test where present. Refuses a run that has trained but has no checkpoint left."""
+        import torch
+
+        from .model import LBL
+        from .warmstart import warm_start
+
         config, vocab, tree = self.recipe()
         found = self.resume_point()
         corpus = data if isinstance(data, Corpus) else self.corpus(splits, data)
@@ -855,6 +880,11 @@ def fit(
     with the same model, corpus and config; only rank 0 logs and writes ``run_dir``, and every rank
     returns holding the best weights.
     """
+    import torch
+
+    from . import distributed as ddp
+    from .engine import check_memory, choose_engine
+
     log = log or logging.getLogger("hlbl.train").info
     run = Run(run_dir)
     model.to(torch.device(cfg.device))  # (the engine's choice depends on where the parameters are)
@@ -868,6 +898,9 @@ def fit(
 
 
 def _fit(run: Run, engine, model, corpus, cfg, resume, corpus_spec, log, options) -> TrainState:
+    from . import distributed as ddp
+    from .train import Loop, train_loop
+
     train = corpus["train"][: cfg.max_train_tokens] if cfg.max_train_tokens else corpus["train"]
     valid = corpus["valid"]
     ddp.check_same_run(model, corpus.vocab, train, valid, cfg)
@@ -896,6 +929,9 @@ def _start_or_resume(
     """A new run's files (rank 0 writes them), or a run's state, weights, optimiser and metrics
     from its newest complete checkpoint (every rank reads them); every rank then holds rank 0's
     parameters. Also returns the metrics lines so far and the checkpoint's best weights file."""
+    from . import distributed as ddp
+    from .optim import make_optimizer
+
     is_run = resume and run.has_record()
     found = None
     if is_run:

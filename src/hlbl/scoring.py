@@ -67,7 +67,8 @@ def token_scores(
 
     eos = vocab.eos
     n = model.config.context
-    device = device if device is not None else next(model.parameters()).device
+    if device is None and hasattr(model, "parameters"):  # a torch model's own device (a NumpyLBL has none)
+        device = next(model.parameters()).device
     encoded, oov = encode_sentences(vocab, sentences)
     lengths = np.asarray([len(ids) + 1 for ids in encoded], dtype=np.int64)
     if not encoded:
@@ -79,7 +80,7 @@ def token_scores(
     scored = np.ones(len(stream), dtype=bool)  # False on the n padding tokens before each sentence
     starts = np.concatenate([[0], np.cumsum(lengths + n)[:-1]])
     scored[(starts[:, None] + np.arange(n)).reshape(-1)] = False
-    return TokenScores(token_log_probs(model, stream, eos, batch_size, device)[scored], lengths, oov)
+    return TokenScores(token_log_probs(model, stream, eos, batch_size, device or "cpu")[scored], lengths, oov)
 
 
 def ngram_token_scores(ngram, vocab, sentences: Iterable[str | Sequence[str]]) -> TokenScores:

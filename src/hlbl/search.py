@@ -51,13 +51,15 @@ from __future__ import annotations
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numba
 import numpy as np
-import torch
 
 from .tree import WordTree
+
+if TYPE_CHECKING:  # the kernels and TreeSearch work on numpy arrays: torch is imported by the
+    import torch  # functions that take or give tensors (inference without torch: hlbl.numpy_model)
 
 # Margin (in log space) by which the k-th resolved word must beat the bound on unresolved words
 # in multi-code trees; covers rounding in log-sum-exp. Conservative: a larger margin only
@@ -382,13 +384,17 @@ def layer_tree_arrays(layer) -> TreeArrays:
     return cached[1]
 
 
-def node_weights(tree: WordTree, weight: torch.Tensor, bias: torch.Tensor) -> NodeWeights:
+def node_weights(tree: WordTree, weight: torch.Tensor | np.ndarray, bias: torch.Tensor | np.ndarray) -> NodeWeights:
     """NodeWeights(W (N, d), b (N,)) for the kernels: zero-copy views of contiguous float32 or
-    float64 CPU tensors (other dtypes and devices are copied to float32), so no per-call O(N d)
-    or O(N) conversion (generation calls this once a token) and no cache that could go stale;
-    scores are accumulated in float64 either way."""
+    float64 CPU tensors or numpy arrays (other dtypes and devices are copied to float32), so no
+    per-call O(N d) or O(N) conversion (generation calls this once a token) and no cache that could
+    go stale; scores are accumulated in float64 either way."""
 
-    def view(t: torch.Tensor) -> np.ndarray:
+    def view(t) -> np.ndarray:
+        if isinstance(t, np.ndarray):
+            return np.ascontiguousarray(t if t.dtype in (np.float32, np.float64) else t.astype(np.float32))
+        import torch
+
         t = t.detach()
         if t.dtype not in (torch.float32, torch.float64):
             t = t.float()
@@ -437,6 +443,8 @@ def tree_topk(
     and everything on ``input``'s device. ``arrays``: :func:`tree_arrays` of ``tree`` if already
     built (see :func:`layer_tree_arrays`).
     """
+    import torch
+
     if input.dim() != 2:
         raise ValueError(f"input must have shape (B, d), got {tuple(input.shape)}")
     k = _check_k(k, tree.num_words)
@@ -445,6 +453,19 @@ def tree_topk(
     if input.shape[1] != wt.W.shape[1]:
         raise ValueError(f"input has {input.shape[1]} features, the tree layer {wt.W.shape[1]}")
     H = np.ascontiguousarray(input.detach().to("cpu", torch.float64).numpy())
+    out_v, out_w, out_n = search_rows(H, wt, a, k, threads)
+    dev = input.device
+    return TopK(
+        torch.from_numpy(out_v).to(dev, input.dtype), torch.from_numpy(out_w).to(dev), torch.from_numpy(out_n).to(dev)
+    )
+
+
+def search_rows(
+    H: np.ndarray, wt: NodeWeights, a: TreeArrays, k: int, threads: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The search of :func:`tree_topk` on numpy arrays: contexts H (B, d) float64 -> log-probs
+    (B, k) float64, word ids (B, k) int64 and nodes scored (B,) int64; ``k`` already checked
+    (:func:`_check_k`), rows in ``threads`` parallel slices (default ``numba.get_num_threads()``)."""
     B = H.shape[0]
     out_v = np.full((B, k), -np.inf)
     out_w = np.full((B, k), -1, dtype=np.int64)
@@ -460,10 +481,7 @@ def tree_topk(
         _topk_range(H, wt, a, k, start, stop, out_v, out_w, out_n, floors)
 
     in_row_slices(run, B, numba.get_num_threads() if threads is None else int(threads))
-    dev = input.device
-    return TopK(
-        torch.from_numpy(out_v).to(dev, input.dtype), torch.from_numpy(out_w).to(dev), torch.from_numpy(out_n).to(dev)
-    )
+    return out_v, out_w, out_n
 
 
 class TreeSearch:
@@ -476,7 +494,13 @@ class TreeSearch:
     or float64 CPU tensors: updates in place are seen, a tensor replaced by another is not.
     """
 
-    def __init__(self, tree: WordTree, weight: torch.Tensor, bias: torch.Tensor, arrays: TreeArrays | None = None):
+    def __init__(
+        self,
+        tree: WordTree,
+        weight: torch.Tensor | np.ndarray,
+        bias: torch.Tensor | np.ndarray,
+        arrays: TreeArrays | None = None,
+    ):
         self.tree = tree
         self.arrays = tree_arrays(tree) if arrays is None else arrays
         self.weights = node_weights(tree, weight, bias)
@@ -540,6 +564,8 @@ def _check_k(k: int, vocab_size: int) -> int:
 
 def full_topk(log_prob: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of a full (B, V) distribution by sorting, ties broken by lower word id (stable sort)."""
+    import torch
+
     k = _check_k(k, log_prob.shape[1])
     values, idx = torch.sort(log_prob, dim=1, descending=True, stable=True)
     return values[:, :k], idx[:, :k]
@@ -552,6 +578,8 @@ def topk_matches(values: torch.Tensor, indices: torch.Tensor, full_log_prob: tor
     distinct, ``values`` are their log-probabilities under ``full_log_prob``, and they equal the
     k largest values of ``full_log_prob``. (Ids may differ from a sort only among near-ties.)
     """
+    import torch
+
     k = values.shape[1]
     ref_values, _ = full_topk(full_log_prob, k)
     own = full_log_prob.gather(1, indices)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from .common import blank_lines_arg, pick_device, run_args, set_threads, with_oov
+from .infer import load_for_inference
 from .mix import add_mixture_args, check_mixture_flags, load_mixture, mixing, mixture_blank_lines, mixture_report
 
 
@@ -13,16 +14,15 @@ def cmd_eval(args) -> int:
     from ..evaluate import evaluate, self_normalisation
     from ..run import Run
 
-    set_threads(args.threads)
-    device = pick_device(args.device)
     mix = None
     if mixing(args):  # runs and an n-gram model mixed per token (hlbl.mixture)
-        mix = load_mixture(args, device)
+        set_threads(args.threads)
+        mix = load_mixture(args, pick_device(args.device))
         run = Run.open(mix.components[0].path)
         vocab = mix.vocab
     else:
+        model, vocab, device = load_for_inference(args)  # (numpy on the CPU for a run of the fast engine's kind)
         run = Run.open(args.run)
-        model, vocab = run.model(args.which, device), run.vocab
     blank_lines = args.blank_lines  # None: the run's protocol
     if mix is not None:  # ... or the n-gram model's, which its scores are of
         blank_lines = mixture_blank_lines(mix, args.blank_lines, run.text.blank_lines)

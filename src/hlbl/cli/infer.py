@@ -15,12 +15,25 @@ from .common import blank_lines_arg, pick_device, run_args, score_output_args, s
 from .mix import add_mixture_args, check_mixture_flags, mixing, ready_mixture
 
 
-def _load_for_inference(args):
+def load_for_inference(args, numpy: bool = True):
+    """(model, vocab, device) of the run ``args.run`` (``--which``, ``--device``, ``--threads``).
+    On the CPU (``--device cpu`` or ``auto``) a run of the fast engine's kind is read as a
+    :class:`~hlbl.numpy_model.NumpyLBL` (``numpy``: where the command can use one), without
+    importing torch; any other run, or device, loads the torch model."""
     from ..run import Run
 
+    if args.threads is not None and args.threads < 1:
+        set_threads(args.threads)  # (its one-line error, before anything is read)
+    run = Run.open(args.run)
+    if numpy and args.device in ("auto", "cpu"):
+        model = run.numpy_model(args.which)
+        if model is not None:
+            from ..numpy_model import set_numba_threads
+
+            set_numba_threads(args.threads)
+            return model, run.vocab, "cpu"
     set_threads(args.threads)
     device = pick_device(args.device)
-    run = Run.open(args.run)
     model, vocab = run.model(args.which, device), run.vocab
     model.eval()
     return model, vocab, device
@@ -94,7 +107,8 @@ def cmd_generate(args) -> int:
         raise DataError(f"--tokens must be at least 0, got {args.tokens}")
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
         raise DataError(f"--temperature must be a positive number, got {args.temperature}")
-    model, vocab, _ = _load_for_inference(args)
+    # torch's model: the sampler's uniforms come from a seeded torch.Generator (hlbl.numpy_model)
+    model, vocab, _ = load_for_inference(args, numpy=False)
     if args.per_node_temperature and not takes_structure(model.config.output):
         raise DataError(f"--per-node-temperature needs a tree model; this one has {model.config.output} output")
     prompt = args.prompt.split() if args.prompt else []
@@ -120,7 +134,7 @@ def cmd_score(args) -> int:
         scorer, long_line = mix.token_scores, None  # long lines held whole
         extra = {"components": mix.describe()}
     else:
-        model, vocab, device = _load_for_inference(args)
+        model, vocab, device = load_for_inference(args)
         scorer = lambda lines: token_scores(model, vocab, lines, device=device)  # noqa: E731
         # A line too long to hold is scored piece by piece, as a total (no per-token scores).
         long_line = None if args.per_token else (lambda: _LongSentence(model, vocab, device))
@@ -173,13 +187,14 @@ def _sentence_line(s, line, per_token, as_json: bool) -> str:
 
 
 def cmd_predict(args) -> int:
-    import torch
+    import numpy as np
 
     from ..scoring import encode_context
 
     if args.k < 1:
         raise DataError(f"--k must be at least 1, got {args.k}")
-    model, vocab, device = _load_for_inference(args)
+    model, vocab, device = load_for_inference(args)
+    topk = _topk_function(model, device)
     if sys.stdin.isatty():  # a person at a terminal, who might otherwise take the wait for a hang
         end = "Ctrl-Z then Enter" if os.name == "nt" else "Ctrl-D"
         print(f"hlbl: reading contexts from standard input, one a line (end with {end})", file=sys.stderr)
@@ -195,10 +210,9 @@ def cmd_predict(args) -> int:
         ]
         chunk = [line if isinstance(line, str) else "... " + " ".join(line.words) for line in chunk]
         unknown += sum(oov for _, oov in encoded)
-        ctx = torch.tensor([c for c, _ in encoded], dtype=torch.int64, device=device).view(len(chunk), n)
-        values, idx = model.topk(ctx, args.k)
-        probs = values.double().exp().cpu().tolist()
-        for line, (_, oov), p, w in zip(chunk, encoded, probs, idx.cpu().tolist()):
+        values, idx = topk(np.asarray([c for c, _ in encoded], dtype=np.int64).reshape(len(chunk), n), args.k)
+        probs = np.exp(values.astype(np.float64)).tolist()  # (one exp for both models: the same digits)
+        for line, (_, oov), p, w in zip(chunk, encoded, probs, idx.tolist()):
             words = vocab.decode(w)
             if args.json:
                 print(json.dumps({"context": line, "oov": oov, "words": words, "probs": p}))
@@ -210,6 +224,22 @@ def cmd_predict(args) -> int:
             f"hlbl: {unknown} context word(s) not in the vocabulary, read as {vocab.words[vocab.unk]}", file=sys.stderr
         )
     return 0
+
+
+def _topk_function(model, device) -> Callable:
+    """``topk(contexts (B, n) int64, k) -> (log-probs (B, k), ids (B, k))`` as numpy arrays, the
+    log-probabilities in the model's float32: the numpy model's, or the torch model's on ``device``."""
+    from ..numpy_model import NumpyLBL
+
+    if isinstance(model, NumpyLBL):
+        return model.topk
+    import torch
+
+    def topk(ctx, k: int):
+        values, idx = model.topk(torch.from_numpy(ctx).to(device), k)
+        return values.cpu().numpy(), idx.cpu().numpy()
+
+    return topk
 
 
 def add_commands(sub) -> None:

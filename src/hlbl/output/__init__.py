@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from ..classes import WordClasses
-from ..config import OUTPUT_KINDS, SAMPLED_KINDS
+from ..config import OUTPUT_KINDS, SAMPLED_KINDS, takes_structure, takes_tree
 from ..tree import WordTree
 from .base import LayerOutput, OutputLayer, noise_seed
 from .classes import ClassSoftmax
@@ -63,18 +63,6 @@ __all__ = [
     "takes_structure",
     "make_output_layer",
 ]
-
-
-def takes_tree(kind: str) -> bool:
-    """Whether output layers of this kind are built on a :class:`~hlbl.tree.WordTree` (saved as
-    tree.json): ``tree``, and ``hybrid`` (the tree restricted to its tail words)."""
-    return kind in ("tree", "hybrid")
-
-
-def takes_structure(kind: str) -> bool:
-    """Whether output layers of this kind are built on a structure saved as the run's tree.json: a
-    :class:`~hlbl.tree.WordTree` (``tree``) or :class:`~hlbl.classes.WordClasses` (``classes``)."""
-    return kind in ("tree", "hybrid", "classes")
 
 
 def make_output_layer(
