@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 
 from torch import nn
 
-from . import atomic
+from . import atomic, eager
 from .data import Vocab
 from .errors import CheckpointError
 from .files import refuse_special
@@ -456,7 +456,7 @@ def _load_checked(
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """Split an optimiser state into tensors (for safetensors) and JSON scalars."""
-    sd = optimizer.state_dict()
+    sd = eager.state_dict(optimizer)
     tensors, scalars = {}, {}
     for idx, st in sd["state"].items():
         for k, v in st.items():
@@ -502,14 +502,14 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch
     try:
         if not isinstance(meta, dict) or not isinstance(meta.get("scalars"), dict):
             raise ValueError("no scalars object")
-        _check_param_groups(optimizer.state_dict()["param_groups"], meta.get("param_groups"))
+        _check_param_groups(eager.state_dict(optimizer)["param_groups"], meta.get("param_groups"))
         for key, v in meta["scalars"].items():
             if not (_is_number(v) and math.isfinite(v)):
                 raise ValueError(f"scalar {key} is {_show(v)}")
         for key, v in list(tensors.items()) + list(meta["scalars"].items()):
             idx, k = key.split(".", 1)
             state.setdefault(int(idx), {})[k] = v
-        optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        eager.load_state_dict(optimizer, {"state": state, "param_groups": meta["param_groups"]})
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # a damaged or hand-edited state.json
         raise CheckpointError(
             f"optimizer state does not match this model and optimizer, or is damaged ({e!r})"
