@@ -552,9 +552,9 @@ def _load_checked(
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """Split an optimiser state into tensors (for safetensors) and JSON scalars."""
-    import torch
+    from . import eager  # (imports torch: not at module level, for inference without it)
 
-    sd = optimizer.state_dict()
+    sd = eager.state_dict(optimizer)
     tensors, scalars = {}, {}
     for idx, st in sd["state"].items():
         for k, v in st.items():
@@ -596,18 +596,20 @@ def _check_param_groups(fresh: list[dict], saved: Any) -> None:
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    from . import eager  # (imports torch: not at module level, for inference without it)
+
     state: dict[int, dict] = {}
     try:
         if not isinstance(meta, dict) or not isinstance(meta.get("scalars"), dict):
             raise ValueError("no scalars object")
-        _check_param_groups(optimizer.state_dict()["param_groups"], meta.get("param_groups"))
+        _check_param_groups(eager.state_dict(optimizer)["param_groups"], meta.get("param_groups"))
         for key, v in meta["scalars"].items():
             if not (_is_number(v) and math.isfinite(v)):
                 raise ValueError(f"scalar {key} is {_show(v)}")
         for key, v in list(tensors.items()) + list(meta["scalars"].items()):
             idx, k = key.split(".", 1)
             state.setdefault(int(idx), {})[k] = v
-        optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        eager.load_state_dict(optimizer, {"state": state, "param_groups": meta["param_groups"]})
     except (ValueError, KeyError, TypeError, AttributeError) as e:  # a damaged or hand-edited state.json
         raise CheckpointError(
             f"optimizer state does not match this model and optimizer, or is damaged ({e!r})"

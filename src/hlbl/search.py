@@ -453,7 +453,10 @@ def tree_topk(
     if input.shape[1] != wt.W.shape[1]:
         raise ValueError(f"input has {input.shape[1]} features, the tree layer {wt.W.shape[1]}")
     H = np.ascontiguousarray(input.detach().to("cpu", torch.float64).numpy())
-    out_v, out_w, out_n = search_rows(H, wt, a, k, threads)
+    floors = None
+    if floor is not None:
+        floors = np.ascontiguousarray(torch.as_tensor(floor).detach().to("cpu", torch.float64).numpy())
+    out_v, out_w, out_n = search_rows(H, wt, a, k, threads, floors)
     dev = input.device
     return TopK(
         torch.from_numpy(out_v).to(dev, input.dtype), torch.from_numpy(out_w).to(dev), torch.from_numpy(out_n).to(dev)
@@ -461,19 +464,24 @@ def tree_topk(
 
 
 def search_rows(
-    H: np.ndarray, wt: NodeWeights, a: TreeArrays, k: int, threads: int | None = None
+    H: np.ndarray,
+    wt: NodeWeights,
+    a: TreeArrays,
+    k: int,
+    threads: int | None = None,
+    floors: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The search of :func:`tree_topk` on numpy arrays: contexts H (B, d) float64 -> log-probs
     (B, k) float64, word ids (B, k) int64 and nodes scored (B,) int64; ``k`` already checked
-    (:func:`_check_k`), rows in ``threads`` parallel slices (default ``numba.get_num_threads()``)."""
+    (:func:`_check_k`), rows in ``threads`` parallel slices (default ``numba.get_num_threads()``);
+    ``floors`` (B,) float64 as :func:`tree_topk`'s ``floor`` (None: no floor)."""
     B = H.shape[0]
     out_v = np.full((B, k), -np.inf)
     out_w = np.full((B, k), -1, dtype=np.int64)
     out_n = np.zeros(B, dtype=np.int64)
-    if floor is None:
+    if floors is None:
         floors = np.full(B, -np.inf)
     else:
-        floors = np.ascontiguousarray(torch.as_tensor(floor).detach().to("cpu", torch.float64).numpy())
         if floors.shape != (B,):
             raise ValueError(f"floor must have one value per row ({B},), got {floors.shape}")
 

@@ -26,8 +26,10 @@ from typing import Sequence
 import numpy as np
 
 from .. import atomic
+from ..config import BLANK_LINES
 from ..errors import ConfigError, DataError
 from ..files import file_sha256
+from . import scan as scan_ranges
 from .vocab import EOS, UNK, TextProtocol, Vocab, iter_sentences
 
 logger = logging.getLogger(__name__)
@@ -244,41 +246,61 @@ def _write_ids(f, buf: array) -> int:
     return n
 
 
-def scan_file(path: Path, ids: Path, blank_lines: str = TextProtocol.blank_lines, chunk: int = 1 << 20) -> _Scan:
+def scan_file(
+    path: Path, ids: Path, blank_lines: str = TextProtocol.blank_lines, chunk: int = 1 << 20, workers: int | None = None
+) -> _Scan:
     """Count the words of ``path`` and write it as provisional ids to ``ids``, in one pass (the
     vocabulary is built from the counts, then :meth:`_Scan.encode` maps the ids); the same
-    counts as :func:`hlbl.data.count_file` and the same stream as :func:`encode_file`."""
+    counts as :func:`hlbl.data.count_file` and the same stream as :func:`encode_file`.
+
+    ``workers``: processes reading byte ranges of the file at once (:mod:`hlbl.data.scan`, the
+    same result); by default every core for a file of at least ``hlbl.data.scan.PARALLEL_BYTES``, else one
+    pass in this process."""
     try:
-        first: defaultdict = defaultdict()
-        first.default_factory = first.__len__  # an unseen word gets the next id
-        first[EOS] = 0
-        word_id = first.__getitem__
-        buf = array("i")  # int32 ids, filled by C loops and written without conversion
-        seen: dict = {}
-        n = 0
-        with open(ids, "wb") as f:
-            for tokens, ends_line in iter_sentences(
-                path, desc=f"reading {Path(path).name}", blank_lines=blank_lines, stats=seen
-            ):
-                buf.extend(map(word_id, tokens))  # (a C loop: no Python call per token)
-                if ends_line:
-                    buf.append(0)
-                if len(buf) >= chunk:
-                    n += _write_ids(f, buf)
-            n += _write_ids(f, buf)
+        if workers is None:
+            big = Path(path).is_file() and Path(path).stat().st_size >= scan_ranges.PARALLEL_BYTES
+            workers = scan_ranges.workers_available() if big else 1
+        if workers > 1 and blank_lines in BLANK_LINES and Path(path).is_file():
+            words, counts, n, blanks = scan_ranges.scan_parallel(Path(path), Path(ids), blank_lines, workers)
+        else:
+            words, counts, n, blanks = _scan_serial(path, ids, blank_lines, chunk)
         if n == 0:
             raise DataError(f"{path}: no sentences (the file is empty or blank)")
     except BaseException:  # a bad byte or an empty file: no half-written scan is left behind
         Path(ids).unlink(missing_ok=True)
         raise
+    unk = words.index(UNK) if UNK in words else None
+    stats = {"unk_in_text": int(counts[unk]) if unk is not None else 0, "blank_lines": blanks}
+    return _Scan(words, counts, ids, n, stats)
+
+
+def _scan_serial(path: Path, ids: Path, blank_lines: str, chunk: int) -> tuple[list[str], np.ndarray, int, int]:
+    """:func:`scan_file`'s pass in this process: (words in order of first appearance, their
+    counts, ids written, blank lines)."""
+    first: defaultdict = defaultdict()
+    first.default_factory = first.__len__  # an unseen word gets the next id
+    first[EOS] = 0
+    word_id = first.__getitem__
+    buf = array("i")  # int32 ids, filled by C loops and written without conversion
+    seen: dict = {}
+    n = 0
+    with open(ids, "wb") as f:
+        for tokens, ends_line in iter_sentences(
+            path, desc=f"reading {Path(path).name}", blank_lines=blank_lines, stats=seen
+        ):
+            buf.extend(map(word_id, tokens))  # (a C loop: no Python call per token)
+            if ends_line:
+                buf.append(0)
+            if len(buf) >= chunk:
+                n += _write_ids(f, buf)
+        n += _write_ids(f, buf)
     counts = np.zeros(len(first), np.int64)
-    mapped = np.memmap(ids, dtype="<i4", mode="r", shape=(n,))
-    for i in range(0, n, chunk):
-        counts += np.bincount(mapped[i : i + chunk], minlength=len(first))
-    del mapped
-    unk = first.get(UNK)
-    stats = {"unk_in_text": int(counts[unk]) if unk is not None else 0, "blank_lines": seen["blank_lines"]}
-    return _Scan(list(first), counts, ids, n, stats)
+    if n:
+        mapped = np.memmap(ids, dtype="<i4", mode="r", shape=(n,))
+        for i in range(0, n, chunk):
+            counts += np.bincount(mapped[i : i + chunk], minlength=len(first))
+        del mapped
+    return list(first), counts, n, seen["blank_lines"]
 
 
 def _cache_key(*parts) -> str:
