@@ -313,7 +313,7 @@ def test_the_cli_trains_a_hybrid_run_that_loads_and_predicts(tmp_path, capsys):
     flags = ["--dim", "8", "--epochs", "1", "--quiet", "--device", "cpu"]
     assert main(["train", "--data", str(data), "--out", str(run), "--output", "hybrid", "--head", "5", *flags]) == 0
     model, vocab, info = hlbl.load_model(run)
-    assert isinstance(model.out, HybridSoftmax) and model.out.head_size == 5 and info["model"]["head"] == 5
+    assert isinstance(model.out, HybridSoftmax) and model.out.head_size == 5 and info.model.head == 5
     assert model.structure.fingerprint() == WordTree.load(run / "tree.json").fingerprint()
     ctx = torch.zeros(3, model.config.context, dtype=torch.long)
     lp = model.log_prob(ctx)

@@ -552,6 +552,8 @@ def _load_checked(
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """Split an optimiser state into tensors (for safetensors) and JSON scalars."""
+    import torch
+
     from . import eager  # (imports torch: not at module level, for inference without it)
 
     sd = eager.state_dict(optimizer)
