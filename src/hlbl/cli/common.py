@@ -98,7 +98,7 @@ def flag_dest(field: str) -> str:
 
 DATA_HELP = (
     "corpus directory or name (a name is looked up in $HLBL_DATA, the cache, the current directory, "
-    "and for ptb downloaded)"
+    "and for ptb downloaded), or one text file (split by line as hlbl data split does)"
 )  # the --data flag of every command
 
 
