@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .data import batches
+from .jit import compile_logged
 
 
 @torch.no_grad()
@@ -34,7 +35,8 @@ def token_log_probs(
 
         score = scorer(model, device)
         if score is not None:
-            return score(stream, pad)
+            with compile_logged("the scoring kernels"):
+                return score(stream, pad)
     was_training = model.training
     model.eval()
     out = np.empty(len(stream), dtype=np.float64)
