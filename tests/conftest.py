@@ -28,6 +28,18 @@ def pytest_configure(config):
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "torchinductor")
 
 
+def pytest_collection_modifyitems(config, items):
+    """The ``quick`` marker on the tests tests/quick.py lists (a file, ``file::test`` or ``file::test[params]``)."""
+    from quick import QUICK
+
+    wanted = set(QUICK)
+    for item in items:
+        name = Path(str(item.fspath)).name
+        test = getattr(item, "originalname", item.name)
+        if name in wanted or f"{name}::{test}" in wanted or f"{name}::{item.name}" in wanted:
+            item.add_marker(pytest.mark.quick)
+
+
 def pytest_unconfigure(config):
     saved = getattr(config, "_hlbl_saved_tmp", None)
     if saved is not None:
