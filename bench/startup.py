@@ -12,7 +12,8 @@ of this script):
 * ``predict_first``: ``hlbl predict RUN --k 5``, from the start of the process to its first
   answer on stdout (one context written to its stdin, which is then closed);
 * ``score``: ``hlbl score RUN`` on 100 sentences (the run's test split, first lines), to its exit;
-* ``import_torch``: ``python -c "import torch"``, to its exit: the share of PyTorch's import.
+* ``import_torch``: ``python -c "import torch"``, to its exit: the share of PyTorch's import
+  (not in ``--quick``, which checks the script: a tiny run, one round, 20 sentences).
 
 Wall seconds by ``time.perf_counter`` in this process, and the child's CPU seconds (user +
 system, from ``RUSAGE_CHILDREN``); the median and range over ``--rounds`` rounds, after ``--warmup``
@@ -110,7 +111,7 @@ def sentences(run: Path, n: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def measure(run: Path, rounds: int, n_sentences: int, warmup: int = 1) -> dict:
+def measure(run: Path, rounds: int, n_sentences: int, warmup: int = 1, torch_import: bool = True) -> dict:
     text = sentences(run, n_sentences)
     context = text.split("\n", 1)[0].split()[:3]
     commands = {
@@ -119,6 +120,8 @@ def measure(run: Path, rounds: int, n_sentences: int, warmup: int = 1) -> dict:
         "score": lambda: to_exit([*HLBL, "score", str(run)], text),
         "import_torch": lambda: to_exit([sys.executable, "-c", "import torch"]),
     }
+    if not torch_import:
+        del commands["import_torch"]
     wall: dict[str, list[float]] = {k: [] for k in commands}
     cpu: dict[str, list[float]] = {k: [] for k in commands}
     first = {}
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         run = quick_run("startup", "--dim", "16", "--context", "3", "--tree", "huffman")[0]
     else:
         run = default_run(args.data, args.epochs)
-    result = {"run": str(run), **measure(run, args.rounds, args.sentences, args.warmup)}
+    result = {"run": str(run), **measure(run, args.rounds, args.sentences, args.warmup, not args.quick)}
     write_json(
         args.out,
         {
