@@ -1,4 +1,5 @@
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -9,6 +10,45 @@ from hlbl.output import TreeSoftmax
 from hlbl.tree import TreeError, WordTree, huffman_tree, random_tree
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's tmp_path plugin has made its factory
+def pytest_configure(config):
+    """What the suite and its child processes write to "the system's temporary folder" (torchrun's
+    logs, TorchInductor's compiled kernels, a library's scratch files) goes under this run's own
+    pytest folder instead, which is removed when every test passed (``tmp_path_retention_policy``
+    in pyproject.toml). Set before collection: importing some modules already makes folders there."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is None or hasattr(config, "workerinput"):  # no tmp_path plugin; or a worker of a parallel run
+        return
+    tmp = factory.getbasetemp() / "tmp"
+    tmp.mkdir(exist_ok=True)
+    config._hlbl_saved_tmp = {k: os.environ.get(k) for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}, tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(tmp)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "torchinductor")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The ``quick`` marker on the tests tests/quick.py lists (a file, ``file::test`` or ``file::test[params]``)."""
+    from quick import QUICK
+
+    wanted = set(QUICK)
+    for item in items:
+        name = Path(str(item.fspath)).name
+        test = getattr(item, "originalname", item.name)
+        if name in wanted or f"{name}::{test}" in wanted or f"{name}::{item.name}" in wanted:
+            item.add_marker(pytest.mark.quick)
+
+
+def pytest_unconfigure(config):
+    saved = getattr(config, "_hlbl_saved_tmp", None)
+    if saved is not None:
+        env, tempfile.tempdir = saved
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @pytest.fixture(autouse=True)

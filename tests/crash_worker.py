@@ -1,9 +1,10 @@
 """Crash sweep for tests/test_crash.py (run as a script, not collected by pytest).
 
-    python crash_worker.py CORPUS WORKDIR FLAGS_JSON [N ...]
+    python crash_worker.py CORPUS WORKDIR FLAGS_JSON [N ... | every:K]
 
 Runs ``hlbl train FLAGS --data CORPUS`` once without interruption (the reference), then, for
-each kill point N (default: every file operation of the reference run), a training that ends
+each kill point N (default: every file operation of the reference run; ``every:K``: every Kth,
+from the first, and the last), a training that ends
 with ``os._exit`` at its Nth file operation (the HLBL_TEST_CRASH_AFTER hook: no cleanup, as
 kill -9), or (``kill:N``) that is paused there (HLBL_TEST_PAUSE_AFTER) and killed with a real
 SIGKILL, followed by ``hlbl train --resume`` with the same flags. Prints one JSON object: the
@@ -145,6 +146,8 @@ def main_() -> None:
     # Points run JOBS at a time, each in a forked process of its own (which forks the two runs).
     jobs = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2))
     running: dict[int, str] = {}
+    if points and points[0].startswith("every:"):  # every:K: operations 1, 1 + K, ... and the last
+        points = [str(n) for n in sorted({*range(1, total + 1, int(points[0][6:])), total})]
     todo = list(points or [str(n) for n in range(1, total + 1)])
     while todo or running:
         while todo and len(running) < jobs:

@@ -8,8 +8,9 @@ no quick mode fails at once (it is not started: at full size it would run for ho
 
 The scripts run three at a time, started together when the first of these tests asks (each test
 then waits for its own): most of their time is interpreter and library start-up, and waiting on
-their own children. The pipelines that chain dozens of commands (gutenberg.py's stages, frontier.sh,
-frontier_kjv.sh) take minutes even in quick mode, and are marked slow.
+their own children. The pipelines that chain dozens of commands (gutenberg.py's stages, scale.py,
+frontier.sh, frontier_kjv.sh, distributed.py's torchrun launches) take minutes even in quick mode,
+and are marked slow.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 SCRIPTS = sorted(p.name for p in BENCH.glob("*") if p.suffix in (".py", ".sh") and not p.name.startswith("_"))
-# Quick, but each still a pipeline of dozens of commands (minutes on two cores): `pytest -m slow`.
-SLOW = {"gutenberg.py", "scale.py", "frontier.sh", "frontier_kjv.sh"}
+# Quick, but each still a pipeline of dozens of commands (minutes on two cores; distributed.py's
+# torchrun launches about a CPU-minute): `pytest -m slow`.
+SLOW = {"gutenberg.py", "scale.py", "frontier.sh", "frontier_kjv.sh", "distributed.py"}
 TIMEOUT_S = 600
 SLOW_TIMEOUT_S = 3600  # frontier.sh: about 25 minutes on a loaded 2-core machine
 # Children at once: most scripts spend part of their time waiting (on their own children, a server,

@@ -707,6 +707,11 @@ def test_cli_score(tiny_run, monkeypatch, capsys):
     assert [json.loads(x)["tokens"] for x in out.strip().split("\n")] == [7, 4, 11]
     rc, _, err = _run(["score", str(run)], monkeypatch, capsys, "\n")
     assert rc == 2 and "no sentences" in err
+    rc, out, _ = _run(["score", str(run), "--header"], monkeypatch, capsys, text)
+    assert out.split("\n")[0] == "log10_prob\ttokens\toov" and out.split("\n")[1:] == lines + [""]
+    rc, out, _ = _run(["score", str(run), "--header", "--per-token"], monkeypatch, capsys, text)
+    assert out.split("\n")[0].split("\t") == ["log10_prob", "tokens", "oov", "per_token"]
+    assert len(out.split("\n")[1].split("\t")) == 4
 
 
 def test_cli_predict(tiny_run, monkeypatch, capsys):

@@ -38,6 +38,7 @@ ARGVS = [
         ["ngram", "train"],
         ["ngram", "eval"],
         ["ngram", "score"],
+        ["data", "split"],
     )
 ]
 

@@ -41,8 +41,9 @@ def test_resolve_by_name_and_missing(tmp_path, monkeypatch):
     assert resolve_corpus("mine") == tmp_path / "mine"
     with pytest.raises(DataError, match="not found"):
         resolve_corpus("nosuchcorpus")
-    with pytest.raises(DataError, match="is a file"):
-        resolve_corpus(tmp_path / "mine" / "train.txt")
+    # one file is split into a corpus (hlbl.data.split; tests/test_split.py)
+    (tmp_path / "one.txt").write_text("a\nb\nc\n")
+    assert (resolve_corpus(tmp_path / "one.txt") / "split.json").is_file()
 
 
 def test_ptb_fetch_is_checksummed(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conftest import write_corpus
 
@@ -66,14 +67,29 @@ def sweep(tmp_path: Path, points: list[str]) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+STRIDE = 5  # the quicker sweep: every 5th file operation (each step of a checkpoint is a few operations long)
+
+
+@pytest.mark.slow  # ~120 kill points, each a training and its resume: about 50 CPU-seconds
 def test_a_kill_at_every_file_operation_resumes_bit_identically(tmp_path):
+    check_sweep(tmp_path, [], every=1)
+
+
+def test_a_kill_at_every_fifth_file_operation_resumes_bit_identically(tmp_path):
+    """The same sweep at a stride (a fifth of the cost), kept in the default suite: kill points in
+    every phase of the run (its start, each checkpoint and its publication), and the last one."""
+    check_sweep(tmp_path, [f"every:{STRIDE}"], every=STRIDE)
+
+
+def check_sweep(tmp_path: Path, points: list[str], every: int) -> None:
     start = time.perf_counter()
-    report = sweep(tmp_path, [])
+    report = sweep(tmp_path, points)
     took = time.perf_counter() - start
     points = report["points"]
     # Two epochs: the run's start (vocab, tree, run.json, metrics), two checkpoints and their publication.
-    assert report["operations"] >= 40, report
-    assert len(points) == report["operations"]
+    total = report["operations"]
+    assert total >= 40, report
+    assert [int(n) for n in points] == sorted({*range(1, total + 1, every), total})
     bad = {n: outcome for n, outcome in points.items() if outcome != "identical"}
     assert not bad, bad
     print(f"{len(points)} kill points in {took:.1f} s")

@@ -372,6 +372,9 @@ def test_torchrun_cli_matches_one_process(tmp_path):
         assert results[0][key] == pytest.approx(results[1][key], rel=1e-5)
 
 
+@pytest.mark.slow  # three torchrun launches (nine interpreters, about 40 CPU-seconds); the default suite has the launch
+# (test_torchrun_cli_matches_one_process) and the fast engine's resume under a process group to the bit
+# (test_fast_resume_continues_to_the_bit)
 def test_torchrun_fast_engine_trains_checkpoints_and_resumes(tmp_path):
     """``torchrun ... -m hlbl train --engine fast``: 2 processes train, process 0 writes the run's
     checkpoints, and a resume after epoch 2 ends where 3 epochs at once end, to the bit."""

@@ -23,6 +23,8 @@ OPTIMIZERS = ("sgd", "momentum", "adam", "adagrad")
 LR_SCHEDULES = ("auto", "two-rate", "halve")
 ENGINES = ("torch", "fast", "auto")  # hlbl.engine.choose_engine
 BLANK_LINES = ("drop", "keep")  # what a blank line of a corpus file is (hlbl.data.vocab); drop is the default
+# One file split into a corpus by line (hlbl.data.split): the default fractions of valid and test lines, and seed.
+SPLIT_VALID, SPLIT_TEST, SPLIT_SEED = 0.1, 0.1, 0
 DEFAULT_EM_ITERS = 10  # hlbl.treebuild: EM iterations per split of a learned tree
 DEFAULT_MAX_LEAVES_PER_WORD = 4  # hlbl.treebuild: a learned tree's leaf budget, in units of V
 

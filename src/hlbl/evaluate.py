@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .data import batches
+from .jit import compile_logged
 
 if TYPE_CHECKING:  # imported where a torch model is scored: a NumpyLBL (hlbl.numpy_model) needs no torch
     import torch
@@ -52,7 +53,8 @@ def _torch_log_probs(model, stream: np.ndarray, pad: int, batch_size: int, devic
 
         score = scorer(model, device)
         if score is not None:
-            return score(stream, pad)
+            with compile_logged("the scoring kernels"):
+                return score(stream, pad)
     was_training = model.training
     model.eval()
     out = np.empty(len(stream), dtype=np.float64)

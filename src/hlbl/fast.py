@@ -115,6 +115,7 @@ import numpy as np
 import torch
 
 from .data import EpochOrder, EpochReader, EpochSpan, epoch_span
+from .jit import compile_logged
 from .kernels import PHASES, OptState, Params, WordPaths, Workspace, _catch_up, _train_steps
 from .memory import prefer_huge_pages
 from .numpy_model import SCORE_CHUNK, score_stream, word_paths
@@ -581,7 +582,8 @@ def train_epoch(
     # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
     # cache before the progress bar and the clock start, so neither counts compilation.
     tokens, none = readers[0].window(0, 0)
-    _train_steps(np.empty(0, np.int64), none, 0, B, tokens, pad, *shared.kernel_args(0), sched.S, shared.clocks[0])
+    with compile_logged("the training kernels"):
+        _train_steps(np.empty(0, np.int64), none, 0, B, tokens, pad, *shared.kernel_args(0), sched.S, shared.clocks[0])
     bar = progress(sched.seen * sched.world, f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
     begin = time.perf_counter()
     try:

@@ -17,7 +17,7 @@ import sys
 from .._version import __version__
 from ..errors import HlblError
 from . import eval as eval_cmd
-from . import infer, ngram, reproduce, serve, train, tree
+from . import data, infer, ngram, reproduce, serve, train, tree
 from .common import Parser, flag_message
 
 USER_ERRORS = (HlblError, FloatingPointError)
@@ -52,7 +52,7 @@ def build_parser() -> Parser:
     p = Parser(prog="hlbl", description="Hierarchical log-bilinear language models.")
     p.add_argument("--version", action="version", version=f"hlbl {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
-    for group in (train, eval_cmd, tree, reproduce, infer, serve):
+    for group in (train, eval_cmd, tree, reproduce, infer, serve, data):
         group.add_commands(sub)
     ngram.add_subcommands(sub)  # hlbl ngram train|eval
     return p

@@ -99,7 +99,7 @@ def flag_dest(field: str) -> str:
 
 DATA_HELP = (
     "corpus directory or name (a name is looked up in $HLBL_DATA, the cache, the current directory, "
-    "and for ptb downloaded)"
+    "and for ptb downloaded), or one text file (split by line as hlbl data split does)"
 )  # the --data flag of every command
 
 
@@ -253,9 +253,22 @@ def run_args(c: argparse.ArgumentParser, mixture: bool = False) -> None:
     c.add_argument("--threads", type=int, default=None, help="CPU threads")
 
 
+SCORE_HEADER = "log10_prob\ttokens\toov"  # the columns of a sentence's line (--header); --per-token adds per_token
+
+
 def score_output_args(c: argparse.ArgumentParser) -> None:
     """How ``hlbl score`` and ``hlbl ngram score`` print each sentence."""
+    c.epilog = (
+        "Columns, one line per sentence (tab-separated): log10_prob (of the sentence, <eos> included), tokens "
+        "(its words plus <eos>), oov (words outside the vocabulary, scored as <unk>); with --per-token a fourth, "
+        "word=log10prob for each token. Then one JSON line of totals: perplexity, tokens, oov, ..."
+    )
     c.add_argument("--json", "--jsonl", dest="json", action="store_true", help="one JSON object per sentence")
+    c.add_argument(
+        "--header",
+        action="store_true",
+        help=f"first print a line naming the columns ({SCORE_HEADER.expandtabs(1)}; ignored with --json)",
+    )
     c.add_argument(
         "--per-token",
         action="store_true",

@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..errors import DataError
 from ..lines import read_lines
-from .common import blank_lines_arg, pick_device, run_args, score_output_args, seed_arg, set_threads
+from .common import SCORE_HEADER, blank_lines_arg, pick_device, run_args, score_output_args, seed_arg, set_threads
 from .mix import add_mixture_args, check_mixture_flags, mixing, ready_mixture
 
 
@@ -149,6 +149,8 @@ def print_scores(scorer: Callable, args, protocol: str, long_line=None, extra: d
     from ..scoring import score_report
 
     scores, dropped = [], 0
+    if args.header and not args.json:
+        print(SCORE_HEADER + ("\tper_token" if args.per_token else ""))
     for chunk in read_lines(sys.stdin.buffer, long_line):
         # drop: blank lines are not sentences; keep: each is an empty sentence, scored as <eos>.
         kept = [line for line in chunk if not isinstance(line, str) or protocol == "keep" or line.strip()]

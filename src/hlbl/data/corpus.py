@@ -403,8 +403,10 @@ def resolve_corpus(spec: str | os.PathLike, recorded: str | os.PathLike | None =
     if not _is_name(spec):
         if p.is_dir():
             return p
-        if p.exists():
-            raise DataError(f"{p} is a file; a corpus is a directory with train.txt, valid.txt, test.txt")
+        if p.exists():  # one text file: its split by line (hlbl.data.split), made once into the cache
+            from .split import split_file
+
+            return split_file(p, default_cache_dir()).root
         raise DataError(f"corpus directory {p} does not exist")
     name = str(spec)
     looked = []
@@ -423,6 +425,8 @@ def resolve_corpus(spec: str | os.PathLike, recorded: str | os.PathLike | None =
             return Path(recorded)
     if p.is_dir():
         return p
+    if p.is_file():  # a file in the current directory: its split, as for a path
+        return resolve_corpus(Path(name))
     looked.append(str(Path.cwd() / name))
     if name == "ptb":
         return fetch_ptb(cand, looked)
@@ -438,6 +442,8 @@ def corpus_record(spec: str | os.PathLike) -> str:
     name found in $HLBL_DATA or the cache as it is (portable between machines), otherwise the
     directory's absolute path."""
     path = resolve_corpus(spec)
+    if Path(spec).is_file():  # the file, not its split in the cache: found again (split again) from anywhere
+        return str(Path(spec).resolve())
     if _is_name(spec) and path != Path(spec):
         return str(spec)
     return str(path.resolve())
