@@ -96,12 +96,14 @@ class TextProtocol:
         return self if blank_lines is None else replace(self, blank_lines=blank_lines)
 
     def check_same(self, other: "TextProtocol", mine: str, theirs: str, setting: str = "blank_lines") -> None:
-        """Refuse to pair ``mine`` (read with this protocol) with ``theirs`` (with ``other``): their
-        tokens would not line up. Only the blank-line rule is compared: each model has its own
-        vocabulary cut, and a word outside a vocabulary is its ``<unk>``."""
+        """Refuse to pair ``mine`` (read with this protocol) with ``theirs`` (estimated with
+        ``other``): their tokens would not line up. The one place where protocols are compared
+        (mixtures, ``eval --interpolate``, ``score`` and ``serve`` with an n-gram model, ``ngram
+        eval``). Only the blank-line rule is compared: each model has its own vocabulary cut, and
+        a word outside a vocabulary is its ``<unk>``. ``setting``: how the message names the rule."""
         if other.blank_lines != self.blank_lines:
             raise DataError(
-                f"{theirs} was estimated with {setting} {other.blank_lines}; {mine} reads the text with {setting} "
+                f"{theirs} was estimated with {setting} {other.blank_lines}; {mine} is read with {setting} "
                 f"{self.blank_lines}: use {setting} {other.blank_lines}, or a model estimated with {self.blank_lines}"
             )
 
