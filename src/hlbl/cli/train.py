@@ -70,7 +70,7 @@ def cmd_train(args) -> int:
 
 # Flags a resume may give: the run's runtime settings (TrainConfig.RUNTIME, by their flags) and
 # flags that are no setting of the run (--data is checked by its text, --blank-lines against the
-# run's own record in _resumed_run; --quiet is the runtime setting progress).
+# run's own record in _check_resume_flags; --quiet is the runtime setting progress).
 RESUME_FLAGS = {"out", "resume", "data", "threads", "blank_lines", "quiet"} | {
     flag_dest(k) for k in TrainConfig.RUNTIME
 }
