@@ -65,7 +65,8 @@ class TextProtocol:
     def __post_init__(self):
         if self.blank_lines not in BLANK_LINES:
             raise ConfigError(
-                "blank_lines", f"blank_lines: expected one of {', '.join(BLANK_LINES)}, got {self.blank_lines!r}"
+                "blank_lines",
+                f"blank_lines must be one of {', '.join(BLANK_LINES)} (how blank lines are read), got {self.blank_lines!r}",
             )
         if self.max_vocab is not None and (
             isinstance(self.max_vocab, bool) or not isinstance(self.max_vocab, int) or self.max_vocab < 2
