@@ -177,11 +177,13 @@ def stage_speed(args) -> dict:
     corpora, cfg, models = _speed_setup(args)
     runs: dict[str, list] = {n: [] for n in corpora}
     batches = args.speed_batches
+    engines = {name: fast.FastEngine(threads=1) for name in corpora}  # one a model: its paths built once
     for rnd in range(args.speed_rounds + 1):  # round 0 compiles and warms the caches: not counted
         for name, c in corpora.items():
             m, opt = models[name]
             c0, t0 = time.process_time(), time.perf_counter()
-            fast.train_epoch(m, opt, c["train"], c.vocab.eos, cfg, rnd + 1, False, threads=1, max_batches=batches)
+            probe = fast.Probe(max_batches=batches)
+            engines[name].train(m, opt, c["train"], c.vocab.eos, cfg, rnd + 1, False, probe)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             words = min(len(c["train"]), batches * cfg.batch_size)
             if rnd:
@@ -215,18 +217,18 @@ def stage_phases(args) -> dict:
     blocks = [int(b) for b in args.blocks.split(",")]
     runs = [(b, name) for b in blocks for name in corpora]
     got: dict = {k: [] for k in runs}
+    engines = {name: fast.FastEngine(threads=1) for name in corpora}
     epoch = 0
     for rnd in range(args.phase_rounds + 1):  # round 0 compiles and warms: not counted
         for b, name in runs if rnd % 2 else runs[::-1]:  # each round in the other direction
             m, opt = models[name]
             c = corpora[name]
             epoch += 1
-            st: dict = {}
+            probe = fast.Probe(max_batches=args.phase_batches, block=b)
             t = time.perf_counter()
-            fast.train_epoch(
-                m, opt, c["train"], c.vocab.eos, cfg, epoch, False, 1, args.phase_batches, stats=st, block=b
-            )
+            engines[name].train(m, opt, c["train"], c.vocab.eos, cfg, epoch, False, probe)
             wall = time.perf_counter() - t
+            st = probe.stats
             if rnd:
                 got[b, name].append({**st, "wall_s": wall})
     nb = args.phase_batches
@@ -311,7 +313,8 @@ def memory_child(args) -> None:
     opt = make_optimizer(model, cfg, cfg.lr)
     before = _status()
     t = time.perf_counter()
-    _, wps = fast.train_epoch(model, opt, stream, vocab.eos, cfg, 1, True, threads=1, max_batches=args.batches)
+    probe = fast.Probe(max_batches=args.batches)
+    _, wps = fast.FastEngine(threads=1).train(model, opt, stream, vocab.eos, cfg, 1, True, probe)
     stop.set()
     s = _status()
     params = sum(p.numel() for p in model.parameters())

@@ -35,10 +35,11 @@ def child(mode: str, V: int, batches: int, tokens: int) -> dict:
     torch.set_num_threads(1)
     stream, model, cfg, opt = zipf_model(V, tokens)
     wps = []
+    engine = fast.FastEngine(threads=1)
     for epoch in (1, 2, 3):
-        stats: dict = {}
-        fast.train_epoch(model, opt, stream, 0, cfg, epoch, False, threads=1, max_batches=batches, stats=stats)
-        wps.append(batches * cfg.batch_size / stats["steps_s"])
+        probe = fast.Probe(max_batches=batches)
+        engine.train(model, opt, stream, 0, cfg, epoch, False, probe)
+        wps.append(batches * cfg.batch_size / probe.stats["steps_s"])
     huge = int(Path("/proc/self/smaps_rollup").read_text().split("AnonHugePages:")[1].split()[0])
     return {"mode": mode, "V": V, "steps_wps": round(max(wps[1:])), "anon_huge_kb": huge}
 

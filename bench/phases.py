@@ -7,7 +7,7 @@
 Same setting as ``bench/scaling.py`` (synthetic Zipf(1) corpus, BALANCED tree in frequency order,
 d = 100, context 5, batch 1000, SGD with momentum and L2). After ``--warm`` ordinary steps (so the
 momentum buffers exist and every page has been touched), ``--rounds`` runs of ``--batches`` steps
-each are timed by ``hlbl.fast.train_epoch``, whose step counts the CPU cycles of each phase
+each are timed by ``hlbl.fast.FastEngine``, whose step counts the CPU cycles of each phase
 (``hlbl.kernels.PHASES``): gather + grouping, the catch-up of the rows the batch touches,
 forward/backward, and the updates of the node rows and of the word rows. Milliseconds per batch
 (the steps' wall time split in proportion to the cycles), fastest round; one JSON line at the end.
@@ -40,29 +40,24 @@ def profile(V: int, blocks: list[int], batches: int, warm: int, rounds: int, tok
 
     torch.set_num_threads(1)
     stream, model, cfg, opt = zipf_model(V, tokens)
-    paths = fast._word_paths(model.out)
+    engine = fast.FastEngine(threads=1)
+    paths = engine.word_paths(model.out.tree)
     if fold:
         stream = stream % fold
         paths = paths._replace(codes=paths.codes.copy())
         steps = paths.codes[:, 1:]  # 2 * node + bit; the paths keep their lengths and directions
         steps[...] = (steps >> 1) % fold * 2 + (steps & 1)
-    real_paths = fast._word_paths
-    fast._word_paths = lambda layer: paths
-    try:
-        fast.train_epoch(model, opt, stream, 0, cfg, 1, False, threads=1, max_batches=warm)
-        best = {}
-        epoch = 2
-        for _ in range(rounds):
-            for S in blocks:  # interleaved, so that a noisy moment hits every block size
-                st = {}
-                fast.train_epoch(
-                    model, opt, stream, 0, cfg, epoch, False, threads=1, max_batches=batches, stats=st, block=S
-                )
-                epoch += 1
-                if S not in best or st["steps_s"] < best[S]["steps_s"]:
-                    best[S] = st
-    finally:
-        fast._word_paths = real_paths
+    engine.use_paths(model.out.tree, paths)
+    engine.train(model, opt, stream, 0, cfg, 1, False, fast.Probe(max_batches=warm))
+    best = {}
+    epoch = 2
+    for _ in range(rounds):
+        for S in blocks:  # interleaved, so that a noisy moment hits every block size
+            probe = fast.Probe(max_batches=batches, block=S)
+            engine.train(model, opt, stream, 0, cfg, epoch, False, probe)
+            epoch += 1
+            if S not in best or probe.stats["steps_s"] < best[S]["steps_s"]:
+                best[S] = probe.stats
     out = {}
     for S, st in best.items():
         ms = {p: round(st["phases_s"][p] * 1e3 / batches, 3) for p in PHASES[:-1]}

@@ -57,10 +57,12 @@ def child(V: int, tokens: int, epochs: int, threads: int, optimizer: str) -> dic
     tree = model.out.tree
     setup_s = time.perf_counter() - t0
     epochs_wps, losses = [], []
+    engine = fast.FastEngine(threads=threads)
     for e in range(1, epochs + 1):
         cpu = time.process_time()
-        stats: dict = {}
-        loss, wps = fast.train_epoch(model, opt, stream, 0, cfg, e, False, threads=threads, stats=stats)
+        probe = fast.Probe()
+        loss, wps = engine.train(model, opt, stream, 0, cfg, e, False, probe)
+        stats = probe.stats
         cpu_wps = len(stream) / (time.process_time() - cpu)  # robust to other load (mostly)
         epochs_wps.append(wps)
         losses.append(loss)

@@ -203,7 +203,7 @@ def in_process_topk(run: Path, contexts: list[str], k: int, threads: int | None)
     for i in range(50):  # compile and warm up
         model.topk(ctx[i : i + 1], k)
     # What the server calls: the same search with its arrays and scratch kept between calls.
-    service = Service(model, vocab, {}, run)
+    service = Service.load(run)
     ids = ctx.tolist()
     service.topk(ids[:8], k)
     one, eight, s_one, s_eight = [], [], [], []

@@ -86,7 +86,7 @@ def test_the_cli_names_the_flag_of_a_library_error(tmp_path, capsys):
 
     data = tiny_corpus(tmp_path / "c", n_train=20)
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "r"), "--max-vocab", "1", "--quiet"]) == 2
-    assert capsys.readouterr().err == "hlbl: error: --max-vocab must be at least 2 (<eos> and <unk>)\n"
+    assert capsys.readouterr().err == "hlbl: error: --max-vocab must be at least 2 (<eos> and <unk>), got 1\n"
 
 
 def test_the_library_logs_and_prints_nothing(tmp_path, capfd, caplog):

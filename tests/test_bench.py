@@ -77,7 +77,7 @@ def warm_kernels() -> None:
     model = LBL(LBLConfig(20, dim=8, context=2), random_tree(20, 0), torch.Generator().manual_seed(0))
     stream = (np.arange(200) % 20).astype(np.int32)
     cfg = TrainConfig(batch_size=50, progress=False)
-    fast.train_epoch(model, make_optimizer(model, cfg, cfg.lr), stream, 0, cfg, 1, False, threads=1)
+    fast.FastEngine(threads=1)(model, make_optimizer(model, cfg, cfg.lr), stream, 0, cfg, 1, False)
     fast.token_log_probs(model, stream, 0)
 
 

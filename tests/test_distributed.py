@@ -27,7 +27,7 @@ from hlbl.data import Corpus, DataError, EpochOrder, contexts, load_corpus
 from hlbl.model import LBL, LBLConfig
 from hlbl.config import TrainConfig
 from hlbl import fast
-from hlbl.engine import choose_engine, fast_parallel_epoch
+from hlbl.engine import choose_engine, fast_parallel_engine
 from hlbl.optim import make_optimizer
 from hlbl.run import fit
 from hlbl.tree import random_tree
@@ -86,16 +86,14 @@ def _worker(rank: int, root: str) -> None:
 
         # The fast engine runs as one of the processes; auto picks it too.
         model = make_model(corpus)
-        out["fast_engines"] = [
-            choose_engine(model, TrainConfig(engine=e)) is fast_parallel_epoch for e in ("fast", "auto")
-        ]
+        out["fast_engines"] = [choose_engine(model, TrainConfig(engine=e)).mixer is not None for e in ("fast", "auto")]
         stream = np.ascontiguousarray(corpus["train"][:TOKENS])
         model = make_model(corpus)
         cfg = TrainConfig(**RULE, weight_decay_words=0.0, weight_decay_other=0.0)
         mixer = ddp.UpdateMixer(1)
-        fast.train_epoch(
+        fast.FastEngine(mixer=mixer).train(
             model, make_optimizer(model, cfg, cfg.lr), stream, corpus.vocab.eos, cfg, 1, False,
-            max_batches=ROUNDS, mixer=mixer,
+            fast.Probe(max_batches=ROUNDS),
         )  # fmt: skip
         out["fast_rule"] = params(model)
         out["sync_bytes"] = (mixer.syncs, mixer.bytes_per_sync, ddp.sync_bytes(model, momentum=False))
@@ -103,7 +101,8 @@ def _worker(rank: int, root: str) -> None:
             cfg = TrainConfig(**FAST, sync_every=every)
             model = make_model(corpus)
             opt = make_optimizer(model, cfg, cfg.lr)
-            losses = [fast_parallel_epoch(model, opt, stream, corpus.vocab.eos, cfg, e, False)[0] for e in (1, 2)]
+            engine = fast_parallel_engine(cfg)
+            losses = [engine(model, opt, stream, corpus.vocab.eos, cfg, e, False)[0] for e in (1, 2)]
             buffers = {k: opt.state[p]["momentum_buffer"].clone() for k, p in model.named_parameters()}
             out[f"fast_sync{every}"] = (params(model), buffers, losses)
 

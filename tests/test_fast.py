@@ -71,7 +71,7 @@ def run_both(tree, optimizer, n_tokens, batch, lr=0.05, wd=(0.1, 0.03), threads=
     m_t, m_f = copy.deepcopy(model), copy.deepcopy(model)
     opt_t, opt_f = make_optimizer(m_t, cfg, lr), make_optimizer(m_f, cfg, lr)
     loss_t, _ = train_epoch(m_t, opt_t, stream, pad, cfg, 1, False)
-    loss_f, _ = fast.train_epoch(m_f, opt_f, stream, pad, cfg, 1, False, threads=threads)
+    loss_f, _ = fast.FastEngine(threads=threads)(m_f, opt_f, stream, pad, cfg, 1, False)
     return (m_t, opt_t), (m_f, opt_f), (loss_t, loss_f), start
 
 
@@ -175,7 +175,7 @@ def test_a_mapped_long_stream_trains_as_the_same_stream_in_memory(monkeypatch, t
     out = []
     for s in (stream, mapped):
         m = make_model(tree)
-        loss, _ = fast.train_epoch(m, make_optimizer(m, cfg, 0.05), s, 0, cfg, 1, False, threads=1)
+        loss, _ = fast.FastEngine(threads=1)(m, make_optimizer(m, cfg, 0.05), s, 0, cfg, 1, False)
         out.append((loss, [p.detach().clone() for p in m.parameters()]))
     assert out[0][0] == out[1][0]
     assert all(torch.equal(a, b) for a, b in zip(out[0][1], out[1][1]))
@@ -202,7 +202,7 @@ def test_blocks_do_not_change_the_step(tree_name):
     for block in (60, 1, 7, 64):  # one block; one example each; uneven blocks; larger than the batch
         m = copy.deepcopy(model)
         opt = make_optimizer(m, cfg, cfg.lr)
-        loss, _ = fast.train_epoch(m, opt, stream, 0, cfg, 1, False, threads=1, block=block)
+        loss, _ = fast.FastEngine(threads=1).train(m, opt, stream, 0, cfg, 1, False, fast.Probe(block=block))
         results.append(
             (
                 loss,
@@ -217,7 +217,9 @@ def test_blocks_do_not_change_the_step(tree_name):
         assert all(torch.equal(a, b) for a, b in zip(params, params0))
         assert all(torch.equal(a, b) for a, b in zip(bufs, bufs0))
     with pytest.raises(ValueError, match="block"):
-        fast.train_epoch(model, make_optimizer(model, cfg, cfg.lr), stream, 0, cfg, 1, False, block=0)
+        fast.FastEngine().train(
+            model, make_optimizer(model, cfg, cfg.lr), stream, 0, cfg, 1, False, fast.Probe(block=0)
+        )
 
 
 def test_by_block_schedules_each_row_between_its_first_and_last_reader():
@@ -243,7 +245,8 @@ def test_word_paths_hold_every_code(tree_name):
     """The kernels' path table: a record per word and code, the length, then 2 * node + bit per step."""
     tree = TREES[tree_name]()
     model = make_model(tree)
-    paths = fast._word_paths(model.out)
+    engine = fast.FastEngine()
+    paths = engine.word_paths(model.out.tree)
     assert paths.codes.shape[1] % 16 == 0 and paths.codes.shape[1] > tree.leaf_depth.max()
     assert paths.first[0] == 0 and paths.first[-1] == len(paths.codes) == len(tree.leaf_depth)
     assert paths.most == max(len(tree.codes(w)) for w in range(tree.num_words))
@@ -254,7 +257,9 @@ def test_word_paths_hold_every_code(tree_name):
             r = paths.first[w] + k
             steps = paths.codes[r, 1 : 1 + paths.codes[r, 0]]
             assert (steps >> 1).tolist() == nodes and (steps & 1).tolist() == bits
-    assert fast._word_paths(model.out) is paths  # built once, kept on the layer
+    assert engine.word_paths(model.out.tree) is paths  # built once, kept by the engine
+    assert fast.FastEngine().word_paths(model.out.tree) is not paths  # each engine its own
+    assert "_fast_word_paths" not in vars(model.out)  # (nothing kept on the layer)
 
 
 def test_interrupted_epoch_keeps_the_bias_steps(monkeypatch):
@@ -263,7 +268,7 @@ def test_interrupted_epoch_keeps_the_bias_steps(monkeypatch):
     model = make_model(TREES["single"]())
     start = model.out.bias.detach().clone()
     cfg = TrainConfig(lr=0.05, batch_size=10, optimizer="momentum", seed=7, progress=False)
-    real, calls = fast._train_steps, []
+    real, calls = fast.train_steps, []
 
     def stop_after_first_chunk(steps, *args):
         if len(calls) == 2:
@@ -271,7 +276,7 @@ def test_interrupted_epoch_keeps_the_bias_steps(monkeypatch):
         calls.append(len(steps))
         return real(steps, *args)
 
-    monkeypatch.setattr(fast, "_train_steps", stop_after_first_chunk)
+    monkeypatch.setattr(fast, "train_steps", stop_after_first_chunk)
     with pytest.raises(KeyboardInterrupt):
         fast.train_epoch(model, make_optimizer(model, cfg, cfg.lr), stream_for(41, 1000, 3), 0, cfg, 1, False)
     assert calls[1] > 0 and not torch.equal(model.out.bias, start)
@@ -313,7 +318,7 @@ def test_hogwild_applies_each_steps_decay_once(optimizer):
         lr=lr, batch_size=B, optimizer=optimizer, weight_decay_words=0.0, weight_decay_other=wd, seed=7, progress=False
     )
     stream = stream_for(64, 20_000, 0)
-    fast.train_epoch(model, make_optimizer(model, cfg, lr), stream, 0, cfg, 1, False, threads=2)
+    fast.FastEngine(threads=2)(model, make_optimizer(model, cfg, lr), stream, 0, cfg, 1, False)
     steps = len(stream) // B
     A = np.array([[1 - lr * wd * B, -lr * mu], [wd * B, mu]])  # the L2 term is per example: B per step
     expected = np.linalg.matrix_power(A, steps)[0, 0] * Q0
@@ -383,8 +388,8 @@ def test_engine_factory_picks_one_implementation():
     tree = random_tree(10, 0)
     hlbl = LBL(LBLConfig(10, dim=4, context=2), tree)
     flat = LBL(LBLConfig(10, dim=4, context=2, output="flat"))
-    assert choose_engine(hlbl, TrainConfig()) is fast.train_epoch  # auto, CPU, momentum
-    assert choose_engine(hlbl, TrainConfig(optimizer="sgd", engine="fast")) is fast.train_epoch
+    assert isinstance(choose_engine(hlbl, TrainConfig()), fast.FastEngine)  # auto, CPU, momentum
+    assert isinstance(choose_engine(hlbl, TrainConfig(optimizer="sgd", engine="fast")), fast.FastEngine)
     assert choose_engine(hlbl, TrainConfig(engine="torch")) is train_epoch
     assert choose_engine(hlbl, TrainConfig(optimizer="adam")) is train_epoch  # auto falls back
     assert choose_engine(flat, TrainConfig()) is train_epoch
@@ -428,11 +433,11 @@ def test_hogwild_runs_the_threads_it_is_given():
     model = make_model(tree)
     cfg = TrainConfig(batch_size=20, seed=0, progress=False)
     opt = make_optimizer(model, cfg, cfg.lr)
-    stats = {}
-    fast.train_epoch(model, opt, stream_for(tree.num_words, 400, 1), 0, cfg, 1, False, threads=2, stats=stats)
-    assert stats["threads"] == 2
-    fast.train_epoch(model, opt, stream_for(tree.num_words, 400, 1), 0, cfg, 2, False, stats=stats)
-    assert stats["threads"] == 1  # cfg.hogwild's default
+    probe = fast.Probe()
+    fast.FastEngine(threads=2).train(model, opt, stream_for(tree.num_words, 400, 1), 0, cfg, 1, False, probe)
+    assert probe.stats["threads"] == 2
+    fast.FastEngine().train(model, opt, stream_for(tree.num_words, 400, 1), 0, cfg, 2, False, probe)
+    assert probe.stats["threads"] == 1  # cfg.hogwild's default
 
 
 def test_scoring_in_chunks_gives_the_same_numbers(monkeypatch):

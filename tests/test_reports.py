@@ -12,6 +12,7 @@ import pytest
 from conftest import tiny_corpus, write_corpus
 from hlbl.cli import main
 from hlbl.data import DataError, load_corpus, resolve_corpus
+from hlbl.errors import ConfigError
 
 TRAIN = ["the cat sat", "", "a dog ran", "the dog sat", "", "", "a cat ran"]
 
@@ -44,7 +45,7 @@ def test_blank_lines_drop_or_keep(tmp_path):
     )
     assert drop.token_counts("test")["blank_lines"] == "drop" and keep.token_counts("test")["blank_lines"] == "keep"
     assert len(load_corpus(data)["train"]) == len(drop["train"])  # from the cache: still the drop protocol
-    with pytest.raises(DataError, match="blank lines"):
+    with pytest.raises(ConfigError, match="^blank_lines must be one of drop, keep .*got 'skip'"):
         load_corpus(data, blank_lines="skip")
 
 

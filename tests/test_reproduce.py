@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import hlbl.reproduce as rp
+import hlbl.run as hrun
 from hlbl.config import TrainConfig
 from hlbl.cli import main
 
@@ -127,7 +128,8 @@ def test_interrupted_training_resumes(done, monkeypatch, tmp_path):
         calls.append((run_dir.name, resume))
         return real_fit(model, corpus, cfg, run_dir, resume=resume, **kw)
 
-    monkeypatch.setattr(rp, "fit", counting_fit)
+    monkeypatch.setattr(rp, "fit", counting_fit)  # a new run
+    monkeypatch.setattr(hrun, "fit", counting_fit)  # the one resume, hlbl.run.Run.resume
     assert main(argv) == 0
     assert calls == [("T3", True)]
     after = json.loads((copy / "work" / "results" / "T3.json").read_text())

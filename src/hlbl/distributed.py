@@ -244,7 +244,7 @@ SYNC_CHUNK = 1 << 22  # elements per collective of UpdateMixer (16 MiB of float3
 
 
 class UpdateMixer:
-    """The fast engine's link between W processes (``hlbl.fast.train_epoch(mixer=...)``): every
+    """The fast engine's link between W processes (``hlbl.fast.FastEngine(mixer=...)``): every
     ``every`` local steps each row that some process touched becomes the mean of the touchers'
     copies of it (docs/distributed.md has the scheme and its costs).
 

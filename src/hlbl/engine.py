@@ -7,13 +7,13 @@ Both take the same steps on the same minibatches, in the same seeded order:
   order in the same global minibatches, computes the summed loss of its contiguous 1/W shard of
   each, and the gradients are summed over the ranks before every step, so the W processes take the
   single-process steps (up to float rounding in the order of the sums);
-* ``hlbl.fast.train_epoch``: numba kernels with sparse exact updates, for the tree output layer with
-  diagonal context weights and SGD with or without momentum, on the CPU; under a process group,
-  :func:`fast_parallel_epoch`: each process runs it on every W-th minibatch and the processes
-  average the rows they touched every ``cfg.sync_every`` steps (``hlbl.fast._Sync``,
-  docs/distributed.md).
+* :class:`hlbl.fast.FastEngine`: numba kernels with sparse exact updates, for the tree output layer
+  with diagonal context weights and SGD with or without momentum, on the CPU; under a process
+  group (:func:`fast_parallel_engine`) each process runs it on every W-th minibatch and the
+  processes average the rows they touched every ``cfg.sync_every`` steps (docs/distributed.md).
 
-An engine is a function ``(model, optimizer, stream, pad, cfg, epoch, show) -> (mean NLL, words/s)``.
+An engine is a callable ``(model, optimizer, stream, pad, cfg, epoch, show) -> (mean NLL, words/s)``;
+a training loop keeps the one :func:`choose_engine` gives it (the fast engine's caches live in it).
 """
 
 from __future__ import annotations
@@ -86,22 +86,17 @@ def train_epoch(
     return total / max(seen, 1), seen / elapsed
 
 
-def fast_parallel_epoch(
-    model: LBL, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg: TrainConfig, epoch: int, show: bool
-) -> tuple[float, float]:
-    """The fast engine as one of W processes: ``hlbl.fast.train_epoch`` on this process's
-    minibatches, averaging the rows the processes touched every ``cfg.sync_every`` steps; global loss
-    and words/s."""
-    return fast.train_epoch(
-        model, optimizer, stream, pad, cfg, epoch, show, threads=1, mixer=ddp.UpdateMixer(cfg.sync_every)
-    )
+def fast_parallel_engine(cfg: TrainConfig) -> fast.FastEngine:
+    """The fast engine as one of W processes: one thread on this process's minibatches, averaging
+    the rows the processes touched every ``cfg.sync_every`` steps; global loss and words/s."""
+    return fast.FastEngine(threads=1, mixer=ddp.UpdateMixer(cfg.sync_every))
 
 
 def choose_engine(model: LBL, cfg: TrainConfig):
     """The one place that picks the step implementation; all have train_epoch's signature.
 
-    ``hlbl.fast.train_epoch`` (numba kernels, sparse exact updates; tree output, diagonal context,
-    SGD with or without momentum, CPU), under a process group :func:`fast_parallel_epoch`, or
+    A :class:`hlbl.fast.FastEngine` (numba kernels, sparse exact updates; tree output, diagonal context,
+    SGD with or without momentum, CPU), under a process group :func:`fast_parallel_engine`'s, or
     :func:`train_epoch` (autograd: GPU, any output layer and optimiser; under a process group the
     exact synchronous steps). ``auto`` takes the fast engine wherever it applies.
     """
@@ -109,7 +104,7 @@ def choose_engine(model: LBL, cfg: TrainConfig):
         return train_epoch
     why = fast.unsupported(model, cfg=cfg)
     if why is None:
-        return fast_parallel_epoch if ddp.is_distributed() else fast.train_epoch  # threads: cfg.hogwild
+        return fast_parallel_engine(cfg) if ddp.is_distributed() else fast.FastEngine()  # threads: cfg.hogwild
     if cfg.engine == "fast":
         raise ConfigError("engine", f"engine 'fast' cannot train this model: {why}")
     if cfg.hogwild > 1:  # auto would train on the torch engine, which has no Hogwild threads

@@ -27,7 +27,7 @@ the parameters, the optimiser state and each thread's scratch arrays as the name
    consecutive examples, which rows each block reads first and which it reads last.
 3. Then block by block:
 
-   a. ``_catch_up``: brings the rows the block reads first to their step t-1 values (see
+   a. ``catch_up``: brings the rows the block reads first to their step t-1 values (see
       laziness below).
    b. ``_forward_backward``: ``h_b = sum_i C_i * R[ctx_bi]`` (diagonal C), node scores, per-node
       loss gradients ``gs (B, K*D)``, ``dh_b = dLoss/dh_b``, the NLL, and the gradient of C
@@ -50,7 +50,7 @@ With ``g = 0`` this is linear in ``(p, buf)``: ``(p, buf) <- A (p, buf)`` with
 ``A = [[1 - lr*wd, -lr*mu], [wd, mu]]``. So the engine is *lazy but exact*: each row remembers
 the last step it was brought up to date (``last``); when a batch touches it at step t it first
 applies ``A^(t-1-last)`` (powers precomputed in float64 per parameter group and epoch; step 3),
-then, after the forward pass, the step with its gradient. At the end of each epoch every row is caught up (``_catch_up``), so the
+then, after the forward pass, the step with its gradient. At the end of each epoch every row is caught up (``catch_up``), so the
 parameters and the momentum buffers stored in the torch optimiser (``state[p]["momentum_buffer"]``)
 are exactly those of the dense PyTorch path, up to float32 rounding. Cost per step is
 proportional to the rows a batch touches, plus O(V d) once per epoch: training cost grows with
@@ -85,7 +85,7 @@ for memory. So:
   whole batch's rows (more than a core's caches hold) in between.
 - A cold row costs as few cache lines as it can: its step stamp, CSR slots and (for nodes) bias
   and bias momentum share one small record (:func:`_row_records`), and a target's paths are one
-  record of :func:`_word_paths`; the forward pass reads only what ``_gather`` collected.
+  record of :func:`word_paths`; the forward pass reads only what ``_gather`` collected.
 - Row loops prefetch rows a few iterations ahead (``kernels.ROWS_AHEAD`` and the other
   distances there; :mod:`hlbl.intrinsics`), ``_gather`` and ``_csr`` their tables and records;
   the big tables sit on 2 MiB pages (:mod:`hlbl.memory`).
@@ -107,7 +107,7 @@ from __future__ import annotations
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import numba
@@ -116,27 +116,16 @@ import torch
 
 from .data import EpochOrder, EpochReader, EpochSpan, epoch_span
 from .jit import compile_logged
-from .kernels import PHASES, OptState, Params, WordPaths, Workspace, _catch_up, _train_steps
+from .kernels import PHASES, OptState, Params, Rates, WordPaths, Workspace, catch_up, train_steps
 from .memory import prefer_huge_pages
 from .numpy_model import SCORE_CHUNK, score_stream, word_paths
 from .numpy_model import check_stream as _check_stream
 from .output import TreeSoftmax
 from .progress import progress
+from .tree import WordTree
 
 
 BLOCK = 32  # examples per block of a step (kernels._step): a speed setting, the step is the same
-
-
-def _word_paths(layer: TreeSoftmax) -> WordPaths:
-    """:func:`hlbl.numpy_model.word_paths` of the layer's tree (the kernels' layout of its paths),
-    built once per tree and kept on the layer."""
-    tree = layer.tree
-    cached = layer.__dict__.get("_fast_word_paths")
-    if cached is not None and cached[0] is tree:
-        return cached[1]
-    paths = word_paths(tree)
-    layer.__dict__["_fast_word_paths"] = (tree, paths)
-    return paths
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -187,12 +176,12 @@ class _Optim:
     def __init__(self, model, optimizer: torch.optim.Optimizer):
         params = {"R": model.R.weight, "C": model.C, "Q": model.out.weight, "qb": model.out.bias}
         group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
-        self.hyper = {}
+        self.rates: dict[str, Rates] = {}  # R, C, Q, qb
         self.buf = {}
         for name, p in params.items():
             g = group_of[id(p)]
             mu = float(g.get("momentum", 0.0))
-            self.hyper[name] = (float(g["lr"]), mu, float(g.get("weight_decay", 0.0)))
+            self.rates[name] = Rates(float(g["lr"]), mu, float(g.get("weight_decay", 0.0)))
             if mu != 0.0:
                 st = optimizer.state[p]
                 if st.get("momentum_buffer") is None:
@@ -201,24 +190,12 @@ class _Optim:
                 self.buf[name] = _np(st["momentum_buffer"])
             else:
                 self.buf[name] = _np(p)  # never touched when mu == 0
-        if self.hyper["C"] != self.hyper["Q"]:
+        if self.rates["C"] != self.rates["Q"]:
             # C and Q share P_other in the kernels.
             raise ValueError("the fast engine needs C and the tree weights in one optimiser group")
-        self.matrix = np.array([self.hyper["R"], self.hyper["Q"], self.hyper["qb"]], dtype=np.float64)
 
     def powers(self, steps: int) -> dict[str, np.ndarray]:
-        return {k: _powers(*self.hyper[k], steps) for k in ("R", "Q", "qb")}
-
-
-def _huge_pages_once(model, *arrays: np.ndarray) -> None:
-    """:func:`hlbl.memory.prefer_huge_pages` for the arrays not yet advised for this model.
-
-    Collapsing is cheap on memory already collapsed, but where the kernel cannot find huge pages
-    each try may compact memory; so each buffer is tried once (remembered on the model)."""
-    done = model.__dict__.setdefault("_huge_pages_tried", set())
-    todo = [a for a in arrays if (a.ctypes.data, a.nbytes) not in done]
-    prefer_huge_pages(*todo)
-    done.update((a.ctypes.data, a.nbytes) for a in todo)
+        return {k: _powers(*self.rates[k], steps) for k in ("R", "Q", "qb")}
 
 
 def set_numba_threads(threads: int | None) -> int:
@@ -346,7 +323,7 @@ class _Schedule:
         return (self.steps - 1) * self.B + min(self.B, self.size - last * self.B)
 
     def window(self, reader: EpochReader, t0: int, t1: int) -> tuple[np.ndarray, np.ndarray, int]:
-        """(tokens, positions, lo) of local steps t0..t1 (inclusive) for ``_train_steps``: position
+        """(tokens, positions, lo) of local steps t0..t1 (inclusive) for ``train_steps``: position
         j of the window is the one local step ``lo // B + j // B + 1`` reads at ``j % B``."""
         B, W, lo = self.B, self.world, (t0 - 1) * self.B
         if W == 1:
@@ -394,24 +371,24 @@ class _Shared:
     opt: _Optim
     params: Params
     state: OptState
-    paths: WordPaths  # _word_paths
+    paths: WordPaths  # word_paths
     works: list[Workspace]  # (T,) one per thread
     clocks: np.ndarray  # (T, len(PHASES)) int64: each thread's cycles per phase
 
     def kernel_args(self, r: int) -> tuple:
-        """Thread r's arguments of ``_train_steps`` between ``pad`` and ``S``."""
+        """Thread r's arguments of ``train_steps`` between ``pad`` and ``S``."""
         return self.params, self.paths, self.state, self.works[r]
 
 
-def _shared(model, optimizer: torch.optim.Optimizer, sched: _Schedule) -> _Shared:
+def _shared(engine: "FastEngine", model, optimizer: torch.optim.Optimizer, sched: _Schedule) -> _Shared:
     """Numpy views of the model's parameters and the optimiser's buffers, the A^k powers for the
     epoch's steps, and the per-row records and per-thread workspaces the kernels need."""
     T = sched.T
     opt = _Optim(model, optimizer)
     P = opt.powers(sched.clock)
     R, C, Q, qb = _np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias)
-    _huge_pages_once(model, R, Q, *(opt.buf[k] for k in ("R", "Q") if opt.hyper[k][1] != 0.0))
-    paths = _word_paths(model.out)
+    engine.advise(R, Q, *(opt.buf[k] for k in ("R", "Q") if opt.rates[k].mu != 0.0))
+    paths = engine.word_paths(model.out.tree)
     V, d = R.shape
     N, n = Q.shape[0], C.shape[0]
     # last_*: the step each row is up to date with (0 = start of epoch); the node biases and their
@@ -420,10 +397,20 @@ def _shared(model, optimizer: torch.optim.Optimizer, sched: _Schedule) -> _Share
     last_w, slots_w, _ = _row_records(V, T, 0)
     last_n, slots_n, (bias, bias_buf) = _row_records(N, T, 2)
     bias[:] = qb
-    if opt.hyper["qb"][1] != 0.0:
+    if opt.rates["qb"].mu != 0.0:
         bias_buf[:] = opt.buf["qb"]
     params = Params(R=R, Rbuf=opt.buf["R"], C=C, Cbuf=opt.buf["C"], Q=Q, Qbuf=opt.buf["Q"], qb=bias, qbbuf=bias_buf)
-    state = OptState(hyper=opt.matrix, P_words=P["R"], P_other=P["Q"], P_bias=P["qb"], last_w=last_w, last_n=last_n)
+    rates = opt.rates
+    state = OptState(
+        words=rates["R"],
+        other=rates["Q"],
+        bias=rates["qb"],
+        P_words=P["R"],
+        P_other=P["Q"],
+        P_bias=P["qb"],
+        last_w=last_w,
+        last_n=last_n,
+    )
     K, D = model.out.tree.word_leaves.shape[1], int(model.out.tree.leaf_depth.max())
     works = [_workspace(sched.B, n, d, K, D, slots_n[r], slots_w[r]) for r in range(T)]
     return _Shared(opt, params, state, paths, works, np.zeros((T, len(PHASES)), np.int64))
@@ -433,7 +420,7 @@ def _keep_biases(model, shared: _Shared) -> None:
     """Copies the node biases (and their momentum) from the node records back to the model and
     the optimiser."""
     _np(model.out.bias)[:] = shared.params.qb
-    if shared.opt.hyper["qb"][1] != 0.0:
+    if shared.opt.rates["qb"].mu != 0.0:
         shared.opt.buf["qb"][:] = shared.params.qbbuf
 
 
@@ -447,7 +434,7 @@ def _thread_steps(
     for c0 in range(0, len(mine), CHUNK_STEPS):
         part = mine[c0 : c0 + CHUNK_STEPS]
         tokens, win, lo = sched.window(reader, int(part[0]), int(part[-1]))
-        total += _train_steps(part, win, lo, sched.B, tokens, pad, *shared.kernel_args(r), sched.S, shared.clocks[r])
+        total += train_steps(part, win, lo, sched.B, tokens, pad, *shared.kernel_args(r), sched.S, shared.clocks[r])
         bar.update(len(win) if sched.T == 1 else int(sum(min(sched.B, sched.size - (t - 1) * sched.B) for t in part)))
     return total
 
@@ -455,13 +442,13 @@ def _thread_steps(
 def _catch_up_share(r: int, sched: _Schedule, shared: _Shared, step: int) -> None:
     """Thread r's share of the catch-up of every row to ``step`` (rows are independent), after
     which parameters and momentum buffers are exact: at the end of an epoch or of a round."""
-    p, st, hyper, T = shared.params, shared.state, shared.opt.hyper, sched.T
+    p, st, rates, T = shared.params, shared.state, shared.opt.rates, sched.T
     V, N = p.R.shape[0], p.Q.shape[0]
     empty = shared.works[0].empty
     rows_w = np.arange(r * V // T, (r + 1) * V // T)
-    _catch_up(rows_w, p.R, p.Rbuf, empty, empty, st.last_w, step, st.P_words, hyper["R"][1], st.P_bias, 0.0)
+    catch_up(rows_w, p.R, p.Rbuf, empty, empty, st.last_w, step, st.P_words, rates["R"].mu, st.P_bias, 0.0)
     rows_n = np.arange(r * N // T, (r + 1) * N // T)
-    _catch_up(rows_n, p.Q, p.Qbuf, p.qb, p.qbbuf, st.last_n, step, st.P_other, hyper["Q"][1], st.P_bias, hyper["qb"][1])
+    catch_up(rows_n, p.Q, p.Qbuf, p.qb, p.qbbuf, st.last_n, step, st.P_other, rates["Q"].mu, st.P_bias, rates["qb"].mu)
 
 
 class _Sync:
@@ -481,14 +468,14 @@ class _Sync:
         p, st, opt = shared.params, shared.state, shared.opt
 
         def with_buffer(name: str, value: np.ndarray, buf: np.ndarray) -> list[np.ndarray]:
-            return [value] + ([buf] if opt.hyper[name][1] != 0.0 else [])
+            return [value] + ([buf] if opt.rates[name].mu != 0.0 else [])
 
         # Three tables whose rows are touched together: the words (R), the context weights (C,
         # touched by every process that took a step) and the nodes (Q and the node records' biases).
         self.words = with_buffer("R", p.R, p.Rbuf)
         self.context = with_buffer("C", p.C, p.Cbuf)
         self.nodes = with_buffer("Q", p.Q, p.Qbuf) + with_buffer("qb", p.qb, p.qbbuf)
-        self.dense = (p.C, p.Cbuf if opt.hyper["C"][1] != 0.0 else None, st.P_other)
+        self.dense = (p.C, p.Cbuf if opt.rates["C"].mu != 0.0 else None, st.P_other)
         self.last_w, self.last_n = st.last_w, st.last_n
         self.mixer = mixer
 
@@ -535,72 +522,133 @@ def _record_stats(stats: dict, shared: _Shared, sched: _Schedule, steps_s: float
     )
 
 
-def train_epoch(
-    model,
-    optimizer: torch.optim.Optimizer,
-    stream: np.ndarray,
-    pad: int,
-    cfg,
-    epoch: int,
-    show: bool,
-    threads: int | None = None,
-    max_batches: int | None = None,
-    stats: dict | None = None,
-    block: int = BLOCK,
-    mixer: Mixer | None = None,
-) -> tuple[float, float]:
-    """Drop-in for :func:`hlbl.train.train_epoch`: one epoch (a pass, or its share of one:
-    :func:`hlbl.data.epoch_span`) in the same seeded order.
+@dataclass
+class Probe:
+    """What a benchmark asks of an epoch beyond training it (``bench/``): stop after
+    ``max_batches`` steps, take blocks of ``block`` examples per step (a speed setting only: the
+    step is the same), and fill ``stats`` with the seconds spent in steps and in the end-of-epoch
+    catch-up of every row (O(V d), split over the threads; with a mixer, also the
+    synchronisations), the steps' seconds split by phase (``kernels.PHASES``) and the mean number
+    of distinct rows a step touches."""
 
-    Returns (mean NLL, words/s). ``threads`` defaults to ``cfg.hogwild`` (1 unless asked). With ``threads=1`` the steps
-    are exactly the PyTorch path's, bit-reproducible under a seed. With ``threads=T > 1``,
-    thread r takes steps r+1, r+1+T, ... on the shared parameters without locks (Hogwild):
-    each step is still an exact minibatch step, but it may read rows another thread is
-    writing, so results vary slightly from run to run. ``max_batches`` stops early (benchmarks).
-    ``stats``, if given, receives the seconds spent in steps and in the end-of-epoch catch-up of
-    every row (O(V d), split over the threads; with a ``mixer``, also the synchronisations), the
-    steps' seconds split by phase (``kernels.PHASES``) and the mean number of distinct rows a step
-    touches. ``block``: examples per block of a step (a speed setting only: the step is the same).
-    ``mixer``: this process is one of W that train one model (each calls this with the same
-    arguments and state, one thread each): process r takes global minibatches r, r + W, ... and
-    the processes average the rows they touched every ``mixer.every`` steps and at the end
-    (:class:`_Sync`),
-    so that they return with the same state; the loss and words/s returned are global.
-    Parameters and optimiser state are caught up (exact) at return.
+    max_batches: int | None = None
+    block: int = BLOCK
+    stats: dict = field(default_factory=dict)
+
+
+class FastEngine:
+    """The fast engine: an engine of :mod:`hlbl.engine` (``engine(model, optimizer, stream, pad,
+    cfg, epoch, show)`` trains one epoch) and a scorer (:meth:`token_log_probs`).
+
+    It owns what it builds once and reuses from epoch to epoch: the tree's paths in the kernels'
+    form (:func:`word_paths`; built again when a layer's tree is another) and which buffers were
+    advised onto huge pages. ``threads``: Hogwild threads (default ``cfg.hogwild``, 1 unless asked);
+    ``mixer``: this process is one of W that train one model (see :meth:`__call__`).
     """
-    why = unsupported(model, optimizer, cfg)
-    if why:
-        raise ValueError(f"the fast engine cannot train this model: {why}")
-    stream = _check_stream(stream, pad, model.config.vocab_size)
-    sched = _schedule(len(stream), cfg, epoch, threads, max_batches, block, mixer)
-    shared = _shared(model, optimizer, sched)
-    T, B, n = sched.T, sched.B, shared.params.C.shape[0]
-    # Each thread reads its windows (CHUNK_STEPS steps, T apart; W global minibatches apart between
-    # processes) through its own reader: the stream itself, or for a long one its current groups of
-    # blocks in a bounded buffer (data.EpochReader).
-    readers = [EpochReader(stream, sched.order, n, pad, max_window=T * CHUNK_STEPS * B * sched.world) for _ in range(T)]
-    # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
-    # cache before the progress bar and the clock start, so neither counts compilation.
-    tokens, none = readers[0].window(0, 0)
-    with compile_logged("the training kernels"):
-        _train_steps(np.empty(0, np.int64), none, 0, B, tokens, pad, *shared.kernel_args(0), sched.S, shared.clocks[0])
-    bar = progress(sched.seen * sched.world, f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
-    begin = time.perf_counter()
-    try:
-        with torch.no_grad():
-            total, steps_s, rest_s = _train_rounds(sched, shared, readers, pad, bar, mixer)
-    finally:  # (after an interruption too: the biases' progress is not lost)
-        _keep_biases(model, shared)
-    elapsed = time.perf_counter() - begin
-    if stats is not None:
-        _record_stats(stats, shared, sched, steps_s, rest_s)
-    bar.close()
-    seen = sched.seen
-    if sched.world > 1:
-        total, seen, elapsed = mixer.totals(total, seen, elapsed)
-    if not math.isfinite(total):
-        total = math.inf
-    return total / max(seen, 1), seen / elapsed
+
+    def __init__(self, threads: int | None = None, mixer: Mixer | None = None):
+        self.threads = threads
+        self.mixer = mixer
+        self._paths: tuple[WordTree, WordPaths] | None = None  # the last tree's paths (the tree kept: `is` holds)
+        self._advised: set[tuple[int, int]] = set()  # (address, bytes) of the buffers advised
+
+    def word_paths(self, tree: WordTree) -> WordPaths:
+        """:func:`word_paths` of ``tree``, built once."""
+        if self._paths is None or self._paths[0] is not tree:
+            self._paths = (tree, word_paths(tree))
+        return self._paths[1]
+
+    def use_paths(self, tree: WordTree, paths: WordPaths) -> None:
+        """Train ``tree``'s layers on ``paths`` instead of its own (a benchmark's altered table)."""
+        self._paths = (tree, paths)
+
+    def advise(self, *arrays: np.ndarray) -> None:
+        """:func:`hlbl.memory.prefer_huge_pages` for the arrays not advised yet.
+
+        Collapsing is cheap on memory already collapsed, but where the kernel cannot find huge pages
+        each try may compact memory; so each buffer is tried once."""
+        todo = [a for a in arrays if (a.ctypes.data, a.nbytes) not in self._advised]
+        prefer_huge_pages(*todo)
+        self._advised.update((a.ctypes.data, a.nbytes) for a in todo)
+
+    def __call__(
+        self, model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg, epoch: int, show: bool
+    ) -> tuple[float, float]:
+        """Drop-in for :func:`hlbl.engine.train_epoch`: one epoch (a pass, or its share of one:
+        :func:`hlbl.data.epoch_span`) in the same seeded order; returns (mean NLL, words/s).
+
+        With one thread the steps are exactly the PyTorch path's, bit-reproducible under a seed.
+        With ``threads=T > 1``, thread r takes steps r+1, r+1+T, ... on the shared parameters
+        without locks (Hogwild): each step is still an exact minibatch step, but it may read rows
+        another thread is writing, so results vary slightly from run to run. With a ``mixer``,
+        process r of W (each calls this with the same arguments and state, one thread each) takes
+        global minibatches r, r + W, ... and the processes average the rows they touched every
+        ``mixer.every`` steps and at the end (:class:`_Sync`), so that they return with the same
+        state; the loss and words/s returned are global. Parameters and optimiser state are
+        caught up (exact) at return."""
+        return self.train(model, optimizer, stream, pad, cfg, epoch, show, Probe())
+
+    def train(self, model, optimizer, stream: np.ndarray, pad: int, cfg, epoch: int, show: bool, probe: Probe):
+        """:meth:`__call__` with a benchmark's :class:`Probe` (its ``stats`` filled in)."""
+        why = unsupported(model, optimizer, cfg)
+        if why:
+            raise ValueError(f"the fast engine cannot train this model: {why}")
+        stream = _check_stream(stream, pad, model.config.vocab_size)
+        mixer = self.mixer
+        sched = _schedule(len(stream), cfg, epoch, self.threads, probe.max_batches, probe.block, mixer)
+        shared = _shared(self, model, optimizer, sched)
+        T, B, n = sched.T, sched.B, shared.params.C.shape[0]
+        # Each thread reads its windows (CHUNK_STEPS steps, T apart; W global minibatches apart between
+        # processes) through its own reader: the stream itself, or for a long one its current groups of
+        # blocks in a bounded buffer (data.EpochReader).
+        readers = [
+            EpochReader(stream, sched.order, n, pad, max_window=T * CHUNK_STEPS * B * sched.world) for _ in range(T)
+        ]
+        # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
+        # cache before the progress bar and the clock start, so neither counts compilation.
+        tokens, none = readers[0].window(0, 0)
+        with compile_logged("the training kernels"):
+            train_steps(
+                np.empty(0, np.int64), none, 0, B, tokens, pad, *shared.kernel_args(0), sched.S, shared.clocks[0]
+            )
+        bar = progress(sched.seen * sched.world, f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
+        begin = time.perf_counter()
+        try:
+            with torch.no_grad():
+                total, steps_s, rest_s = _train_rounds(sched, shared, readers, pad, bar, mixer)
+        finally:  # (after an interruption too: the biases' progress is not lost)
+            _keep_biases(model, shared)
+        elapsed = time.perf_counter() - begin
+        _record_stats(probe.stats, shared, sched, steps_s, rest_s)
+        bar.close()
+        seen = sched.seen
+        if sched.world > 1:
+            total, seen, elapsed = mixer.totals(total, seen, elapsed)
+        if not math.isfinite(total):
+            total = math.inf
+        return total / max(seen, 1), seen / elapsed
+
+    def token_log_probs(self, model, stream: np.ndarray, pad: int, threads: int | None = None) -> np.ndarray:
+        """(N,) float64 log P of every token of ``stream`` given its context (the fast scorer;
+        ``threads``: numba's, default PyTorch's count)."""
+        why = unsupported(model)
+        if why:
+            raise ValueError(f"the fast engine cannot score this model: {why}")
+        set_numba_threads(threads)
+        stream = np.asarray(_check_stream(stream, pad, model.config.vocab_size))
+        self.advise(_np(model.R.weight), _np(model.out.weight))
+        weights = (_np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias))
+        paths = self.word_paths(model.out.tree)
+        with torch.no_grad():  # (the scorer of the numpy model: hlbl.numpy_model owns it)
+            return score_stream((*weights, paths), stream, pad, SCORE_CHUNK)
+
+
+def train_epoch(
+    model, optimizer: torch.optim.Optimizer, stream: np.ndarray, pad: int, cfg, epoch: int, show: bool
+) -> tuple[float, float]:
+    """One epoch of a :class:`FastEngine` of its own (``cfg.hogwild`` threads): the engine
+    signature of :mod:`hlbl.engine`, for a single epoch (a training loop keeps one engine)."""
+    return FastEngine()(model, optimizer, stream, pad, cfg, epoch, show)
 
 
 def _train_rounds(sched: _Schedule, shared: _Shared, readers, pad: int, bar, mixer) -> tuple[float, float, float]:
@@ -631,20 +679,13 @@ def _train_rounds(sched: _Schedule, shared: _Shared, readers, pad: int, bar, mix
 
 
 def token_log_probs(model, stream: np.ndarray, pad: int, threads: int | None = None) -> np.ndarray:
-    """(N,) float64 log P of every token of ``stream`` given its context (the fast scorer)."""
-    why = unsupported(model)
-    if why:
-        raise ValueError(f"the fast engine cannot score this model: {why}")
-    set_numba_threads(threads)
-    stream = np.asarray(_check_stream(stream, pad, model.config.vocab_size))
-    _huge_pages_once(model, _np(model.R.weight), _np(model.out.weight))
-    weights = (_np(model.R.weight), _np(model.C), _np(model.out.weight), _np(model.out.bias), _word_paths(model.out))
-    with torch.no_grad():  # (the scorer of the numpy model: hlbl.numpy_model owns it)
-        return score_stream(weights, stream, pad, SCORE_CHUNK)
+    """(N,) float64 log P of every token of ``stream`` given its context (:meth:`FastEngine.token_log_probs`)."""
+    return FastEngine().token_log_probs(model, stream, pad, threads)
 
 
 def scorer(model, device="cpu") -> Callable[[np.ndarray, int], np.ndarray] | None:
     """The fast scoring function for ``model`` on ``device``, or None where it does not apply."""
     if torch.device(device).type != "cpu" or unsupported(model) is not None:
         return None
-    return lambda stream, pad: token_log_probs(model, stream, pad)
+    engine = FastEngine()
+    return lambda stream, pad: engine.token_log_probs(model, stream, pad)

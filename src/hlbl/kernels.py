@@ -2,9 +2,9 @@
 
 One training step is ``_step``: ``_gather`` (the rows a batch reads), ``_csr`` (its entries grouped
 by row), ``_by_block`` (when each row is first and last read), then per block of examples
-``_catch_up`` (lazy momentum and decay of the rows the block reads first), ``_forward_backward``
+``catch_up`` (lazy momentum and decay of the rows the block reads first), ``_forward_backward``
 and ``_update_nodes`` / ``_update_words`` (the rows the block reads last); then C's step.
-``_train_steps`` runs a thread's steps with the GIL released; ``_score`` is the parallel scorer.
+``train_steps`` runs a thread's steps with the GIL released; ``score`` is the parallel scorer.
 Shapes are given in each docstring.
 """
 
@@ -43,10 +43,20 @@ class Params(NamedTuple):
     qbbuf: np.ndarray  # (N,)
 
 
+class Rates(NamedTuple):
+    """One parameter group's SGD hyperparameters (float64)."""
+
+    lr: float  # learning rate
+    mu: float  # momentum (0: plain SGD, no buffer)
+    wd: float  # L2 weight decay
+
+
 class OptState(NamedTuple):
     """The optimiser's hyperparameters and lazy-update state (``hlbl.fast`` module docstring)."""
 
-    hyper: np.ndarray  # (3, 3) float64: (lr, momentum, weight decay) of the groups R, (C and Q), qb
+    words: Rates  # R's group
+    other: Rates  # C's and Q's group (one group: they share P_other)
+    bias: Rates  # the node biases' group
     P_words: np.ndarray  # (steps+1, 2, 2) float64: A^k, the gradient-free step of R's group
     P_other: np.ndarray  # (steps+1, 2, 2): the same for C and Q's group
     P_bias: np.ndarray  # (steps+1, 2, 2): the same for the node biases
@@ -94,7 +104,7 @@ class Workspace(NamedTuple):
     first_w: np.ndarray  # (B+2,) int64
     off_w: np.ndarray  # (B+2,) int64
     g: np.ndarray  # (d,) float32: one row's summed gradient
-    empty: np.ndarray  # (0,) float32: "no bias" for _catch_up
+    empty: np.ndarray  # (0,) float32: "no bias" for catch_up
 
 
 # Prefetch distances: how far ahead of the loop's current item the rows it will read are
@@ -104,7 +114,7 @@ ROWS_AHEAD = 6  # rows, in the loops over a step's rows (catch-up, updates)
 POSITIONS_AHEAD = 16  # examples, for a position's token (_gather: first of two dependent reads)
 PATHS_AHEAD = 6  # examples, for the target's path record (_gather: the second read)
 ENTRIES_AHEAD = 64  # (example, row) entries, for a row's CSR slot (_csr)
-SCORE_CHUNK = 256  # positions per parallel task of _score
+SCORE_CHUNK = 256  # positions per parallel task of score
 
 # A path's log-probability is accumulated as a float64 product of sigmoids, with one log per
 # path (and whenever the product gets small), instead of a log1p per node: the same value to
@@ -400,7 +410,7 @@ def _row_step(p, buf, g, lr, mu, wd, last, j, t):
 
 
 @njit(nogil=True, fastmath=_FM, cache=True)
-def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
+def catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
     """Bring ``rows`` of W (and bias, if not empty) up to step S: apply the gradient-free steps
     they skipped, (p, buf) <- A^(S - last) (p, buf). Before a step reads them (S = t-1) and at
     the end of an epoch (all rows). The stamp is claimed atomically before the row changes: with
@@ -456,8 +466,9 @@ def _catch_up(rows, W, Wbuf, bias, bbuf, last, S, P, mu, Pb, mub):
 
 
 @njit(fastmath=_FM, cache=True)
-def _update_nodes(us, uniq, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, last, t, g):
-    """Nodes uniq[us] each sum their gradient (in example order) and take their step (see _update_words)."""
+def _update_nodes(us, uniq, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, nodes, bias, last, t, g):
+    """Nodes uniq[us] each sum their gradient (in example order) and take their step (see
+    _update_words); ``nodes``, ``bias``: the Rates of Q and of the biases."""
     d = Q.shape[1]
     nu = us.shape[0]
     for x in range(nu):
@@ -479,17 +490,18 @@ def _update_nodes(us, uniq, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, hyper, la
             gb += c
             for k in range(d):
                 g[k] += c * hb[k]
-        if _row_step(Q[j], Qbuf[j], g, hyper[1, 0], hyper[1, 1], hyper[1, 2], last, j, t):
-            _sgd_scalar(qb, qbbuf, j, gb, hyper[2, 0], hyper[2, 1], hyper[2, 2])
+        if _row_step(Q[j], Qbuf[j], g, nodes.lr, nodes.mu, nodes.wd, last, j, t):
+            _sgd_scalar(qb, qbbuf, j, gb, bias.lr, bias.mu, bias.wd)
         else:
-            _late_scalar(qb, qbbuf, j, gb, hyper[2, 0], hyper[2, 1])
+            _late_scalar(qb, qbbuf, j, gb, bias.lr, bias.mu)
 
 
 @njit(fastmath=_FM, cache=True)
-def _update_words(us, uniq, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
-    """Context words uniq[us] each sum their gradient sum_(b,i) C_i * dh_b and take their step.
+def _update_words(us, uniq, start, ent, C, dh, R, Rbuf, rates, last, t, g):
+    """Context words uniq[us] each sum their gradient sum_(b,i) C_i * dh_b and take their step
+    (``rates``: R's Rates).
 
-    With one thread a row is at step t-1 here (``_catch_up``). With Hogwild threads another
+    With one thread a row is at step t-1 here (``catch_up``). With Hogwild threads another
     thread's later step may already have caught it up past t-1, through step t's decay and
     momentum; step t then adds only its gradient (``_row_step``), so that no step's decay or
     momentum is applied to a row twice (a plain step here would: a systematic extra decay, not
@@ -517,7 +529,7 @@ def _update_words(us, uniq, start, ent, C, dh, R, Rbuf, hyper, last, t, g):
             db = dh[b]
             for k in range(d):
                 g[k] += ci[k] * db[k]
-        _row_step(R[j], Rbuf[j], g, hyper[0, 0], hyper[0, 1], hyper[0, 2], last, j, t)
+        _row_step(R[j], Rbuf[j], g, rates.lr, rates.mu, rates.wd, last, j, t)
 
 
 @njit(cache=True)
@@ -576,7 +588,7 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
         params.qb,
         params.qbbuf,
     )
-    hyper, last_w, last_n = opt.hyper, opt.last_w, opt.last_n  # hyper rows: R, (C and Q), qb; cols: lr, mu, wd
+    words, other, bias, last_w, last_n = opt.words, opt.other, opt.bias, opt.last_w, opt.last_n
     P_words, P_other, P_bias = opt.P_words, opt.P_other, opt.P_bias
     ctx, keys, plen, h, dh, gs, plp, nll, gC = (
         work.ctx,
@@ -623,7 +635,7 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
         b0, b1 = s * S, min(B, (s + 1) * S)
         # The rows this block reads first must hold their step t-1 values: decay and momentum
         # moved them while no batch touched them.
-        _catch_up(
+        catch_up(
             uniq_n[first_n[s] : first_n[s + 1]],
             Q,
             Qbuf,
@@ -632,12 +644,12 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
             last_n,
             t - 1,
             P_other,
-            hyper[1, 1],
+            other.mu,
             P_bias,
-            hyper[2, 1],
+            bias.mu,
         )
-        _catch_up(
-            uniq_w[first_w[s] : first_w[s + 1]], R, Rbuf, empty, empty, last_w, t - 1, P_words, hyper[0, 1], P_bias, 0.0
+        catch_up(
+            uniq_w[first_w[s] : first_w[s + 1]], R, Rbuf, empty, empty, last_w, t - 1, P_words, words.mu, P_bias, 0.0
         )
         c2 = _cycles()
         _forward_backward(
@@ -668,13 +680,14 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
             Qbuf,
             qb,
             qbbuf,
-            hyper,
+            other,
+            bias,
             last_n,
             t,
             g,
         )
         c4 = _cycles()
-        _update_words(order_w[off_w[s] : off_w[s + 1]], uniq_w, start_w, ent_w, C, dh, R, Rbuf, hyper, last_w, t, g)
+        _update_words(order_w[off_w[s] : off_w[s + 1]], uniq_w, start_w, ent_w, C, dh, R, Rbuf, words, last_w, t, g)
         c5 = _cycles()
         clock[1] += c2 - c1
         clock[2] += c3 - c2
@@ -682,13 +695,13 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
         clock[4] += c5 - c4
         c1 = c5
     for i in range(n):
-        _sgd_row(C[i], Cbuf[i], gC[i], hyper[1, 0], hyper[1, 1], hyper[1, 2])
+        _sgd_row(C[i], Cbuf[i], gC[i], other.lr, other.mu, other.wd)
     clock[5] += nu_n + nu_w
     return nll[:B].sum()
 
 
 @njit(nogil=True, cache=True)
-def _train_steps(steps, order, first, B, stream, pad, params, paths, opt, work, S, clock):
+def train_steps(steps, order, first, B, stream, pad, params, paths, opt, work, S, clock):
     """Steps ``steps`` (step t trains on positions (t-1)B .. tB-1 of the epoch's order, in blocks of
     S) in sequence; returns the summed NLL. ``order`` holds the order from its position ``first`` on
     (a window of a long epoch's order, or all of it with ``first`` 0). ``params``, ``opt``, ``work``: see _step. ``clock`` (6,) int64 accumulates the
@@ -707,7 +720,7 @@ def _train_steps(steps, order, first, B, stream, pad, params, paths, opt, work, 
 
 
 @njit(parallel=True, fastmath=_FM, cache=True)
-def _score(stream, pad, R, C, Q, qb, paths, out):
+def score(stream, pad, R, C, Q, qb, paths, out):
     """out[p] = log P(stream[p] | its n preceding tokens), float64, for every position p;
     ``paths`` as in ``_gather``."""
     N = stream.shape[0]
@@ -756,7 +769,7 @@ def _score(stream, pad, R, C, Q, qb, paths, out):
 
 
 @njit(nogil=True, cache=True)
-def _feature_sums(stream, lo, hi, pad, R, C, sums, counts):
+def feature_sums(stream, lo, hi, pad, R, C, sums, counts):
     """Add r_hat of positions lo .. hi-1 of ``stream`` into ``sums[target]`` (float64) and count
     targets. r_hat = sum_i C[i] * R[w_i] in float32, summed in context order as torch's
     ``(R[ctx] * C).sum(1)`` does, then widened: the same numbers as the torch path, without the

@@ -2,7 +2,7 @@
 
 ``import torch`` costs seconds before a command's first answer, and inference on the fast engine's
 kind of model (tree output layer, diagonal context weights, float32) needs none of it: scoring is
-the fast engine's scorer (``kernels._score``), top-k the best-first tree search (:mod:`hlbl.search`),
+the fast engine's scorer (``kernels.score``), top-k the best-first tree search (:mod:`hlbl.search`),
 both numba kernels on numpy arrays. :class:`NumpyLBL` holds those arrays; ``Run.numpy_model`` reads
 them from a run with the checks of :func:`hlbl.checkpoint.load_weights` (format, owner, shapes,
 finite values, checksum) through safetensors' numpy reader.
@@ -25,10 +25,10 @@ import numpy as np
 
 from . import data
 from .config import LBLConfig
-from .kernels import WordPaths, _score
+from .kernels import WordPaths, score
 from .memory import prefer_huge_pages
 from .progress import progress
-from .search import NodeWeights, TreeArrays, _check_k, search_rows, tree_arrays
+from .search import NodeWeights, TreeArrays, check_k, search_rows, tree_arrays
 from .tree import WordTree
 
 SCORE_CHUNK = 1 << 19  # positions per scoring call (a progress update each)
@@ -104,7 +104,7 @@ def score_stream(
         hi = min(lo + chunk, len(stream))
         start = max(0, lo - n)
         part = np.empty(hi - start, dtype=np.float64)
-        _score(stream[start:hi], pad, *weights, part)
+        score(stream[start:hi], pad, *weights, part)
         out[lo:hi] = part[lo - start :]
         bar.update(hi - lo)
     bar.close()
@@ -193,7 +193,7 @@ class NumpyLBL:
         """The k most probable next words of each context (B, n): (log-probs (B, k) float32 as the
         torch model returns them, word ids (B, k) int64), best first, ties by lower word id; k > V
         gives all V words. The exact best-first search of ``LBL.topk`` on the CPU."""
-        k = _check_k(k, self.tree.num_words)
+        k = check_k(k, self.tree.num_words)
         H = self.context_vectors(context).astype(np.float64)
         values, ids, _ = search_rows(H, NodeWeights(self.Q, self.qb), self.arrays, k, threads)
         return values.astype(np.float32), ids

@@ -19,7 +19,7 @@ import numba
 import numpy as np
 import torch
 
-from .search import TreeArrays, _dot, node_weights, tree_arrays  # (_dot: the same float64 dot as the search)
+from .search import TreeArrays, dot64, node_weights, tree_arrays  # (dot64: the same float64 dot as the search)
 from .tree import WordTree
 
 
@@ -31,7 +31,7 @@ def _ancestral_walk(H, W, b, children, U, temperature, out):
         node = 0
         t = 0
         while True:
-            s = (_dot(H[i], W, node) + b[node]) / temperature
+            s = (dot64(H[i], W, node) + b[node]) / temperature
             if s != s:
                 out[i] = -1
                 break
@@ -58,7 +58,7 @@ def ancestral_sample(
     which is *not* the tempered word distribution; see the module docstring). One uniform per
     row and level is drawn up front from ``generator``, so a seed fixes the result.
     """
-    _check_temperature(temperature)
+    check_temperature(temperature)
     a = tree_arrays(tree) if arrays is None else arrays
     W, b = node_weights(tree, weight, bias)
     if input.dim() != 2 or input.shape[1] != W.shape[1]:
@@ -88,7 +88,7 @@ def sample_from_log_prob(
     log_prob: torch.Tensor, generator: torch.Generator | None = None, temperature: float = 1.0
 ) -> torch.Tensor:
     """(B,) words drawn from ``softmax(log_prob / T)``: the exact tempered distribution."""
-    _check_temperature(temperature)
+    check_temperature(temperature)
     lp = log_prob.double()
     # Shift first: with a tiny T, lp / T alone is -inf for every word and softmax gives NaN.
     p = torch.softmax((lp - lp.max(dim=1, keepdim=True).values) / temperature, dim=1)  # (B, V)
@@ -104,7 +104,8 @@ def sample_from_log_prob(
     return word.to(log_prob.device)
 
 
-def _check_temperature(t: float) -> None:
+def check_temperature(t: float) -> None:
+    """A sampling temperature must be a positive finite number (ValueError)."""
     if not (t > 0 and math.isfinite(t)):
         raise ValueError(f"temperature must be a positive number, got {t}")
 

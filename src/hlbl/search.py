@@ -200,7 +200,7 @@ def _heap_sift_down(hk, hp, hb, size, k, p, t):
 
 
 @numba.njit(cache=True, fastmath=True)
-def _dot(h, W, j):
+def dot64(h, W, j):
     # h is float64; float32 weights are widened, so scores are float64 sums either way. fastmath
     # lets LLVM vectorise the reduction (a fixed, deterministic summation order). Every node
     # score comes from this one function, so expansion and resolution agree bit for bit.
@@ -215,7 +215,7 @@ def _node_score(j, h, W, b, score, stamp, tag, counter):
     """s_j = h . q_j + b_j (NodeWeights' W, b), computed once per context: ``stamp[j] == tag``
     marks score[j] cached (Scratch's score, stamp); counter[0] counts the nodes scored."""
     if stamp[j] != tag:
-        score[j] = _dot(h, W, j) + b[j]
+        score[j] = dot64(h, W, j) + b[j]
         stamp[j] = tag
         counter[0] += 1
     return score[j]
@@ -447,7 +447,7 @@ def tree_topk(
 
     if input.dim() != 2:
         raise ValueError(f"input must have shape (B, d), got {tuple(input.shape)}")
-    k = _check_k(k, tree.num_words)
+    k = check_k(k, tree.num_words)
     a = tree_arrays(tree) if arrays is None else arrays
     wt = node_weights(tree, weight, bias)
     if input.shape[1] != wt.W.shape[1]:
@@ -473,7 +473,7 @@ def search_rows(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The search of :func:`tree_topk` on numpy arrays: contexts H (B, d) float64 -> log-probs
     (B, k) float64, word ids (B, k) int64 and nodes scored (B,) int64; ``k`` already checked
-    (:func:`_check_k`), rows in ``threads`` parallel slices (default ``numba.get_num_threads()``);
+    (:func:`check_k`), rows in ``threads`` parallel slices (default ``numba.get_num_threads()``);
     ``floors`` (B,) float64 as :func:`tree_topk`'s ``floor`` (None: no floor)."""
     B = H.shape[0]
     out_v = np.full((B, k), -np.inf)
@@ -532,7 +532,7 @@ class TreeSearch:
         """(log-probs (B, k) float64, word ids (B, k) int64), best first, for contexts H (B, d)
         float64; k > V gives all V words. The same values as :func:`tree_topk` before its cast
         to the input's dtype."""
-        k = _check_k(k, self.tree.num_words)
+        k = check_k(k, self.tree.num_words)
         H = np.ascontiguousarray(H, dtype=np.float64)
         d = self.weights.W.shape[1]
         if H.ndim != 2 or H.shape[1] != d:
@@ -561,7 +561,8 @@ def in_row_slices(run, rows: int, threads: int) -> None:
         list(pool.map(run, bounds[:-1], bounds[1:]))
 
 
-def _check_k(k: int, vocab_size: int) -> int:
+def check_k(k: int, vocab_size: int) -> int:
+    """``k`` of a top-k query over ``vocab_size`` words as an int, checked (ValueError)."""
     if isinstance(k, bool) or int(k) != k:
         raise ValueError(f"k must be a whole number, got {k!r}")
     k = int(k)
@@ -574,7 +575,7 @@ def full_topk(log_prob: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     """Top-k of a full (B, V) distribution by sorting, ties broken by lower word id (stable sort)."""
     import torch
 
-    k = _check_k(k, log_prob.shape[1])
+    k = check_k(k, log_prob.shape[1])
     values, idx = torch.sort(log_prob, dim=1, descending=True, stable=True)
     return values[:, :k], idx[:, :k]
 

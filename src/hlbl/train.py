@@ -50,7 +50,7 @@ from . import distributed as ddp
 from .checkpoint import load_weights
 from .config import TrainConfig
 from .data import Vocab, epoch_span
-from .evaluate import evaluate
+from .evaluate import evaluate, perplexity_report
 from .model import LBL
 from .optim import make_optimizer
 from .schedule import Schedule, TrainState
@@ -72,6 +72,15 @@ class Loop:
     vocab: Vocab
     commit: Commit | None
     log: Callable[[str], None]
+
+
+def _valid_perplexity(loop: Loop, model: LBL, device: torch.device, cfg: TrainConfig) -> float:
+    """The validation perplexity, scored by the engine where it scores (the fast engine: the same
+    scorer :func:`hlbl.evaluate.evaluate` would pick, with the tree's paths the engine keeps)."""
+    score = getattr(loop.engine, "token_log_probs", None)
+    if score is not None:
+        return perplexity_report(score(model, loop.valid, loop.pad))["perplexity"]
+    return evaluate(model, loop.valid, loop.pad, device=device, engine=cfg.engine)["perplexity"]
 
 
 def train_loop(
@@ -98,9 +107,7 @@ def train_loop(
         train_time = time.perf_counter() - t0
         # Rank 0 scores the validation split and broadcasts the perplexity, so that the decisions
         # below (improved, learning-rate drop, stop) are the same on every rank.
-        ppl = (
-            evaluate(model, loop.valid, loop.pad, device=device, engine=cfg.engine)["perplexity"] if rank == 0 else 0.0
-        )
+        ppl = _valid_perplexity(loop, model, device, cfg) if rank == 0 else 0.0
         (ppl,) = ddp.broadcast_floats([ppl], device)
         state.elapsed += time.perf_counter() - t0
         _check_finite(loss, ppl, epoch, state.lr, model.config.context)

@@ -146,7 +146,7 @@ def _word_features_cpu(model, stream: np.ndarray, pad: int) -> tuple[np.ndarray,
     """:func:`word_features` for a diagonal-context model on the CPU: one numba pass over the
     stream in pieces of :data:`FEATURE_PIECE` positions (a memory-mapped split through its file),
     about 20x the torch batches' speed on 50M tokens; the same sums (the tests compare the two)."""
-    from .kernels import _feature_sums
+    from .kernels import feature_sums
 
     V, d = model.config.vocab_size, model.config.dim
     R = np.ascontiguousarray(model.R.weight.detach().numpy(), dtype=np.float32)  # (V, d)
@@ -161,7 +161,7 @@ def _word_features_cpu(model, stream: np.ndarray, pad: int) -> tuple[np.ndarray,
     for tokens, first in stream_windows(stream, FEATURE_PIECE, model.config.context):
         if int(tokens.min()) < 0 or int(tokens.max()) >= V:
             raise TreeError(f"word features: token ids must be in 0..{V - 1}")
-        _feature_sums(tokens, first, len(tokens), pad, R, C, sums, counts)
+        feature_sums(tokens, first, len(tokens), pad, R, C, sums, counts)
         bar.update(len(tokens) - first)
     bar.close()
     X = np.empty_like(sums)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from ..config import BLANK_LINES
@@ -34,6 +35,7 @@ FLAGS = {
     "noise_power": "--noise-power",
     "noise_share": "--noise-share",
     "head": "--head",
+    "tree": "--tree",
     "init_from": "--init-from",
     "keep_output": "--keep-output",
     # the recipe (TrainConfig)
@@ -97,6 +99,33 @@ def flag_dest(field: str) -> str:
     return FLAGS.get(field, "--" + field)[2:].replace("-", "_")
 
 
+def settings(cls, args: argparse.Namespace, **fixed):
+    """``cls`` (a settings dataclass: LBLConfig, TrainConfig, ...) from the command line: each field
+    with a flag (:data:`FLAGS`) that the command has and the user gave (a value other than None: such
+    flags default to None, so that the dataclass's default applies and a given flag can be told
+    from an unset one); ``fixed``: fields set by the command itself. The dataclass validates."""
+    given = {}
+    for f in fields(cls):
+        value = given_flag(f.name, args)
+        if f.name not in fixed and value is not None:
+            given[f.name] = value
+    return cls(**given, **fixed)
+
+
+def given_flag(field: str, args: argparse.Namespace):
+    """The value the user gave for ``field``'s flag, None where the flag was not given (or the
+    command has none, or the setting has no flag)."""
+    return getattr(args, flag_dest(field), None) if field in FLAGS else None
+
+
+def setting_arg(p: argparse.ArgumentParser, field: str, default, help: str, **kwargs) -> None:
+    """The flag of setting ``field`` (its name from :data:`FLAGS`), None unless given (see
+    :func:`settings`); ``default`` is the setting's own, said in the help (None or False: not said)."""
+    if not any(default is x for x in (None, False)) and "default" not in help:
+        help += f" (default: {default})"
+    p.add_argument(FLAGS[field], dest=flag_dest(field), default=None, help=help, **kwargs)
+
+
 DATA_HELP = (
     "corpus directory or name (a name is looked up in $HLBL_DATA, the cache, the current directory, "
     "and for ptb downloaded), or one text file (split by line as hlbl data split does)"
@@ -139,8 +168,8 @@ def corpus_args(p: argparse.ArgumentParser, data_help: str = "") -> None:
     p.add_argument(
         "--min-count",
         type=min_count_arg,
-        default="auto",
-        help="training words seen fewer times become <unk>; auto = 1 if the training text has "
+        default=None if data_help else "auto",  # train: None unless given (a resume refuses a given one that differs)
+        help="training words seen fewer times become <unk>; auto (the default) = 1 if the training text has "
         "<unk> tokens already (PTB), else 2, so that <unk> is learned",
     )
     if data_help:  # train: a new run's choice, or the run's own on --resume

@@ -151,13 +151,24 @@ def ready_mixture(args, device: str) -> tuple[Mixture, str]:
 
 def ngram_blank_lines(source, given: str | None, default: str) -> str:
     """The blank-line protocol to use with an n-gram file: the one it records (a different
-    ``--blank-lines`` refused; followed, with a note, where none was given), else ``given or default``."""
-    from ..ngram.protocol import blank_lines_to_use
+    ``--blank-lines`` refused by :meth:`hlbl.data.TextProtocol.check_same`; followed, with a note
+    where it is not ``default``, when none was given), else ``given or default`` (a file from
+    another tool records none: nothing to check)."""
+    if source.protocol is None:
+        return given or default
+    from ..data import TextProtocol
 
-    protocol, note = blank_lines_to_use(source.protocol, given, default, str(source.path), "--blank-lines")
-    if note:
-        print(note, file=sys.stderr)
-    return protocol
+    # The file's record holds the whole protocol; only its blank-line rule is compared (check_same).
+    recorded = TextProtocol(blank_lines=source.protocol["blank_lines"])
+    reading = TextProtocol(blank_lines=given or recorded.blank_lines)
+    reading.check_same(recorded, "the text", str(source.path), "--blank-lines")
+    if given is None and recorded.blank_lines != default:
+        print(
+            f"note: reading the text with --blank-lines {recorded.blank_lines}, the protocol {source.path} was "
+            f"estimated with (not {default})",
+            file=sys.stderr,
+        )
+    return reading.blank_lines
 
 
 def mixture_blank_lines(mix: Mixture, given: str | None, default: str) -> str:

@@ -6,7 +6,7 @@ import json
 import sys
 
 from ..config import ReproConfig
-from .common import DATA_HELP, seed_arg, set_threads
+from .common import DATA_HELP, seed_arg, set_threads, settings
 
 
 def _reproduce_command(args) -> str:
@@ -36,22 +36,8 @@ def cmd_reproduce(args) -> int:
     from ..reproduce import reproduce
 
     set_threads(args.threads)
-    cfg = ReproConfig(
-        data=args.data,
-        out=args.out,
-        work=args.work,
-        epochs=args.epochs,
-        flat_epochs=args.flat_epochs,
-        dim=args.dim,
-        seed=args.seed,
-        threads=args.threads,
-        max_train_tokens=args.max_train_tokens,
-        max_vocab=args.max_vocab,
-        em_iters=args.em_iters,
-        skip=tuple(x for x in (args.skip or "").split(",") if x),
-        quick=args.quick,
-        command=_reproduce_command(args),
-    )
+    skip = tuple(x for x in (args.skip or "").split(",") if x)
+    cfg = settings(ReproConfig, args, skip=skip, command=_reproduce_command(args))
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     res = reproduce(cfg, log)
     print(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import fields, replace
 from pathlib import Path
 
 from ..config import (
@@ -22,7 +21,19 @@ from ..config import (
     check_model_memory,
 )
 from ..errors import DataError
-from .common import corpus_args, duration_arg, flag_dest, pick_device, seed_arg, set_threads, with_oov
+from .common import (
+    FLAGS,
+    corpus_args,
+    duration_arg,
+    flag_dest,
+    given_flag,
+    pick_device,
+    seed_arg,
+    set_threads,
+    setting_arg,
+    settings,
+    with_oov,
+)
 
 
 def cmd_train(args) -> int:
@@ -59,30 +70,23 @@ def cmd_train(args) -> int:
 
 # Flags a resume may give: the run's runtime settings (TrainConfig.RUNTIME, by their flags) and
 # flags that are no setting of the run (--data is checked by its text, --blank-lines against the
-# run's own record in _resumed_run; --quiet is the runtime setting progress).
+# run's own record in _check_resume_flags; --quiet is the runtime setting progress).
 RESUME_FLAGS = {"out", "resume", "data", "threads", "blank_lines", "quiet"} | {
     flag_dest(k) for k in TrainConfig.RUNTIME
 }
 
 
 def _contradictions(args, record) -> list[str]:
-    """The flags given with --resume that differ from the run's recipe (its :class:`hlbl.run.RunRecord`), in words."""
-    field_of = {flag_dest(f.name): f.name for f in fields(TrainConfig)}  # --epochs: max_epochs
-    sections = (
-        record.model.to_json(),
-        record.train.to_json(),
-        record.text.to_json(),
-        record.options.to_json(),
-    )
+    """The flags given with --resume that differ from the run's recipe (its :class:`hlbl.run.RunRecord`:
+    every setting a flag of ``train`` sets is recorded there), in words. A flag not given is None."""
+    recorded = {}
+    for section in (record.model, record.train, record.text, record.options):
+        recorded.update(section.to_json())
     out = []
-    for dest in sorted(getattr(args, "_given", set()) - RESUME_FLAGS):
-        flag = args._flag_names.get(dest, "--" + dest.replace("_", "-"))
-        key, value = field_of.get(dest, dest), getattr(args, dest)
-        recorded = [sec[key] for sec in sections if key in sec]
-        if not recorded:
-            out.append(f"{flag} (the run does not record it)")
-        elif not _same(dest, value, recorded[0]):
-            out.append(f"{flag} {value} (the run's is {recorded[0]})")
+    for key in sorted(recorded, key=flag_dest):
+        dest, value = flag_dest(key), given_flag(key, args)
+        if value is not None and dest not in RESUME_FLAGS and not _same(dest, value, recorded[key]):
+            out.append(f"{FLAGS[key]} {value} (the run's is {recorded[key]})")
     return out
 
 
@@ -142,15 +146,15 @@ TREE_KINDS = ("random", "huffman")
 CLASS_KINDS = ("frequency",)
 
 
-def _structure(args, counts) -> object:
+def _structure(args, output: str, counts, seed: int) -> object:
     """The output layer's structure from --tree: a word tree (tree output), word classes (classes
     output: frequency binning into about sqrt(V) classes by default, or a classes file), or None."""
     V = len(counts)
-    if args.output in ("tree", "hybrid"):
+    if output in ("tree", "hybrid"):
         from ..tree import build_tree
 
-        return build_tree(args.tree or "random", V, counts, args.seed)
-    if args.output != "classes":
+        return build_tree(args.tree or "random", V, counts, seed)
+    if output != "classes":
         return None
     from ..classes import WordClasses, frequency_classes
 
@@ -162,28 +166,23 @@ def _structure(args, counts) -> object:
     return classes
 
 
-def _new_run(args, splits: tuple[str, ...], device: str):
-    """A new model and recipe from the flags; the vocabulary comes from the training split."""
-    if args.tree is not None and args.output not in ("tree", "classes", "hybrid"):
+def _new_run(args, splits: tuple[str, ...], cfg: TrainConfig):
+    """A new model from the flags, trained by ``cfg``; the vocabulary comes from the training split."""
+    output = args.output or LBLConfig.output
+    if args.tree is not None and output not in ("tree", "classes", "hybrid"):
         raise DataError(
-            f"--tree applies to the tree output layer (and to classes and hybrid output) only, not --output {args.output}"
+            f"--tree applies to the tree output layer (and to classes and hybrid output) only, not --output {output}"
         )
-    if args.head is not None and args.output != "hybrid":
-        raise DataError(f"--head applies to --output hybrid only, not {args.output}")
-    args.head = LBLConfig.head if args.head is None else args.head
-    if args.output not in SAMPLED_KINDS and any(
-        x is not None for x in (args.samples, args.noise_power, args.noise_share)
-    ):
+    if given_flag("head", args) is not None and output != "hybrid":
+        raise DataError(f"--head applies to --output hybrid only, not {output}")
+    if output not in SAMPLED_KINDS and any(given_flag(k, args) is not None for k in _SAMPLING):
         raise DataError(
             f"--samples, --noise-power and --noise-share apply to --output {' or '.join(SAMPLED_KINDS)} only, "
-            f"not {args.output}"
+            f"not {output}"
         )
-    args.noise_share = LBLConfig.noise_share if args.noise_share is None else args.noise_share
-    args.samples = LBLConfig.samples if args.samples is None else args.samples
-    args.noise_power = LBLConfig.noise_power if args.noise_power is None else args.noise_power
-    if args.momentum is not None and args.optimizer != "momentum":
-        raise DataError(f"--momentum applies to --optimizer momentum only, not {args.optimizer}")
-    if args.output == "classes":
+    if args.momentum is not None and cfg.optimizer != "momentum":
+        raise DataError(f"--momentum applies to --optimizer momentum only, not {cfg.optimizer}")
+    if output == "classes":
         if args.tree is not None and args.tree not in CLASS_KINDS and not Path(args.tree).exists():
             raise DataError(
                 f"--tree {args.tree}: not {', '.join(CLASS_KINDS)}, nor a word classes file "
@@ -196,53 +195,19 @@ def _new_run(args, splits: tuple[str, ...], device: str):
         )
     import torch
 
-    from ..data import load_corpus
+    from ..data import TextProtocol, load_corpus
     from ..model import LBL
 
-    corpus = load_corpus(
-        args.data, args.max_vocab, args.min_count, splits=splits, blank_lines=args.blank_lines or "drop"
-    )
+    corpus = load_corpus(args.data, splits=splits, text=settings(TextProtocol, args))
     V = len(corpus.vocab)
-    if args.output == "hybrid" and not 1 <= args.head <= V - 2:
+    mcfg = settings(LBLConfig, args, vocab_size=V)
+    if mcfg.output == "hybrid" and not 1 <= mcfg.head <= V - 2:
         raise DataError(
-            f"--head {args.head}: the hybrid needs 1 to V - 2 = {V - 2} head words (the vocabulary has {V})"
+            f"--head {mcfg.head}: the hybrid needs 1 to V - 2 = {V - 2} head words (the vocabulary has {V})"
         )
-    mcfg = LBLConfig(
-        V,
-        dim=args.dim,
-        context=args.context,
-        full_context=args.full_context,
-        output=args.output,
-        init_std=args.init_std,
-        samples=args.samples,
-        noise_power=args.noise_power,
-        noise_share=args.noise_share,
-        head=args.head,
-    )
-    cfg = TrainConfig(
-        lr=args.lr,
-        lr_final=args.lr_final,
-        lr_schedule=args.lr_schedule,
-        lr_decay=args.lr_decay,
-        lr_decays=args.lr_decays,
-        lr_min_gain=args.lr_min_gain,
-        batch_size=args.batch_size,
-        max_epochs=args.epochs or TrainConfig.max_epochs,
-        epoch_tokens=args.epoch_tokens,
-        optimizer=args.optimizer,
-        momentum=TrainConfig.momentum if args.momentum is None else args.momentum,
-        weight_decay_words=args.weight_decay_words,
-        weight_decay_other=args.weight_decay,
-        hogwild=args.hogwild,
-        sync_every=args.sync_every,
-        seed=args.seed,
-        device=device,
-        max_train_tokens=args.max_train_tokens,
-        progress=not args.quiet,
-    )
-    check_model_memory(mcfg, f"dim {args.dim} with {V:,} words")
-    tree = _structure(args, corpus.vocab.counts)
-    model = LBL(mcfg, tree, torch.Generator().manual_seed(args.seed))
+    check_model_memory(mcfg, f"dim {mcfg.dim} with {V:,} words")
+    tree = _structure(args, mcfg.output, corpus.vocab.counts, cfg.seed)
+    model = LBL(mcfg, tree, torch.Generator().manual_seed(cfg.seed))
     model.init_unigram(corpus.vocab.counts)
     if args.init_from:
         from ..run import Run
@@ -256,7 +221,10 @@ def _new_run(args, splits: tuple[str, ...], device: str):
         warm_start(model, source.model(), source.vocab, corpus.vocab, say, args.keep_output, name=args.init_from)
     elif args.keep_output:
         raise DataError("--keep-output goes with --init-from RUN")
-    return model, corpus, cfg
+    return model, corpus
+
+
+_SAMPLING = ("samples", "noise_power", "noise_share")  # LBLConfig's settings of the sampled output layers
 
 
 def _train(args, device: str, first: bool) -> int:
@@ -267,21 +235,21 @@ def _train(args, device: str, first: bool) -> int:
     out = Path(args.out)
     run = Run(out)
     log = (lambda *a: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr))
-    # How to run, not what is learned; the time budget is this call's, never a recorded one.
-    runtime = dict(device=device, engine=args.engine, hogwild=args.hogwild, sync_every=args.sync_every)
-    runtime["time_budget"] = args.time_budget
-    trained = {}  # what the report needs: the model (holding the best weights after fit) and corpus
+    # The recipe from the flags (TrainConfig's defaults where not given) and how this call runs it.
+    flags = settings(TrainConfig, args, device=device, progress=not args.quiet)
+    trained = {}  # what the report needs: the model (holding the best weights after fit), corpus and recipe
 
     def started(model, corpus, cfg) -> None:
-        trained.update(model=model, corpus=corpus)
+        trained.update(model=model, corpus=corpus, cfg=cfg)
         if first:
             _say_what_trains(model, corpus, cfg, device)
 
     if args.resume and run.has_record():
         run = Run.open(out)
         _check_resume_flags(args, run)
-        if args.epochs:
-            runtime["max_epochs"] = args.epochs
+        # How to run, not what is learned: this call's settings (their defaults where not given; the
+        # time budget is never a recorded one); the epoch cap is the run's own unless --epochs is given.
+        runtime = {k: getattr(flags, k) for k in TrainConfig.RUNTIME if k != "max_epochs" or args.epochs}
         if first:
             _say_where_resuming(run, run.train_config(**runtime))
         state = Run.resume(out, args.data, log, started, **runtime)
@@ -293,14 +261,13 @@ def _train(args, device: str, first: bool) -> int:
             raise DataError("--data is needed (it may be left out to --resume a run, which records its corpus)")
         # A corpus without a test split can still be trained on (the final report skips test).
         splits = ("train", "valid") + (("test",) if (resolve_corpus(args.data) / "test.txt").exists() else ())
-        model, corpus, cfg = _new_run(args, splits, device)
-        cfg = replace(cfg, **runtime)  # (validated again)
-        started(model, corpus, cfg)
+        model, corpus = _new_run(args, splits, flags)
+        started(model, corpus, flags)
         options = _options(args, model)
         # resume: a --resume of a start killed before its run.json clears its leftovers
-        state = fit(model, corpus, cfg, out, bool(args.resume), corpus_record(args.data), log, options)
+        state = fit(model, corpus, flags, out, bool(args.resume), corpus_record(args.data), log, options)
     if first:
-        _report(trained["model"], trained["corpus"], state, out, device, args.seed)
+        _report(trained["model"], trained["corpus"], state, out, device, trained["cfg"].seed)
     return 0
 
 
@@ -388,170 +355,179 @@ def add_commands(sub) -> None:
     _recipe_args(t)
     _how_to_run_args(t)
     t.set_defaults(func=cmd_train)
-    _note_given_flags(t)
+
+
+# The settings' flags (common.setting_arg) default to None: the config's own default applies where
+# one is not given, and a resume refuses only the flags given (a flag not given contradicts nothing).
 
 
 def _model_args(t) -> None:
     """What the model is (LBLConfig's defaults) and where it starts."""
-    m = {f.name: f.default for f in fields(LBLConfig) if f.name != "vocab_size"}
-    t.add_argument(
-        "--output",
-        choices=OUTPUT_KINDS,
-        default="tree",
-        help="output layer: tree = HLBL, classes = two-level tree with a softmax over classes then over "
+    m = LBLConfig
+    setting_arg(
+        t,
+        "output",
+        m.output,
+        "output layer: tree = HLBL, classes = two-level tree with a softmax over classes then over "
         "the class's words (--tree: its classes), flat = LBL, adaptive = PyTorch's adaptive softmax, "
         "nce = noise-contrastive estimation, sampled = sampled softmax (nce and sampled train on "
         "--samples noise words per step and are evaluated with the exact full softmax), hybrid = an exact "
         "softmax over the --head most frequent words and the --tree restricted to the others (the torch engine)",
+        choices=OUTPUT_KINDS,
     )
-    t.add_argument(
-        "--head",
-        type=int,
-        default=None,
-        help=f"hybrid: the most frequent words in its exact softmax (default {m['head']}; at most V - 2)",
-    )
-    t.add_argument(
-        "--samples", type=int, default=None, help=f"K noise words per example (nce/sampled; default {m['samples']})"
-    )
-    t.add_argument(
-        "--noise-power",
+    setting_arg(t, "head", m.head, "hybrid: the most frequent words in its exact softmax (at most V - 2)", type=int)
+    setting_arg(t, "samples", m.samples, "K noise words per example (nce/sampled)", type=int)
+    setting_arg(
+        t,
+        "noise_power",
+        m.noise_power,
+        "noise distribution = unigram ** this (nce/sampled; 0.75 as word2vec)",
         type=float,
-        default=None,
-        help=f"noise distribution = unigram ** this (nce/sampled; default {m['noise_power']}; 0.75 as word2vec)",
     )
-    t.add_argument(
-        "--noise-share",
+    setting_arg(
+        t,
+        "noise_share",
+        m.noise_share,
+        "examples that share one draw of K noise words (nce/sampled; 0 = the whole minibatch)",
         type=int,
-        default=None,
-        help=f"examples that share one draw of K noise words (nce/sampled; default {m['noise_share']}; "
-        "0 = the whole minibatch)",
     )
-    t.add_argument(
-        "--tree",
-        default=None,
-        help="tree and hybrid output: random (the default), huffman, or a tree file (JSON/npz; hybrid: cut to "
-        "its tail words); classes output: "
+    setting_arg(
+        t,
+        "tree",
+        None,
+        "tree and hybrid output: random (the default), huffman, or a tree file (JSON/npz; hybrid: cut to its "
+        "tail words); classes output: "
         "frequency (the default: frequency binning into about sqrt(V) classes) or a word classes file "
         "(hlbl tree build --classes)",
     )
-    t.add_argument(
-        "--init-from",
-        default=None,
-        metavar="RUN",
-        help="start from the word vectors and context weights of a trained run (same vocabulary, --dim, "
+    setting_arg(
+        t,
+        "init_from",
+        None,
+        "start from the word vectors and context weights of a trained run (same vocabulary, --dim, "
         "--context); the output layer starts from the unigram (the iterated bootstrap: hlbl tree build --from RUN, "
         "then train on the new tree with --init-from RUN)",
+        metavar="RUN",
     )
-    t.add_argument(
-        "--keep-output",
-        action="store_true",
-        help="with --init-from: keep the run's output layer too: on its own tree, to go on with another recipe "
+    setting_arg(
+        t,
+        "keep_output",
+        False,
+        "with --init-from: keep the run's output layer too: on its own tree, to go on with another recipe "
         "(e.g. a lower --lr), or on its word classes refined by hlbl tree refine, each membership's vector "
         "moving with it",
+        action="store_true",
     )
-    t.add_argument("--dim", type=int, default=m["dim"], help="feature vector size")
-    t.add_argument("--context", type=int, default=m["context"], help="number of context words (n-1)")
-    t.add_argument("--full-context", action="store_true", help="full d x d context matrices C_i")
-    t.add_argument("--init-std", type=float, default=m["init_std"], help="std of the Gaussian initial weights")
+    setting_arg(t, "dim", m.dim, "feature vector size", type=int)
+    setting_arg(t, "context", m.context, "number of context words (n-1)", type=int)
+    setting_arg(t, "full_context", False, "full d x d context matrices C_i", action="store_true")
+    setting_arg(t, "init_std", m.init_std, "std of the Gaussian initial weights", type=float)
 
 
 def _recipe_args(t) -> None:
     """How it learns: the training recipe (TrainConfig's defaults)."""
-    d = TrainConfig()
-    t.add_argument(
-        "--epochs", type=int, default=None, help=f"maximum epochs (default {d.max_epochs}; early stopping ends sooner)"
-    )
-    t.add_argument(
-        "--epoch-tokens",
-        type=int,
-        default=d.epoch_tokens,
-        help="an epoch is at most this many training positions: a longer split is cut into epochs that each "
+    d = TrainConfig
+    setting_arg(t, "max_epochs", d.max_epochs, "maximum epochs (early stopping ends sooner)", type=int)
+    setting_arg(
+        t,
+        "epoch_tokens",
+        d.epoch_tokens,
+        "an epoch is at most this many training positions: a longer split is cut into epochs that each "
         "end in validation, a checkpoint and the learning-rate decision, and together make one pass in the "
         "seeded order; --epochs counts them (0 = an epoch is always the whole split)",
+        type=int,
     )
-    t.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per SGD step")
-    t.add_argument(
-        "--lr", type=float, default=d.lr, help="learning rate per example (gradients are summed over a batch)"
-    )
-    t.add_argument(
-        "--lr-final",
+    setting_arg(t, "batch_size", d.batch_size, "examples per SGD step", type=int)
+    setting_arg(t, "lr", d.lr, "learning rate per example (gradients are summed over a batch)", type=float)
+    setting_arg(
+        t,
+        "lr_final",
+        d.lr_final,
+        "two-rate schedule: the learning rate after validation perplexity first rises",
         type=float,
-        default=d.lr_final,
-        help="two-rate schedule: the learning rate after validation perplexity first rises",
     )
-    t.add_argument(
-        "--lr-schedule",
-        choices=LR_SCHEDULES,
-        default=d.lr_schedule,
-        help="two-rate = the paper's (--lr until validation rises, then --lr-final until it rises again); "
+    setting_arg(
+        t,
+        "lr_schedule",
+        d.lr_schedule,
+        "two-rate = the paper's (--lr until validation rises, then --lr-final until it rises again); "
         "halve = multiply the rate by --lr-decay whenever validation gains less than --lr-min-gain, "
         "--lr-decays times, then stop; auto = two-rate where an epoch is a whole pass over the training "
         "split, halve where a longer split is cut into several epochs (--epoch-tokens)",
+        choices=LR_SCHEDULES,
     )
-    t.add_argument("--lr-decay", type=float, default=d.lr_decay, help="halve schedule: factor per decay")
-    t.add_argument("--lr-decays", type=int, default=d.lr_decays, help="halve schedule: decays before stopping")
-    t.add_argument(
-        "--lr-min-gain",
+    setting_arg(t, "lr_decay", d.lr_decay, "halve schedule: factor per decay", type=float)
+    setting_arg(t, "lr_decays", d.lr_decays, "halve schedule: decays before stopping", type=int)
+    setting_arg(
+        t,
+        "lr_min_gain",
+        d.lr_min_gain,
+        "halve schedule: relative validation gain below which the rate decays",
         type=float,
-        default=d.lr_min_gain,
-        help="halve schedule: relative validation gain below which the rate decays",
     )
-    t.add_argument(
-        "--optimizer",
+    setting_arg(
+        t,
+        "optimizer",
+        d.optimizer,
+        "momentum = SGD with momentum (the recipe), sgd = plain SGD; adam/adagrad use the torch engine",
         choices=OPTIMIZERS,
-        default=d.optimizer,
-        help="momentum = SGD with momentum (the recipe), sgd = plain SGD; adam/adagrad use the torch engine",
     )
-    t.add_argument("--momentum", type=float, default=None, help=f"with --optimizer momentum (default {d.momentum})")
-    t.add_argument(
-        "--weight-decay-words",
+    setting_arg(t, "momentum", d.momentum, "with --optimizer momentum", type=float)
+    setting_arg(
+        t,
+        "weight_decay_words",
+        d.weight_decay_words,
+        "L2 penalty per example on the word feature vectors R",
         type=float,
-        default=d.weight_decay_words,
-        help="L2 penalty per example on the word feature vectors R",
     )
-    t.add_argument(
-        "--weight-decay",
+    setting_arg(
+        t,
+        "weight_decay_other",
+        d.weight_decay_other,
+        "L2 penalty per example on the other weights (C, node vectors; never biases)",
         type=float,
-        default=d.weight_decay_other,
-        help="L2 penalty per example on the other weights (C, node vectors; never biases)",
     )
 
 
 def _how_to_run_args(t) -> None:
     """How a run is computed (engine, threads, device), its seed and training prefix, and --resume."""
-    d = TrainConfig()
-    t.add_argument(
-        "--engine",
+    d = TrainConfig
+    setting_arg(
+        t,
+        "engine",
+        d.engine,
+        "fast = numba CPU kernels (tree output, SGD/momentum), torch = autograd (GPU, any model); auto picks fast where it applies",
         choices=ENGINES,
-        default=d.engine,
-        help="fast = numba CPU kernels (tree output, SGD/momentum), torch = autograd (GPU, any model); auto picks fast where it applies",
     )
-    t.add_argument(
-        "--hogwild",
+    setting_arg(
+        t,
+        "hogwild",
+        d.hogwild,
+        "threads of the fast engine; 1 is bit-reproducible, more run lock-free Hogwild steps",
         type=int,
-        default=d.hogwild,
-        help="threads of the fast engine; 1 is bit-reproducible, more run lock-free Hogwild steps",
     )
-    t.add_argument(
-        "--sync-every",
-        type=int,
-        default=d.sync_every,
-        metavar="STEPS",
-        help="fast engine under torchrun: each process's steps between two averagings of the rows "
+    setting_arg(
+        t,
+        "sync_every",
+        d.sync_every,
+        "fast engine under torchrun: each process's steps between two averagings of the rows "
         "the processes touched (docs/distributed.md)",
+        type=int,
+        metavar="STEPS",
     )
-    t.add_argument("--seed", type=seed_arg, default=0, help="initial weights and example order")
+    setting_arg(t, "seed", d.seed, "initial weights and example order", type=seed_arg)
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     t.add_argument("--threads", type=int, default=None, help="CPU threads (PyTorch and numba)")
-    t.add_argument(
-        "--time-budget",
-        type=duration_arg,
-        default=None,
-        metavar="DURATION",
-        help="stop at the first checkpoint after this much training (5400, 90m, 1.5h, 1h30m), report "
+    setting_arg(
+        t,
+        "time_budget",
+        None,
+        "stop at the first checkpoint after this much training (5400, 90m, 1.5h, 1h30m), report "
         "valid and test as at an early stop; --resume continues the run",
+        type=duration_arg,
+        metavar="DURATION",
     )
-    t.add_argument("--max-train-tokens", type=int, default=None, help="train on this many tokens only")
+    setting_arg(t, "max_train_tokens", None, "train on this many tokens only", type=int)
     t.add_argument(
         "--resume",
         action="store_true",
@@ -559,23 +535,3 @@ def _how_to_run_args(t) -> None:
         "checkpoint, with its own recipe (run.json); a new run if --out holds none",
     )
     t.add_argument("--quiet", action="store_true", help="no progress bar or epoch lines")
-
-
-class _Given:
-    """Mixed into an argparse action: records that its flag was given (a resume refuses recipe
-    flags that contradict the run, and a flag left at its default contradicts nothing)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if not hasattr(namespace, "_given"):
-            namespace._given = set()
-        namespace._given.add(self.dest)
-        super().__call__(parser, namespace, values, option_string)
-
-
-def _note_given_flags(parser) -> None:
-    names = {}
-    for action in parser._actions:
-        if action.option_strings and action.dest != "help":
-            action.__class__ = type(f"Given{type(action).__name__}", (_Given, type(action)), {})
-            names[action.dest] = max(action.option_strings, key=len)
-    parser.set_defaults(_flag_names=names)

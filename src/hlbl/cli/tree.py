@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..config import DEFAULT_EM_ITERS, DEFAULT_MAX_LEAVES_PER_WORD
 from ..errors import DataError, TreeError
-from .common import corpus_args, make_parent, min_count_arg, seed_arg, set_threads
+from .common import corpus_args, make_parent, min_count_arg, seed_arg, set_threads, settings
 
 
 def cmd_tree_stats(args) -> int:
@@ -206,7 +206,7 @@ def cmd_tree_refine(args) -> int:
 
     set_threads(args.threads)
     try:
-        cfg = RefineConfig(per_word=args.per_word, candidates=args.candidates, max_moves=args.max_moves, seed=args.seed)
+        cfg = settings(RefineConfig, args)
     except ValueError as e:
         raise DataError(str(e)) from None
     t0 = time.perf_counter()

@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import atomic
 from ..config import BLANK_LINES
-from ..errors import ConfigError, DataError
+from ..errors import DataError
 from ..files import file_sha256
 from . import scan as scan_ranges
 from .vocab import EOS, UNK, TextProtocol, Vocab, iter_sentences
@@ -181,10 +181,7 @@ def load_corpus(
         raise DataError(f"unknown split(s) {', '.join(sorted(bad))}; choose from {', '.join(SPLITS)}")
     if text is None:
         given = {"max_vocab": max_vocab, "min_count": min_count, "blank_lines": blank_lines}
-        try:
-            text = TextProtocol(**{k: v for k, v in given.items() if v is not None})
-        except ConfigError as e:
-            raise DataError(str(e)) from None
+        text = TextProtocol(**{k: v for k, v in given.items() if v is not None})  # a bad setting: ConfigError
     blank_lines = text.blank_lines
     root = resolve_corpus(spec)
     files = {s: root / f"{s}.txt" for s in SPLITS if s in splits or (s == "train" and vocab is None)}

@@ -65,7 +65,8 @@ class TextProtocol:
     def __post_init__(self):
         if self.blank_lines not in BLANK_LINES:
             raise ConfigError(
-                "blank_lines", f"blank_lines: expected one of {', '.join(BLANK_LINES)}, got {self.blank_lines!r}"
+                "blank_lines",
+                f"blank_lines must be one of {', '.join(BLANK_LINES)} (how blank lines are read), got {self.blank_lines!r}",
             )
         if self.max_vocab is not None and (
             isinstance(self.max_vocab, bool) or not isinstance(self.max_vocab, int) or self.max_vocab < 2
@@ -96,12 +97,14 @@ class TextProtocol:
         return self if blank_lines is None else replace(self, blank_lines=blank_lines)
 
     def check_same(self, other: "TextProtocol", mine: str, theirs: str, setting: str = "blank_lines") -> None:
-        """Refuse to pair ``mine`` (read with this protocol) with ``theirs`` (with ``other``): their
-        tokens would not line up. Only the blank-line rule is compared: each model has its own
-        vocabulary cut, and a word outside a vocabulary is its ``<unk>``."""
+        """Refuse to pair ``mine`` (read with this protocol) with ``theirs`` (estimated with
+        ``other``): their tokens would not line up. The one place where protocols are compared
+        (mixtures, ``eval --interpolate``, ``score`` and ``serve`` with an n-gram model, ``ngram
+        eval``). Only the blank-line rule is compared: each model has its own vocabulary cut, and
+        a word outside a vocabulary is its ``<unk>``. ``setting``: how the message names the rule."""
         if other.blank_lines != self.blank_lines:
             raise DataError(
-                f"{theirs} was estimated with {setting} {other.blank_lines}; {mine} reads the text with {setting} "
+                f"{theirs} was estimated with {setting} {other.blank_lines}; {mine} is read with {setting} "
                 f"{self.blank_lines}: use {setting} {other.blank_lines}, or a model estimated with {self.blank_lines}"
             )
 

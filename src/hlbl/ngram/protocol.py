@@ -65,31 +65,3 @@ def arpa_protocol(head: bytes, name: str) -> dict | None:
         if line.startswith(ARPA_TAG.strip()):
             return parse_protocol(line[len(ARPA_TAG.strip()) :], name)
     return None
-
-
-def blank_lines_to_use(
-    protocol: dict | None, given: str | None, default: str, name: str, setting: str = "blank_lines"
-) -> tuple[str, str | None]:
-    """The blank-line protocol to read text with beside an n-gram model ``name`` whose record is
-    ``protocol``, and a note to show when it is not the one asked for.
-
-    ``given``: the protocol the user asked for (None: none); ``default``: what would be used
-    otherwise (a run's own). A model without a record takes ``given or default``. One with a
-    record refuses a ``given`` that differs (its probabilities are of other tokens), and without
-    ``given`` is followed, with a note when that departs from ``default``. ``setting`` is how
-    the message names the choice (a front end passes its own name).
-    """
-    if protocol is None:
-        return given or default, None
-    own = protocol["blank_lines"]
-    if given is not None and given != own:
-        raise DataError(
-            f"{name} was estimated with {setting} {own}; the text is read with {setting} {given}: "
-            f"use {setting} {own}, or a model estimated with {given}"
-        )
-    if given is None and own != default:
-        return (
-            own,
-            f"note: reading the text with {setting} {own}, the protocol {name} was estimated with (not {default})",
-        )
-    return own, None

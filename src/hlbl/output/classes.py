@@ -237,9 +237,9 @@ class ClassSoftmax(OutputLayer):
         largest unopened entries (K = most memberships of a word); words seen get their exact
         probability (all memberships). The search stops when k seen words are at least that bound.
         """
-        from ..search import _check_k
+        from ..search import check_k
 
-        k = _check_k(k, self.vocab_size)
+        k = check_k(k, self.vocab_size)
         c = self._classes
         S, K = c.num_shortlist, self.word_leaves.shape[1]
         root_lp = F.log_softmax(F.linear(input, self.root_weight, self.root_bias), dim=-1)

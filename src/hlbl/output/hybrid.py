@@ -312,11 +312,11 @@ class HybridSoftmax(OutputLayer):
         it stops once no tail word left can beat the head's k-th best; elsewhere from the tail's
         full distribution.
         """
-        from ..search import _check_k, layer_tree_arrays, tree_topk
+        from ..search import check_k, layer_tree_arrays, tree_topk
 
         h, one = self._input(input)
         h = h.to(self.weight.dtype)
-        k = _check_k(k, self.vocab_size)
+        k = check_k(k, self.vocab_size)
         K, V = self.head_size, self.vocab_size
         logits = F.linear(h, self.weight, self.bias)  # (B, K + 1); no (B, K + 1) log-softmax written
         lse = torch.logsumexp(logits, dim=1, keepdim=True)  # (B, 1)
@@ -380,11 +380,11 @@ class HybridSoftmax(OutputLayer):
         a head entry from the head's softmax (tempered with ``per_node``), then for the tail entry
         a walk down the tree (tempered at each node with ``per_node``); else the exact tempered
         distribution via ``log_prob``."""
-        from ..sampling import _check_temperature, sample_from_log_prob
+        from ..sampling import check_temperature, sample_from_log_prob
 
         h, one = self._input(input)
         h = h.to(self.weight.dtype)
-        _check_temperature(temperature)
+        check_temperature(temperature)
         if temperature == 1.0 or per_node:
             slot = sample_from_log_prob(self._head_log_probs(h), generator, temperature)  # (B,) in 0..K
             words = self._word[slot.clamp(max=self.head_size - 1)]

@@ -407,11 +407,11 @@ class TreeSoftmax(OutputLayer):
         """(B,) sampled words (() for one vector): ancestral O(depth) when ``temperature == 1`` or
         ``per_node``, else the exact tempered distribution via ``log_prob`` (O(N d)). On the
         input's device: the CPU walk is a numba kernel, elsewhere a walk of tensor operations."""
-        from ..sampling import _check_temperature, ancestral_sample, sample_from_log_prob
+        from ..sampling import check_temperature, ancestral_sample, sample_from_log_prob
         from ..search import layer_tree_arrays
 
         h, one = self._batch(input)
-        _check_temperature(temperature)
+        check_temperature(temperature)
         if temperature == 1.0 or per_node:
             if h.device.type == "cpu":
                 words = ancestral_sample(
