@@ -4,7 +4,7 @@
 The file is cut into byte ranges that end just after a ``\\n`` (so no line, no ``\\r\\n`` and no
 multibyte UTF-8 character is split; a file whose lines end in lone ``\\r`` has no cut and is read
 whole by one worker). Each worker reads its range by the text rules of
-:func:`hlbl.data.vocab.iter_sentences` (same splitting, long lines cut by ``_pieces``, blank lines
+:func:`hlbl.data.vocab.iter_sentences` (same splitting, long lines cut by ``line_pieces``, blank lines
 dropped or kept) and writes the range as *local* ids: its words numbered in order of first
 appearance within the range, ``<eos>`` = 0, beside their counts. The parent then numbers the words
 of range 1, 2, ... in that order: that is the order of first appearance in the whole file, the
@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DataError
-from .vocab import EOS, LONG_LINE, _first_bad_byte, _pieces
+from .vocab import EOS, LONG_LINE, first_bad_byte, line_pieces
 
 PARALLEL_BYTES = 16 << 20  # files smaller than this are read in one pass
 MIN_RANGE_BYTES = 1 << 20
@@ -116,7 +116,7 @@ def _scan_range(path: str, start: int, stop: int, keep: bool, out) -> tuple[list
                     blanks += 1
                 continue
             ended = False
-            for tokens in _pieces(line):
+            for tokens in line_pieces(line):
                 if tokens:
                     buf.extend(map(word_id, tokens))
                     ended = True
@@ -148,7 +148,7 @@ def _finish(proc: subprocess.Popen, path: Path, out: Path) -> tuple[list[str], i
     """Wait for a worker: (its words, ids written, blank lines), or its error."""
     _, err = proc.communicate()
     if proc.returncode == BAD_UTF8:
-        raise DataError(f"{path}: not UTF-8 text ({_first_bad_byte(Path(path))})")
+        raise DataError(f"{path}: not UTF-8 text ({first_bad_byte(Path(path))})")
     if proc.returncode != 0:
         tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
         raise OSError(f"{path}: a reading worker failed ({tail[0]})")

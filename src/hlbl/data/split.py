@@ -37,7 +37,7 @@ from .. import atomic
 from ..config import SPLIT_SEED, SPLIT_TEST, SPLIT_VALID
 from ..errors import DataError
 from ..files import file_sha256, refuse_special
-from .vocab import _first_bad_byte
+from .vocab import first_bad_byte
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def count_lines(path: Path) -> int:
                         f"{path}: binary data (a NUL byte on line {n}); expected UTF-8 text, a sentence a line"
                     )
     except UnicodeDecodeError:
-        raise DataError(f"{path}: not UTF-8 text ({_first_bad_byte(path)})") from None
+        raise DataError(f"{path}: not UTF-8 text ({first_bad_byte(path)})") from None
     if n == 0:
         raise DataError(f"{path}: the file is empty; expected UTF-8 text, a sentence a line")
     return n

@@ -113,7 +113,7 @@ class TextProtocol:
 # Reading text
 
 
-def _pieces(line: str) -> Iterator[list[str]]:
+def line_pieces(line: str) -> Iterator[list[str]]:
     """The tokens of ``line`` in lists of at most about LONG_LINE characters each, cut at whitespace
     (a text8-style corpus is one 100 MB line: 17M token strings at once would take gigabytes)."""
     start = 0
@@ -166,7 +166,7 @@ def iter_sentences(
                             yield tokens, True
                     continue
                 held = None  # each piece waits for the next, to know whether it ends the line
-                for tokens in _pieces(line):
+                for tokens in line_pieces(line):
                     if tokens:
                         if held is not None:
                             yield held, False
@@ -178,14 +178,14 @@ def iter_sentences(
                     if keep:
                         yield [], True
     except UnicodeDecodeError:
-        raise DataError(f"{path}: not UTF-8 text ({_first_bad_byte(path)})") from None
+        raise DataError(f"{path}: not UTF-8 text ({first_bad_byte(path)})") from None
     finally:
         bar.close()
         if stats is not None:
             stats["blank_lines"] = blanks
 
 
-def _first_bad_byte(path: Path) -> str:
+def first_bad_byte(path: Path) -> str:
     """Where a file stops being UTF-8 (the decoder works in blocks, so its own position is no line)."""
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):

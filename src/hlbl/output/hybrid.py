@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from ..tree import WordTree, huffman_tree
 from .base import LayerOutput, OutputLayer, check_targets, gaussian_weights, unigram_distribution
-from .tree import TreeSoftmax, _describe, _tree_of
+from .tree import TreeSoftmax, describe_tree, tree_of
 
 
 def hybrid_split(counts: Sequence[float], head: int) -> tuple[np.ndarray, np.ndarray]:
@@ -192,7 +192,7 @@ class HybridSoftmax(OutputLayer):
         children, weight = state_dict.get(prefix + "tail.tree_children"), state_dict.get(prefix + "weight")
         if head is None or children is None or weight is None:
             raise ValueError(f"not a HybridSoftmax state: no {prefix}head_words, {prefix}tail.tree_children or weight")
-        layer = cls(int(weight.shape[1]), head.detach().cpu().numpy(), _tree_of(children))
+        layer = cls(int(weight.shape[1]), head.detach().cpu().numpy(), tree_of(children))
         layer.to(dtype=weight.dtype)
         layer.load_state_dict({k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)})
         return layer
@@ -214,8 +214,8 @@ class HybridSoftmax(OutputLayer):
         if not same_head or (children is not None and not self.tail._same_tree(children)):
             error_msgs.append(
                 f"{prefix}head_words / {prefix}tail.tree_children: the state is of a hybrid softmax of another "
-                f"structure (head of {_size(head)} words, tail {_describe(children)}) than this layer's (head of "
-                f"{len(own)} words, tail {_describe(self.tail.tree_children)}); build the layer from the state, "
+                f"structure (head of {_size(head)} words, tail {describe_tree(children)}) than this layer's (head of "
+                f"{len(own)} words, tail {describe_tree(self.tail.tree_children)}); build the layer from the state, "
                 "e.g. HybridSoftmax.from_state_dict(state)"
             )
             return

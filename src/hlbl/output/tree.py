@@ -124,7 +124,7 @@ class TreeSoftmax(OutputLayer):
         children, weight = state_dict.get(prefix + "tree_children"), state_dict.get(prefix + "weight")
         if children is None or weight is None:
             raise ValueError(f"not a TreeSoftmax state: no {prefix}tree_children or {prefix}weight")
-        layer = cls(int(weight.shape[1]), _tree_of(children))
+        layer = cls(int(weight.shape[1]), tree_of(children))
         layer.to(dtype=weight.dtype)
         layer.load_state_dict({k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)})
         return layer
@@ -138,7 +138,7 @@ class TreeSoftmax(OutputLayer):
         if saved is not None and not self._same_tree(saved):
             error_msgs.append(
                 f"{prefix}tree_children: the state is of a tree softmax on another word tree "
-                f"({_describe(saved)}) than this layer's ({_describe(self.tree_children)}); build the layer "
+                f"({describe_tree(saved)}) than this layer's ({describe_tree(self.tree_children)}); build the layer "
                 "on the saved tree, e.g. TreeSoftmax.from_state_dict(state)"
             )
             return
@@ -477,7 +477,7 @@ def _autocast_on(device_type: str) -> bool:
         return torch.is_autocast_enabled() if device_type == "cuda" else torch.is_autocast_cpu_enabled()
 
 
-def _tree_of(children: torch.Tensor) -> WordTree:
+def tree_of(children: torch.Tensor) -> WordTree:
     """The WordTree of a saved ``tree_children`` (N, 2) tensor; its words are 0..max word id."""
     ch = children.detach().cpu().numpy()
     if ch.ndim != 2 or ch.shape[1:] != (2,) or (ch.size and ch.dtype.kind not in "iu"):
@@ -486,7 +486,7 @@ def _tree_of(children: torch.Tensor) -> WordTree:
     return WordTree(ch.astype(np.int64), int(-1 - leaves.min()) + 1 if leaves.size else 0)
 
 
-def _describe(children) -> str:
+def describe_tree(children) -> str:
     """A tree in a message: its size and a short fingerprint of its children table."""
     if not torch.is_tensor(children) or children.dim() != 2:
         return "not an (N, 2) table"
