@@ -351,7 +351,7 @@ def test_requests_of_clients_that_left_are_not_computed_and_waiting_work_is_boun
     closed the connection are dropped before they run; beyond max_queued waiting, 503 at once."""
     vocab = Vocab(("the", "<eos>", "<unk>", "a", "cat", "dog"), (50, 40, 30, 20, 10, 5))
     model = LBL(LBLConfig(vocab_size=6, dim=4, context=2, output="flat"), None, torch.Generator().manual_seed(0))
-    service = Service(model, vocab, {"corpus": "toy"}, tmp_path, limits=Limits(max_body=1000))
+    service = Service(model, vocab, toy_record(model.config), tmp_path, limits=Limits(max_body=1000))
     release, calls = threading.Event(), []
     real_score = service.score
 
@@ -445,7 +445,7 @@ def test_a_mixtures_predictions_run_off_the_event_loop_in_capped_batches(tmp_pat
 
     vocab = Vocab(("the", "<eos>", "<unk>", "a", "cat", "dog"), (50, 40, 30, 20, 10, 5))
     model = LBL(LBLConfig(vocab_size=6, dim=4, context=2, output="flat"), None, torch.Generator().manual_seed(0))
-    service = Service(model, vocab, {"corpus": "toy"}, tmp_path, limits=Limits(max_body=1000))
+    service = Service(model, vocab, toy_record(model.config), tmp_path, limits=Limits(max_body=1000))
     batches = []
 
     def slow_topk(contexts, k):  # as long as a large mixture's
@@ -481,7 +481,7 @@ def test_a_mixtures_predictions_run_off_the_event_loop_in_capped_batches(tmp_pat
 def test_two_host_headers_and_an_unknown_transfer_coding_are_refused(tmp_path):
     vocab = Vocab(("the", "<eos>", "<unk>", "a", "cat", "dog"), (50, 40, 30, 20, 10, 5))
     model = LBL(LBLConfig(vocab_size=6, dim=4, context=2, output="flat"), None, torch.Generator().manual_seed(0))
-    service = Service(model, vocab, {"corpus": "toy"}, tmp_path, limits=Limits(max_body=1000))
+    service = Service(model, vocab, toy_record(model.config), tmp_path, limits=Limits(max_body=1000))
     from hlbl.serve.app import LOOPBACK_HOSTS
 
     app = create_app(service, allowed_hosts=LOOPBACK_HOSTS)

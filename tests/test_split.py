@@ -143,7 +143,9 @@ def test_a_run_trained_on_one_file_records_the_file_and_eval_finds_it(tmp_path, 
     run = str(tmp_path / "run")
     common = ["--epochs", "1", "--dim", "8", "--context", "2", "--quiet", "--device", "cpu"]
     assert main(["train", "--data", str(tmp_path / "t.txt"), "--out", run, *common]) == 0
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["corpus"]["spec"] == str((tmp_path / "t.txt").resolve())
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["corpus"]["spec"] == str(
+        (tmp_path / "t.txt").resolve()
+    )
     capsys.readouterr()
     monkeypatch.chdir(tmp_path / "cache")  # from anywhere
     assert main(["eval", run, "--device", "cpu"]) == 0

@@ -55,7 +55,9 @@ from .vocab import (
     TextProtocol,
     Vocab,
     count_file,
+    first_bad_byte,
     iter_sentences,
+    line_pieces,
     text_lines,
 )
 
@@ -91,7 +93,9 @@ __all__ = [
     "epoch_order",
     "epoch_span",
     "fetch_ptb",
+    "first_bad_byte",
     "iter_sentences",
+    "line_pieces",
     "load_corpus",
     "mapped_file",
     "read_tokens",
