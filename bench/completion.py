@@ -212,22 +212,35 @@ class Models:
     """The vocabulary (the first run's), the n-gram model (read once) and the runs, loaded lazily."""
 
     def __init__(self, args):
+        from hlbl.data import Vocab
         from hlbl.ngram.cache import NgramFile
-        from hlbl.run import load_model
 
         self.args = args
         self.paths = _named(args.run)
-        self.runs = {}
-        for name, path in self.paths.items():
-            model, vocab, _ = load_model(path, device="cpu")
-            model.eval()
-            self.runs[name] = model
-            self.vocab = vocab
-        if not self.runs:
+        self._runs = None
+        if self.paths:  # the runs' vocabulary (they share one), read without their weights
+            first = next(iter(self.paths.values()))
+            self.vocab = Vocab.from_json(json.loads((first / "vocab.json").read_text(encoding="utf-8")))
+        else:
             from hlbl.data import load_corpus
 
             self.vocab = load_corpus(args.data, args.max_vocab, splits=("train",)).vocab
         self.ngram_file = NgramFile(args.kn5)
+
+    @property
+    def runs(self) -> dict:
+        """name -> the run's model (best weights), loaded when first asked."""
+        if self._runs is None:
+            from hlbl.run import load_model
+
+            self._runs = {}
+            for name, path in self.paths.items():
+                model, vocab, _ = load_model(path, device="cpu")
+                if list(vocab.words) != list(self.vocab.words):
+                    raise SystemExit(f"{path}: its vocabulary differs from the first run's")
+                model.eval()
+                self._runs[name] = model
+        return self._runs
 
     @property
     def kn(self):
@@ -315,6 +328,33 @@ def stage_score(args, models: Models, files: dict[str, Path]) -> dict:
     return {"valid": result["valid"], "test": result["test"], "suspects_valid": suspects}
 
 
+def stage_passes(args, models: Models) -> dict:
+    """The valid questions ranked by the weights after each epoch of the runs ``--passes`` names
+    (their checkpoints), beside the epoch's valid perplexity: accuracy against training."""
+    from hlbl.checkpoint import load_weights
+    from hlbl.ranking import Scorer, rank
+
+    qs = read_questions_file(Path(args.questions_dir) / "valid.jsonl")
+    out = {}
+    for name in args.passes or []:
+        model = models.runs[name]
+        run = models.paths[name]
+        lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        ppl = {m.get("epoch"): m.get("valid_ppl") for m in lines}
+        rows = []
+        for ckpt in sorted((run / "checkpoints").glob("epoch-*")):
+            epoch = int(ckpt.name.split("-")[1])
+            load_weights(ckpt / "last.safetensors", model, vocab=models.vocab)
+            m = metrics(rank(Scorer.run(model, models.vocab, "cpu"), qs), models.vocab)
+            rows.append(
+                {"epoch": epoch, "valid_ppl": ppl.get(epoch), **{k: m[k] for k in ("accuracy", "most_frequent_rate")}}
+            )
+            print(f"{name} epoch {epoch}: {rows[-1]}", file=sys.stderr)
+        load_weights(run / "best.safetensors", model, vocab=models.vocab)  # as the other stages read it
+        out[name] = rows
+    return out
+
+
 def _band_of(word: str, count: int) -> str:
     if word in ("<eos>", "<unk>"):
         return word
@@ -353,7 +393,7 @@ def stage_loss(args, models: Models) -> dict:
 
 def summary(args, models: Models, scores: dict, loss: dict, files: dict[str, Path]) -> dict:
     test, valid = scores["test"], scores["valid"]
-    best = max(models.runs, key=lambda n: valid[n]["accuracy"]) if models.runs else None  # chosen on valid
+    best = max(models.paths, key=lambda n: valid[n]["accuracy"]) if models.paths else None  # chosen on valid
     out = {
         "questions": test["kn5"]["questions"],
         "valid_questions": valid["kn5"]["questions"],
@@ -390,6 +430,7 @@ def quick_setup(args) -> None:
     args.kn5 = str(kn)
     run, _ = quick_run("completion", "--dim", "16", "--context", "3")
     args.run = [f"quick={run}"]
+    args.passes = ["quick"]
     args.questions = 40
     args.questions_dir = str(quick_dir() / "questions")
     args.build_overrides = {"min_words": 6, "word_rule": "any"}
@@ -397,7 +438,7 @@ def quick_setup(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("stage", nargs="?", default="all", choices=("build", "score", "loss", "all"))
+    ap.add_argument("stage", nargs="?", default="all", choices=("build", "score", "loss", "passes", "all"))
     ap.add_argument("--kn5", help="the n-gram model that proposes impostors (and is scored)")
     ap.add_argument("--run", action="append", help="NAME=DIR: an HLBL run to score (repeatable)")
     ap.add_argument("--max-vocab", type=int, default=50000, help="the vocabulary (when no run gives it)")
@@ -405,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--questions-dir", default=str(ROOT / "runs" / "completion"), help="where the questions go")
     ap.add_argument("--rebuild", action="store_true", help="build the questions again even if present")
+    ap.add_argument("--passes", action="append", help="NAME of a --run whose epoch checkpoints are ranked on valid")
     add_common(ap, data="gutenberg", out="results/completion/summary.json")
     args = finish_args(ap.parse_args(argv))
     args.build_overrides = {}
@@ -418,8 +460,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     scores = stage_score(args, models, files) if args.stage in ("score", "all") else None
     loss = stage_loss(args, models) if args.stage in ("loss", "all") else None
-    if args.stage == "all":
-        write_json(args.out, summary(args, models, scores, loss, files))
+    passes = stage_passes(args, models) if args.stage in ("passes", "all") else None
+    if args.stage == "passes":
+        print(json.dumps(passes, indent=1))
+    elif args.stage == "all":
+        write_json(args.out, {**summary(args, models, scores, loss, files), "passes_valid": passes})
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         print(json.dumps(scores if scores is not None else loss, indent=1))
