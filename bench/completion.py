@@ -336,13 +336,15 @@ def stage_passes(args, models: Models) -> dict:
 
     qs = read_questions_file(Path(args.questions_dir) / "valid.jsonl")
     out = {}
-    for name in args.passes or []:
+    for spec in args.passes or []:
+        name, _, where = spec.partition("=")
         model = models.runs[name]
         run = models.paths[name]
+        saved = Path(where) if where else run / "checkpoints"  # a run keeps only its newest checkpoint
         lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
         ppl = {m.get("epoch"): m.get("valid_ppl") for m in lines}
         rows = []
-        for ckpt in sorted((run / "checkpoints").glob("epoch-*")):
+        for ckpt in sorted(saved.glob("epoch-*")):
             epoch = int(ckpt.name.split("-")[1])
             load_weights(ckpt / "last.safetensors", model, vocab=models.vocab)
             m = metrics(rank(Scorer.run(model, models.vocab, "cpu"), qs), models.vocab)
@@ -446,7 +448,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--questions-dir", default=str(ROOT / "runs" / "completion"), help="where the questions go")
     ap.add_argument("--rebuild", action="store_true", help="build the questions again even if present")
-    ap.add_argument("--passes", action="append", help="NAME of a --run whose epoch checkpoints are ranked on valid")
+    ap.add_argument(
+        "--passes",
+        action="append",
+        help="NAME[=DIR] of a --run whose epoch checkpoints (DIR/epoch-*/last.safetensors, default the run's "
+        "checkpoints/) are ranked on valid",
+    )
     add_common(ap, data="gutenberg", out="results/completion/summary.json")
     args = finish_args(ap.parse_args(argv))
     args.build_overrides = {}
