@@ -419,6 +419,55 @@ def summary(args, models: Models, scores: dict, loss: dict, files: dict[str, Pat
     return out
 
 
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def table(summary: dict) -> str:
+    """Markdown tables of a summary (docs/completion.md's): the test part per model, the test loss
+    per band, the valid suspects and the valid accuracy after each epoch."""
+    lines = [
+        "| model (test, {} questions) | accuracy | picks the most frequent | own word only | words after only | "
+        "answer seen 10-99 | 100-999 | 1000-10000 |".format(summary["questions"]),
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in summary["test"].items():
+        b = m["by_band"]
+        lines.append(
+            f"| {name} | {_pct(m['accuracy'])} | {_pct(m['most_frequent_rate'])} | {_pct(m['accuracy_word_only'])} | "
+            f"{_pct(m['accuracy_after_only'])} | "
+            + " | ".join(f"{_pct(v['accuracy'])} ({v['questions']})" for v in b.values())
+            + " |"
+        )
+    runs = list(summary["runs"])
+    lines += [
+        "",
+        "| target's training count | tokens | KN5 loss | " + " | ".join(f"{r} loss | {r}/KN5 ppl" for r in runs) + " |",
+    ]
+    lines.append("|---" * (3 + 2 * len(runs)) + "|")
+    for band, row in summary["loss_by_band"].items():
+        cells = [
+            f"{row[r]:.3f} | {row.get(f'{r}/kn5 perplexity ratio', math.exp(row[r] - row['kn5'])):.2f}" for r in runs
+        ]
+        lines.append(f"| {band} | {row['tokens']:,} | {row['kn5']:.3f} | " + " | ".join(cells) + " |")
+    lines += ["", "| suspect (valid questions) | accuracy | picks the most frequent |", "|---|---|---|"]
+    for name, m in summary["valid"].items():
+        lines.append(f"| {name} (as is) | {_pct(m['accuracy'])} | {_pct(m['most_frequent_rate'])} |")
+    for name, m in summary["suspects_valid"].items():
+        if "accuracy" in m:
+            lines.append(f"| {name} | {_pct(m['accuracy'])} | {_pct(m['most_frequent_rate'])} |")
+        else:
+            sweep = ", ".join(f"{w}: {_pct(a)}" for w, a in m["valid_accuracy_by_weight"].items())
+            lines.append(f"| {name} | {sweep} (chosen {m['chosen']}) | |")
+    for name, rows in (summary.get("passes_valid") or {}).items():
+        lines += ["", f"| {name}: after epoch | valid perplexity | valid accuracy | picks the most frequent |"]
+        lines.append("|---|---|---|---|")
+        for r in rows:
+            ppl = "-" if r["valid_ppl"] is None else f"{r['valid_ppl']:.1f}"
+            lines.append(f"| {r['epoch']} | {ppl} | {_pct(r['accuracy'])} | {_pct(r['most_frequent_rate'])} |")
+    return "\n".join(lines)
+
+
 def quick_setup(args) -> None:
     """Quick mode: the synthetic corpus, a KN3 model and a one-epoch run of it, 40 questions a split."""
     from hlbl.cli import main as hlbl_main
@@ -440,7 +489,7 @@ def quick_setup(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("stage", nargs="?", default="all", choices=("build", "score", "loss", "passes", "all"))
+    ap.add_argument("stage", nargs="?", default="all", choices=("build", "score", "loss", "passes", "all", "table"))
     ap.add_argument("--kn5", help="the n-gram model that proposes impostors (and is scored)")
     ap.add_argument("--run", action="append", help="NAME=DIR: an HLBL run to score (repeatable)")
     ap.add_argument("--max-vocab", type=int, default=50000, help="the vocabulary (when no run gives it)")
@@ -457,6 +506,9 @@ def main(argv: list[str] | None = None) -> int:
     add_common(ap, data="gutenberg", out="results/completion/summary.json")
     args = finish_args(ap.parse_args(argv))
     args.build_overrides = {}
+    if args.stage == "table":  # the tables of an existing summary (--out), as markdown
+        print(table(json.loads(Path(args.out).read_text())))
+        return 0
     if args.quick:
         quick_setup(args)
     if not args.kn5:
@@ -472,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(passes, indent=1))
     elif args.stage == "all":
         write_json(args.out, {**summary(args, models, scores, loss, files), "passes_valid": passes})
+        print(table(json.loads(Path(args.out).read_text())))
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         print(json.dumps(scores if scores is not None else loss, indent=1))
