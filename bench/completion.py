@@ -194,15 +194,52 @@ def _named(specs: list[str]) -> dict[str, Path]:
     return out
 
 
+def shown(path) -> str:
+    """A path as results show it: relative to the repository, or from its ``runs/`` folder on
+    (runs live in a ``runs/`` folder by convention), else its name."""
+    p = Path(path).resolve()
+    try:
+        return p.relative_to(ROOT).as_posix()
+    except ValueError:
+        parts = p.parts
+        return "/".join(parts[parts.index("runs") :]) if "runs" in parts else p.name
+
+
 def _command(run: Path) -> str:
-    """The run's recipe, as run.json records it (the flags that made it)."""
+    """The command that made a run, from its run.json (the flags a user gives)."""
     info = json.loads((run / "run.json").read_text())
-    opts = info.get("options", {})
-    m = info.get("model", {})
-    return (
-        f"hlbl train --data {info.get('corpus')} --max-vocab {opts.get('max_vocab')} --tree {opts.get('tree')} "
-        f"--dim {m.get('dim')} --context {m.get('context')}; train: {info.get('train')}"
-    )
+    opts, m = info.get("options", {}), info.get("model", {})
+    tree = opts.get("tree")
+    tree = shown(tree) if tree and ("/" in str(tree) or str(tree).endswith(".json")) else tree
+    cmd = f"hlbl train --data {info.get('corpus')} --max-vocab {opts.get('max_vocab')} --tree {tree} "
+    cmd += f"--dim {m.get('dim')} --context {m.get('context')} --threads 1"
+    train = info.get("train")
+    if isinstance(train, str):  # older run.json files hold the recipe's repr
+        import ast
+
+        train = ast.literal_eval(train)
+    if train.get("time_budget"):
+        cmd += f" --time-budget {int(train['time_budget'])}"
+    if train.get("max_epochs") != 40:
+        cmd += f" --epochs {train.get('max_epochs')}"
+    if train.get("epoch_tokens") != 10_000_000:
+        cmd += f" --epoch-tokens {train.get('epoch_tokens')}"
+    return cmd + f" --out {shown(run)}"
+
+
+def _budget(run: Path) -> dict:
+    """What a run was given and reached: epochs, passes, training minutes, best valid perplexity."""
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    last = lines[-1]
+    passes = sum(1 / x.get("parts", 1) for x in lines)  # an epoch is 1/parts of a pass
+    return {
+        "command": _command(run),
+        "epochs": len(lines),
+        "passes": round(passes, 2),
+        "training_minutes": round(sum(x.get("epoch_minutes", 0.0) for x in lines), 1),
+        "best_valid_perplexity": min(x["valid_ppl"] for x in lines),
+        "last_lr": last.get("lr"),
+    }
 
 
 # ---- stages ---------------------------------------------------------------------------------
@@ -413,8 +450,11 @@ def summary(args, models: Models, scores: dict, loss: dict, files: dict[str, Pat
     out["by_band"] = {name: {b: v["accuracy"] for b, v in m["by_band"].items()} for name, m in test.items()}
     out["loss_by_band"] = loss
     out["build"] = {**Build(questions=args.questions, seed=args.seed, **args.build_overrides).__dict__}
-    out["n_gram_model"] = str(args.kn5)
-    out["runs"] = {name: str(path) for name, path in models.paths.items()}
+    out["n_gram_model"] = shown(args.kn5)
+    out["runs"] = {name: _budget(path) for name, path in models.paths.items()}
+    for name in out["runs"]:  # hlbl eval's number: the test split as one stream
+        out["runs"][name]["test_perplexity"] = math.exp(loss["all"][name])
+    out["kn5_test_perplexity"] = math.exp(loss["all"]["kn5"])
     out["test"], out["valid"], out["suspects_valid"] = test, valid, scores["suspects_valid"]
     return out
 
