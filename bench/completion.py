@@ -430,6 +430,11 @@ def stage_loss(args, models: Models) -> dict:
     return out
 
 
+def out_runs_command(args, models: Models, name: str) -> str:
+    given = dict(spec.partition("=")[::2] for spec in args.command or [])
+    return given.get(name) or _command(models.paths[name])
+
+
 def summary(args, models: Models, scores: dict, loss: dict, files: dict[str, Path]) -> dict:
     test, valid = scores["test"], scores["valid"]
     best = max(models.paths, key=lambda n: valid[n]["accuracy"]) if models.paths else None  # chosen on valid
@@ -442,7 +447,7 @@ def summary(args, models: Models, scores: dict, loss: dict, files: dict[str, Pat
     if best is not None:
         out["best_hlbl"] = {
             "name": best,
-            "command": _command(models.paths[best]),
+            "command": out_runs_command(args, models, best),
             "accuracy": test[best]["accuracy"],
             "most_frequent_rate": test[best]["most_frequent_rate"],
         }
@@ -452,6 +457,8 @@ def summary(args, models: Models, scores: dict, loss: dict, files: dict[str, Pat
     out["build"] = {**Build(questions=args.questions, seed=args.seed, **args.build_overrides).__dict__}
     out["n_gram_model"] = shown(args.kn5)
     out["runs"] = {name: _budget(path) for name, path in models.paths.items()}
+    for name in out["runs"]:  # given where run.json cannot say it (a resumed run)
+        out["runs"][name]["command"] = out_runs_command(args, models, name)
     for name in out["runs"]:  # hlbl eval's number: the test split as one stream
         out["runs"][name]["test_perplexity"] = math.exp(loss["all"][name])
     out["kn5_test_perplexity"] = math.exp(loss["all"]["kn5"])
@@ -489,7 +496,8 @@ def table(summary: dict) -> str:
         cells = [
             f"{row[r]:.3f} | {row.get(f'{r}/kn5 perplexity ratio', math.exp(row[r] - row['kn5'])):.2f}" for r in runs
         ]
-        lines.append(f"| {band} | {row['tokens']:,} | {row['kn5']:.3f} | " + " | ".join(cells) + " |")
+        shown_band = f"`{band}`" if band.startswith("<") else band  # markdown would read <eos> as a tag
+        lines.append(f"| {shown_band} | {row['tokens']:,} | {row['kn5']:.3f} | " + " | ".join(cells) + " |")
     lines += ["", "| suspect (valid questions) | accuracy | picks the most frequent |", "|---|---|---|"]
     for name, m in summary["valid"].items():
         lines.append(f"| {name} (as is) | {_pct(m['accuracy'])} | {_pct(m['most_frequent_rate'])} |")
@@ -537,6 +545,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--questions-dir", default=str(ROOT / "runs" / "completion"), help="where the questions go")
     ap.add_argument("--rebuild", action="store_true", help="build the questions again even if present")
+    ap.add_argument(
+        "--command",
+        action="append",
+        help="NAME=TEXT: the commands that made a run, where its run.json cannot say them (a resumed run)",
+    )
     ap.add_argument(
         "--passes",
         action="append",
