@@ -174,3 +174,48 @@ def test_lstm_variant_runs_sit_beside_the_default_runs(tmp_path):
     assert sorted(r.get("variant", "") for r in runs) == ["", "x2"]
     x2 = next(r for r in runs if r.get("variant") == "x2")
     assert x2["tree"]["codes_per_word"] >= 2.0
+
+
+def test_completion_questions_follow_the_construction_and_the_summary_has_its_keys(tmp_path):
+    """bench/completion.py --quick: the same questions twice (seeded); every question a blank at
+    least 4 words in, five distinct candidates, the impostors within 0.5-2x the answer's training
+    count and among the n-gram model's 30 likeliest such words after the 4 words before the blank."""
+    import json
+
+    env = {**os.environ, "HLBL_BENCH_OUT": str(tmp_path)}
+    cmd = [sys.executable, str(BENCH / "completion.py"), "--quick"]
+    for _ in range(2):
+        done = subprocess.run(cmd + ["--rebuild"], env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert done.returncode == 0, done.stderr[-2000:]
+        first = (tmp_path / "questions" / "test.jsonl").read_text()
+        if _ == 0:
+            kept = first
+    assert first == kept and first.count("\n") == 40
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    keys = ("questions", "kn5_accuracy", "kn5_most_frequent_rate", "best_hlbl", "mixture_accuracy", "by_band")
+    assert set(keys) | {"loss_by_band"} <= set(summary)
+    assert set(summary["best_hlbl"]) == {"name", "command", "accuracy", "most_frequent_rate"}
+
+    sys.path.insert(0, str(BENCH))
+    from completion import split_lines
+
+    from hlbl.data import load_corpus
+    from hlbl.ngram import read_arpa
+
+    vocab = load_corpus(tmp_path / "corpus", splits=("train",)).vocab
+    kn = read_arpa(tmp_path / "kn3.arpa")
+    ids = kn.vocab_map(vocab.words)
+    lines = split_lines(tmp_path / "corpus", "test")
+    for line in first.splitlines():
+        q = json.loads(line)
+        tokens = q["sentence"].split()
+        at = tokens.index("___")
+        assert at >= 4 and len(set(q["candidates"])) == 5 and q["answer"] in q["candidates"]
+        assert lines[int(q["id"].split(":")[1]) - 1].split()[at] == q["answer"]
+        c = vocab.counts[vocab.index[q["answer"]]]
+        band = [w for w, n in zip(vocab.words, vocab.counts) if 0.5 * c <= n <= 2 * c and w != q["answer"]]
+        band = [w for w in band if w not in ("<eos>", "<unk>")]
+        hist = ids[vocab.encode(tokens[at - 4 : at])]
+        lp = kn.score_windows(np.asarray([[*hist, ids[vocab.index[w]]] for w in band]))
+        top = {band[i] for i in np.argsort(-lp, kind="stable")[:30]}
+        assert set(q["candidates"]) - {q["answer"]} <= top

@@ -287,13 +287,17 @@ class Mixture:
         report["components"] = [{**d, "perplexity": _perplexity(row)} for d, row in zip(self.describe(), L)]
         return report
 
-    def token_scores(self, sentences: Iterable[str | Sequence[str]], batch_size: int = 4096) -> TokenScores:
-        """Every token's mixed log-probability under the sentence protocol (module doc)."""
+    def token_scores(
+        self, sentences: Iterable[str | Sequence[str]], batch_size: int = 4096, contexts: Sequence | None = None
+    ) -> TokenScores:
+        """Every token's mixed log-probability under the sentence protocol (module doc).
+        ``contexts``: text the runs read before each sentence (:func:`hlbl.scoring.token_scores`);
+        the n-gram model starts each sentence from ``<s>`` whatever precedes it."""
         sentences = list(sentences)
         parts = []
         for c in self.components:
             if c.kind == "run":
-                parts.append(token_scores(c.model, self.vocab, sentences, batch_size, self.device))
+                parts.append(token_scores(c.model, self.vocab, sentences, batch_size, self.device, contexts))
             else:
                 _refuse_missing(c, c.model.missing_words(self.vocab.words), len(self.vocab), self.components[0].name)
                 parts.append(ngram_token_scores(c.model.model, self.vocab, sentences))

@@ -61,8 +61,14 @@ def token_scores(
     sentences: Iterable[str | Sequence[str]],
     batch_size: int = 4096,
     device: str | torch.device | None = None,
+    contexts: Sequence[str | Sequence[str] | None] | None = None,
 ) -> TokenScores:
-    """Every token's log-probability under the protocol of :func:`score_sentences`."""
+    """Every token's log-probability under the protocol of :func:`score_sentences`.
+
+    ``contexts`` (one per sentence, or None): text read before a sentence instead of the
+    all-``<eos>`` start, as the training stream has it: the text's words then ``<eos>`` (the
+    previous line), of which the model sees the last ``n``; those tokens are not scored. None
+    (for all, or for one sentence) is the protocol's all-``<eos>`` context."""
     from .evaluate import token_log_probs
 
     eos = vocab.eos
@@ -73,14 +79,32 @@ def token_scores(
     lengths = np.asarray([len(ids) + 1 for ids in encoded], dtype=np.int64)
     if not encoded:
         return TokenScores(np.zeros(0), lengths, oov)
-    # One stream for all sentences, each behind n <eos> that are not scored: the stream scorer
+    pads = _pads(vocab, n, contexts, len(encoded))
+    # One stream for all sentences, each behind n tokens that are not scored: the stream scorer
     # (the numba one on the CPU, as for `hlbl eval`) then sees every sentence from an all-<eos>
-    # context, as if it stood alone.  [eos]*n w1 .. wk eos  [eos]*n w1 ..
-    stream = np.fromiter((w for ids in encoded for w in [eos] * n + ids + [eos]), dtype=np.int32)
+    # context (or its given one), as if it stood alone.  [eos]*n w1 .. wk eos  [eos]*n w1 ..
+    stream = np.fromiter((w for pad, ids in zip(pads, encoded) for w in pad + ids + [eos]), dtype=np.int32)
     scored = np.ones(len(stream), dtype=bool)  # False on the n padding tokens before each sentence
     starts = np.concatenate([[0], np.cumsum(lengths + n)[:-1]])
     scored[(starts[:, None] + np.arange(n)).reshape(-1)] = False
     return TokenScores(token_log_probs(model, stream, eos, batch_size, device or "cpu")[scored], lengths, oov)
+
+
+def _pads(vocab, n: int, contexts, count: int) -> list[list[int]]:
+    """The n unscored ids before each sentence: all ``<eos>``, or the last n of a context's words then ``<eos>``."""
+    start = [vocab.eos] * n
+    if contexts is None:
+        return [start] * count
+    if len(contexts) != count:
+        raise ValueError(f"{len(contexts)} contexts for {count} sentences")
+    pads = []
+    for ctx in contexts:
+        if ctx is None or n == 0:
+            pads.append(start)
+            continue
+        ids = vocab.encode(ctx.split() if isinstance(ctx, str) else list(ctx))
+        pads.append((start + ids + [vocab.eos])[-n:])
+    return pads
 
 
 def ngram_token_scores(ngram, vocab, sentences: Iterable[str | Sequence[str]]) -> TokenScores:

@@ -18,6 +18,7 @@ from .._version import __version__
 from ..errors import HlblError
 from . import eval as eval_cmd
 from . import data, infer, ngram, reproduce, serve, train, tree
+from . import rank as rank_cmd
 from .common import Parser, flag_message
 
 USER_ERRORS = (HlblError, FloatingPointError)
@@ -55,6 +56,7 @@ def build_parser() -> Parser:
     for group in (train, eval_cmd, tree, reproduce, infer, serve, data):
         group.add_commands(sub)
     ngram.add_subcommands(sub)  # hlbl ngram train|eval
+    rank_cmd.add_commands(sub)
     return p
 
 
