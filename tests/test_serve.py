@@ -496,3 +496,25 @@ def test_the_serve_command_refuses_a_bad_run_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["serve", "--help"])
     assert e.value.code == 0
+
+
+def test_model_shows_the_test_perplexity_that_training_printed(tmp_path, capsys):
+    """`hlbl train` keeps its final report in the run (report.json); /v1/model shows its test
+    perplexity (before, a run's metrics held no test perplexity and the page said null)."""
+    from conftest import tiny_corpus
+
+    from hlbl.cli import main
+    from hlbl.run import Run
+
+    data = tiny_corpus(tmp_path / "data")
+    run = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--out", str(run), "--dim", "8", "--epochs", "1", "--quiet"]) == 0
+    printed = json.loads(next(x for x in capsys.readouterr().out.splitlines() if x.startswith("{")))
+    assert Run(run).report()["test_perplexity"] == printed["test_perplexity"]
+    with TestClient(create_app(Service.load(run))) as c:
+        assert c.get("/v1/model").json()["test_perplexity"] == printed["test_perplexity"]
+    (run / "report.json").write_text("[1, 2]")  # damaged: the description goes on without it
+    with TestClient(create_app(Service.load(run))) as c:
+        assert c.get("/v1/model").json()["test_perplexity"] is None
+    with pytest.raises(Exception, match="not a final report"):
+        Run(run).report()

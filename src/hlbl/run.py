@@ -91,9 +91,10 @@ CHECKPOINTS = "checkpoints"
 PARTIAL = ".partial-"
 PUBLISHED = ("best.safetensors", "last.safetensors", "metrics.jsonl", "state.json")
 RUN_FILES = ("run.json", "vocab.json", "tree.json", "metrics.jsonl")
+REPORT = "report.json"  # the final report of `hlbl train` (valid and test perplexity of the best weights)
 _COMMITTED = re.compile(r"epoch-(\d{6,})")
 # Temporary files of atomic writes (hlbl.atomic: NAME.RANDOM.tmp) of the files a run directory holds.
-_TEMPORARY = re.compile(r"(run|vocab|tree|state|metrics|best|last|optimizer)\.(json|jsonl|safetensors)\..+\.tmp")
+_TEMPORARY = re.compile(r"(run|vocab|tree|state|metrics|best|last|optimizer|report)\.(json|jsonl|safetensors)\..+\.tmp")
 
 
 @dataclass(frozen=True)
@@ -277,6 +278,23 @@ class Run:
                 out.append(obj)
         return out
 
+    def write_report(self, report: dict) -> None:
+        """Keep the final report of a finished training call (the JSON line ``hlbl train`` prints:
+        valid and test perplexity of the best weights, the test split's counts) beside the run,
+        replaced whole by the next report (a resumed run reports again)."""
+        atomic.write_text(self.path / REPORT, json.dumps(report, indent=1) + "\n")
+
+    def report(self) -> dict | None:
+        """The last final report (:meth:`write_report`), or None where training has not reported
+        (still training, or a run started from Python); a damaged report is a one-line error."""
+        path = self.path / REPORT
+        if not path.exists():
+            return None
+        obj = read_json(path, "final report")
+        if not isinstance(obj, dict):
+            raise CheckpointError(f"{path}: not a final report (a JSON object)")
+        return obj
+
     def latest(self) -> Path | None:
         """The newest complete checkpoint's directory, or None."""
         found = committed_checkpoints(self.path)
@@ -388,6 +406,7 @@ class Run:
         save_run_files(self.path, model, corpus.vocab, record)
         self._record = record
         atomic.write_text(self.path / "metrics.jsonl", "")
+        (self.path / REPORT).unlink(missing_ok=True)  # a report of an earlier start describes other weights
 
     def restore(
         self, found: Path, model: LBL, cfg: TrainConfig, vocab: Vocab, log: Callable[[str], None]

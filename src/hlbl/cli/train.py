@@ -329,6 +329,9 @@ def _report(model, corpus, state, out: Path, device: str, seed: int) -> None:
             report["test_self_normalisation"] = norm
     else:
         print("note: the corpus has no test.txt: no test perplexity", file=sys.stderr)
+    from ..run import Run
+
+    Run(out).write_report(report)  # kept, for whoever serves or inspects the run later
     print(json.dumps({**report, "run": str(out)}))
     show_sample(model, corpus, device, seed)
 

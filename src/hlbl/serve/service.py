@@ -18,7 +18,7 @@ import torch
 
 from ..run import Run, RunRecord
 from ..data import text_lines
-from ..errors import HlblError
+from ..errors import CheckpointError, HlblError
 from ..output import TreeSoftmax
 from ..scoring import encode_context, score_report, score_sentences
 from ..search import TreeSearch, layer_tree_arrays
@@ -157,6 +157,11 @@ class Service:
         epochs = Run(self.run).metrics(lenient=True)  # a log for display: an unreadable line is skipped
         valid = [v for v in (_finite(e.get("valid_ppl")) for e in epochs) if v is not None]
         test = [v for v in (_finite(e.get("test_ppl", e.get("test_perplexity"))) for e in epochs) if v is not None]
+        try:  # the final report of `hlbl train`, where the run has one (a description: never an error here)
+            report = Run(self.run).report() or {}
+        except CheckpointError:
+            report = {}
+        reported = _finite(report.get("test_perplexity"))
         tree = self.model.tree
         out = {
             "run": self.run.name,
@@ -172,7 +177,7 @@ class Service:
             "epochs": len(epochs),
             # Best validation perplexity (the weights `best` holds); test perplexity when the run records one.
             "valid_perplexity": min(valid) if valid else None,
-            "test_perplexity": test[-1] if test else None,
+            "test_perplexity": reported if reported is not None else (test[-1] if test else None),
             "tree": None,
         }
         if self.mixture is not None:  # predictions and scores are the mixture's; the rest is the run's
