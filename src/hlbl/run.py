@@ -11,6 +11,8 @@ A run directory holds::
     last.safetensors     weights after the last finished epoch               } checkpoint's files,
     state.json           epoch, phase, learning rate, best perplexity, ...   } for readers (eval,
     metrics.jsonl        one JSON line per finished epoch                    } predict, ...)
+    report.json          the final report of `hlbl train` (valid and test perplexity of the best
+                         weights), written when a training call ends; read by serve's /v1/model
 
 ``run.json`` is written last of the first three, before training starts, and is the recipe a
 resume uses. A checkpoint is one atomic commit: its files are written and flushed (fsync) in a
