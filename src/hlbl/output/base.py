@@ -82,6 +82,25 @@ def check_targets(target: torch.Tensor, vocab_size: int) -> None:
         torch._assert_async(((target >= 0) & (target < vocab_size)).all(), "target word ids out of range")
 
 
+def same_ids(saved, own: torch.Tensor) -> bool:
+    """Whether ``saved`` (a state_dict entry of integer structure, e.g. a tree's children) is the
+    integer tensor ``own``: same shape, not floating point, equal values (on any device)."""
+    return (
+        torch.is_tensor(saved)
+        and saved.shape == own.shape
+        and not saved.is_floating_point()
+        and torch.equal(saved.detach().to("cpu", torch.int64), own.detach().cpu())
+    )
+
+
+def load_prefixed(layer: nn.Module, state_dict, prefix: str, dtype: torch.dtype) -> nn.Module:
+    """``layer`` (built on the state's structure) in ``dtype`` with the entries of ``state_dict``
+    under ``prefix`` loaded strictly: what a layer's ``from_state_dict`` ends with."""
+    layer.to(dtype=dtype)
+    layer.load_state_dict({k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)})
+    return layer
+
+
 class OutputLayer(nn.Module):
     """The narrow interface of every output layer (as fastText's ``Loss``): a layer gives
     ``log_prob``, ``target_log_prob`` and ``init_unigram``; ``forward``, ``topk`` and ``sample``

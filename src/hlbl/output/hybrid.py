@@ -25,7 +25,15 @@ import torch
 import torch.nn.functional as F
 
 from ..tree import WordTree, huffman_tree
-from .base import LayerOutput, OutputLayer, check_targets, gaussian_weights, unigram_distribution
+from .base import (
+    LayerOutput,
+    OutputLayer,
+    check_targets,
+    gaussian_weights,
+    load_prefixed,
+    same_ids,
+    unigram_distribution,
+)
 from .tree import TreeSoftmax, describe_tree, tree_of
 
 
@@ -193,9 +201,7 @@ class HybridSoftmax(OutputLayer):
         if head is None or children is None or weight is None:
             raise ValueError(f"not a HybridSoftmax state: no {prefix}head_words, {prefix}tail.tree_children or weight")
         layer = cls(int(weight.shape[1]), head.detach().cpu().numpy(), tree_of(children))
-        layer.to(dtype=weight.dtype)
-        layer.load_state_dict({k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)})
-        return layer
+        return load_prefixed(layer, state_dict, prefix, weight.dtype)
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -205,12 +211,7 @@ class HybridSoftmax(OutputLayer):
         head = state_dict.get(prefix + "head_words")
         children = state_dict.get(prefix + "tail.tree_children")
         own = self.head_words
-        same_head = head is None or (
-            torch.is_tensor(head)
-            and head.shape == own.shape
-            and not head.is_floating_point()
-            and torch.equal(head.detach().to("cpu", torch.int64), own.detach().cpu())
-        )
+        same_head = head is None or same_ids(head, own)
         if not same_head or (children is not None and not self.tail._same_tree(children)):
             error_msgs.append(
                 f"{prefix}head_words / {prefix}tail.tree_children: the state is of a hybrid softmax of another "

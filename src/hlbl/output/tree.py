@@ -18,7 +18,15 @@ from torch import nn
 
 from ..errors import TreeError
 from ..tree import WordTree
-from .base import LayerOutput, OutputLayer, check_targets, gaussian_weights, unigram_distribution
+from .base import (
+    LayerOutput,
+    OutputLayer,
+    check_targets,
+    gaussian_weights,
+    load_prefixed,
+    same_ids,
+    unigram_distribution,
+)
 
 
 class TreeSoftmax(OutputLayer):
@@ -124,10 +132,7 @@ class TreeSoftmax(OutputLayer):
         children, weight = state_dict.get(prefix + "tree_children"), state_dict.get(prefix + "weight")
         if children is None or weight is None:
             raise ValueError(f"not a TreeSoftmax state: no {prefix}tree_children or {prefix}weight")
-        layer = cls(int(weight.shape[1]), tree_of(children))
-        layer.to(dtype=weight.dtype)
-        layer.load_state_dict({k[len(prefix) :]: v for k, v in state_dict.items() if k.startswith(prefix)})
-        return layer
+        return load_prefixed(cls(int(weight.shape[1]), tree_of(children)), state_dict, prefix, weight.dtype)
 
     def _load_from_state_dict(
         self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
@@ -147,13 +152,7 @@ class TreeSoftmax(OutputLayer):
         )
 
     def _same_tree(self, saved) -> bool:
-        own = self.tree_children
-        return (
-            torch.is_tensor(saved)
-            and saved.shape == own.shape
-            and not saved.is_floating_point()
-            and torch.equal(saved.detach().to("cpu", torch.int64), own.detach().cpu())
-        )
+        return same_ids(saved, self.tree_children)
 
     # ---- inputs -------------------------------------------------------------------------------
 
