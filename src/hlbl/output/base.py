@@ -129,6 +129,8 @@ class OutputLayer(nn.Module):
         self.reseed(noise_seed(seed, epoch))
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
+        """``(output, loss)``: log P(target | input), (B,) (or () for one vector where the layer
+        takes one), and its mean NLL."""
         lp = self.target_log_prob(input, target)
         return LayerOutput(lp, -lp.mean())
 

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 
 from ..tree import WordTree, huffman_tree
 from .base import (
-    LayerOutput,
     OutputLayer,
     check_targets,
     gaussian_weights,
@@ -251,11 +250,6 @@ class HybridSoftmax(OutputLayer):
         else:  # one shape, no host synchronisation: the tree for every row, kept for the tail's
             lp = head + torch.where(is_tail, self.tail.target_log_prob(h, local), 0.0)
         return lp[0] if one else lp
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
-        """``(output, loss)``: log P(target | input), (B,) or () for one vector, and its mean NLL."""
-        lp = self.target_log_prob(input, target)
-        return LayerOutput(lp, -lp.mean())
 
     def log_prob(self, input: torch.Tensor) -> torch.Tensor:
         """(B, d) -> (B, V) log-probabilities of every word; (d,) -> (V,)."""

@@ -19,7 +19,6 @@ from torch import nn
 from ..errors import TreeError
 from ..tree import WordTree
 from .base import (
-    LayerOutput,
     OutputLayer,
     check_targets,
     gaussian_weights,
@@ -287,11 +286,6 @@ class TreeSoftmax(OutputLayer):
         paths = self.path_log_probs(h, t)
         lp = torch.logsumexp(paths, dim=1) if self.multi_code else paths[:, 0]
         return lp[0] if one else lp
-
-    def forward(self, input: torch.Tensor, target: torch.Tensor) -> LayerOutput:
-        """``(output, loss)``: log P(target | input), (B,) or () for one vector, and its mean NLL."""
-        lp = self.target_log_prob(input, target)
-        return LayerOutput(lp, -lp.mean())
 
     def log_prob(self, input: torch.Tensor) -> torch.Tensor:
         """(B, d) -> (B, V) log-probabilities of every word; (d,) -> (V,)."""
