@@ -206,3 +206,20 @@ def toy_record(model_config, **train):
     from hlbl.run import CorpusRef, RunOptions, RunRecord
 
     return RunRecord(model_config, TrainConfig(**train), CorpusRef("toy", None, {}), TextProtocol(), RunOptions())
+
+
+def run_cli(argv, capsys, stdin: str = ""):
+    """``hlbl ARGV`` in this process with ``stdin`` as its standard input: (exit status, stdout, stderr)."""
+    import io
+    import sys
+
+    from hlbl.cli import main
+
+    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8")
+    try:
+        capsys.readouterr()
+        rc = main([str(a) for a in argv])
+        out = capsys.readouterr()
+    finally:
+        sys.stdin = sys.__stdin__
+    return rc, out.out, out.err

@@ -1,15 +1,13 @@
 """Mixtures of runs and an n-gram model (hlbl.mixture): the API against the math, the CLI against
 the API, mixture files, the n-gram score cache, and scoring with an n-gram model alone."""
 
-import io
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import tiny_corpus
+from conftest import run_cli as _cli, tiny_corpus
 from hlbl.cli import main
 from hlbl.data import load_corpus
 from hlbl.evaluate import token_log_probs as neural_log_probs
@@ -37,17 +35,6 @@ def parts(tmp_path_factory):
     arpa = root / "kn3.arpa"
     assert main(["ngram", "train", "--data", str(data), "--order", "3", "--out", str(arpa)]) == 0
     return data, runs, arpa
-
-
-def _cli(argv, capsys, stdin=""):
-    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8")
-    try:
-        capsys.readouterr()
-        rc = main([str(a) for a in argv])
-        out = capsys.readouterr()
-    finally:
-        sys.stdin = sys.__stdin__
-    return rc, out.out, out.err
 
 
 def test_a_mixture_scores_sentences_as_its_models_mixed_per_token(parts):

@@ -3,13 +3,13 @@ for ties, unknown words, multi-word candidates, blanks at either end and bad inp
 
 from __future__ import annotations
 
-import io
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
+
+from conftest import run_cli as _cli
 
 from hlbl.cli import main
 from hlbl.errors import DataError
@@ -29,17 +29,6 @@ def arpa(tiny_run, tmp_path_factory):
     data = tiny_run[0].parent / "corpus"
     assert main(["ngram", "train", "--data", str(data), "--order", "3", "--out", str(out)]) == 0
     return out
-
-
-def _cli(argv, capsys, stdin: str):
-    sys.stdin = io.TextIOWrapper(io.BytesIO(stdin.encode()), encoding="utf-8")
-    try:
-        capsys.readouterr()
-        rc = main([str(a) for a in argv])
-        out = capsys.readouterr()
-    finally:
-        sys.stdin = sys.__stdin__
-    return rc, out.out, out.err
 
 
 def _question(sentence, cands, answer=None, **kw):
