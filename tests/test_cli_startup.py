@@ -75,9 +75,9 @@ def test_help_and_argument_errors_import_no_heavy_module():
     assert all(code in (0, 2) for code in report["codes"])
 
 
-def test_the_probe_sees_a_heavy_import():
+def test_the_probe_sees_a_heavy_import(tmp_path):
     """The check above can fail: a command that runs loads torch, and the probe reports it."""
-    report = _probe([["generate", "/nonexistent/run", "--device", "cpu"]])
+    report = _probe([["train", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "run")]])
     assert report["codes"] == [2] and "torch" in report["heavy"]
 
 

@@ -20,6 +20,7 @@ from hlbl.evaluate import token_log_probs
 from hlbl.model import LBL
 from hlbl.numpy_model import NumpyLBL, unsupported
 from hlbl.run import Run
+from hlbl.sampling import TorchUniforms
 from hlbl.tree import huffman_tree
 
 
@@ -56,6 +57,31 @@ def test_scores_and_top_k_are_the_torch_models_bit_for_bit(tree_name, context, d
     np.testing.assert_array_equal(h, model.context_vector(torch.from_numpy(ctx)).detach().numpy())
 
 
+@pytest.mark.parametrize("tree_name", ["huffman", "multi_code"])
+def test_samples_and_the_full_distribution_are_the_torch_models(tree_name):
+    """generate under one seed gives the same words on both paths: the walk (T = 1, per-node T)
+    and the exact tempered draw from the full distribution, whose rows sum to 1."""
+    counts = np.random.default_rng(1).integers(1, 500, size=300)
+    tree = huffman_tree(counts) if tree_name == "huffman" else multi_code_tree()
+    model, fast = _pair(tree, 3, 16, seed=5)
+    ctx = np.random.default_rng(3).integers(0, tree.num_words, size=(20, 3))
+    lp = fast.log_prob(ctx)
+    np.testing.assert_allclose(lp, model.log_prob(torch.from_numpy(ctx)).detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.exp(lp.astype(np.float64)).sum(1), 1.0, atol=1e-5)
+    for seed, t, per_node in (
+        (0, 1.0, False),
+        (3, 1.0, False),
+        (3, 0.5, True),
+        (4, 0.7, False),
+        (2**32 + 4, 1.5, False),
+    ):
+        want = model.generate([1, 2], 40, 0, torch.Generator().manual_seed(seed), t, per_node)
+        got = fast.generate([1, 2], 40, 0, TorchUniforms(seed), t, per_node)
+        assert got == want, (seed, t, per_node)
+    with pytest.raises(ValueError, match="whole number"):
+        fast.generate([1], -1, 0, TorchUniforms(0))
+
+
 def test_a_model_it_does_not_hold_is_named():
     assert unsupported(LBLConfig(vocab_size=10, output="flat")) and unsupported(LBLConfig(10, full_context=True))
     assert unsupported(LBLConfig(vocab_size=10)) is None
@@ -78,8 +104,8 @@ def _cli(argv, monkeypatch, capsys, stdin=""):
 
 
 def test_the_commands_answer_as_the_torch_model_does(tiny_run, monkeypatch, capsys):
-    """predict, score and eval through the numpy model, then through the torch model (the run's
-    numpy form refused), print the same text: every digit."""
+    """predict, score, eval and generate through the numpy model, then through the torch model
+    (the run's numpy form refused), print the same text: every digit, every sampled word."""
     run, _, _ = tiny_run
     text = "the big cat eats a fish\n\nthe zebra eats\nthe\n" + "a big " * 40 + "\n"
     commands = [
@@ -88,6 +114,9 @@ def test_the_commands_answer_as_the_torch_model_does(tiny_run, monkeypatch, caps
         (["score", str(run), "--json", "--per-token"], text),
         (["score", str(run), "--device", "cpu"], text),
         (["eval", str(run), "--split", "valid"], ""),
+        (["generate", str(run), "--tokens", "30", "--seed", "4", "--prompt", "the big"], ""),
+        (["generate", str(run), "--tokens", "30", "--seed", "4", "--temperature", "0.7"], ""),
+        (["generate", str(run), "--tokens", "30", "--seed", "4", "--temperature", "0.7", "--per-node-temperature"], ""),
     ]
     used = []
     real = Run.numpy_model
@@ -104,7 +133,7 @@ def test_the_commands_answer_as_the_torch_model_does(tiny_run, monkeypatch, caps
     assert [rc for rc, _ in fast] == [0] * len(commands)
     for (_, a), (_, b) in zip(fast, slow):
         assert a == b and a
-    assert "perplexity" in json.loads(fast[-1][1])
+    assert "perplexity" in json.loads(fast[4][1])
 
 
 PROBE = """
@@ -134,10 +163,15 @@ def test_inference_commands_import_no_torch(tiny_run, tmp_path):
         ["score", str(run), "--per-token"],
         ["eval", str(run), "--split", "valid", "--threads", "1"],
         ["tree", "stats", str(run)],
+        ["generate", str(run), "--tokens", "3"],
+        ["generate", str(run), "--tokens", "3", "--temperature", "0.5"],
     ):
         assert _probe(argv, stdin) == {"code": 0, "torch": False}, argv
-    # The probe sees torch where a command needs it: generate samples with a torch.Generator.
-    assert _probe(["generate", str(run), "--tokens", "3"], stdin) == {"code": 0, "torch": True}
+    # The probe sees torch where a command needs it: training.
+    assert _probe(["train", "--data", str(tmp_path / "none"), "--out", str(tmp_path / "r")], stdin) == {
+        "code": 2,
+        "torch": True,
+    }
 
 
 def test_the_numpy_reader_makes_the_torch_readers_checks(tiny_run, tmp_path):

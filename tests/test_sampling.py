@@ -10,7 +10,7 @@ from scipy.stats import chisquare
 from conftest import duplicated_tree, random_layer
 from hlbl.model import LBL, LBLConfig
 from hlbl.output import TreeSoftmax
-from hlbl.sampling import ancestral_sample, sample_from_log_prob
+from hlbl.sampling import TorchUniforms, ancestral_sample, inverse_cdf, sample_from_log_prob
 from hlbl.tree import random_tree
 
 
@@ -86,6 +86,24 @@ def test_generate_is_reproducible(output):
     ]
     assert runs[0] == runs[1] and runs[0] != runs[2] and runs[0] != runs[3]
     assert all(len(r) == 30 and all(0 <= w < 40 for w in r) for r in runs)
+
+
+def test_torch_uniforms_are_a_seeded_torch_generators_stream():
+    for seed in (0, 7, 123456789, 2**32 + 5):
+        g, u = torch.Generator().manual_seed(seed), TorchUniforms(seed)
+        for shape in ((1, 14), (3, 20), (1, 1), (0, 5), (2, 40)):
+            np.testing.assert_array_equal(u.random(shape), torch.rand(*shape, generator=g, dtype=torch.float64).numpy())
+    with pytest.raises(ValueError, match="at least 0"):
+        TorchUniforms(-1)
+
+
+def test_inverse_cdf_draws_as_sample_from_log_prob():
+    lp = torch.log_softmax(torch.randn(50, 30, generator=torch.Generator().manual_seed(1), dtype=torch.float64), 1)
+    for t in (1.0, 0.3, 4.0):
+        want = sample_from_log_prob(lp, torch.Generator().manual_seed(2), t).numpy()
+        np.testing.assert_array_equal(inverse_cdf(lp.numpy(), TorchUniforms(2).random((50, 1))[:, 0], t), want)
+    with pytest.raises(ValueError, match="cannot sample"):
+        inverse_cdf(np.full((1, 4), np.nan), np.zeros(1))
 
 
 def test_sampling_refuses_a_distribution_without_mass():

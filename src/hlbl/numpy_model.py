@@ -12,8 +12,10 @@ Its numbers are the torch model's, bit for bit: :meth:`NumpyLBL.token_log_probs`
 driver; :mod:`hlbl.fast` delegates to it), and :meth:`NumpyLBL.topk` computes the context vector
 as ``LBL.context_vector`` does (float32 products, summed over the context in order) and then runs
 the search ``hlbl.search.tree_topk`` runs. ``tests/test_numpy_model.py`` compares the two paths.
-Sampling stays on the torch model: ``hlbl generate`` draws its uniforms from a seeded
-``torch.Generator``, whose stream numpy does not reproduce.
+:meth:`NumpyLBL.generate` samples as ``LBL.generate`` does, from the same uniforms
+(:class:`hlbl.sampling.TorchUniforms` reproduces a seeded ``torch.Generator``'s stream): the same
+seed gives the same words (the exact tempered draw from the full distribution could differ only
+where a uniform falls within rounding of a boundary between two words).
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from .config import LBLConfig
 from .kernels import WordPaths, score
 from .memory import prefer_huge_pages
 from .progress import progress
+from .sampling import TorchUniforms, check_temperature, inverse_cdf, walk, walk_depth
 from .search import NodeWeights, TreeArrays, check_k, search_rows, tree_arrays
 from .tree import WordTree
+from .tree_kernels import descend
 
 SCORE_CHUNK = 1 << 19  # positions per scoring call (a progress update each)
 
@@ -197,6 +201,47 @@ class NumpyLBL:
         H = self.context_vectors(context).astype(np.float64)
         values, ids, _ = search_rows(H, NodeWeights(self.Q, self.qb), self.arrays, k, threads)
         return values.astype(np.float32), ids
+
+    def log_prob(self, context: np.ndarray) -> np.ndarray:
+        """(B, V) float32 log-probabilities of every next word after each context (B, n): the
+        node scores by one matrix product, the sweep down the tree by the kernel the torch
+        layer's CPU path runs (:func:`hlbl.tree_kernels.descend`). O(B N d)."""
+        h = self.context_vectors(context)
+        S = h @ self.Q.T + self.qb  # (B, N) float32
+        L = -np.logaddexp(np.float32(0), -S)  # log sigmoid(S), exact in the far tails too
+        multi = bool(self.tree.word_leaves.shape[1] > 1)
+        out = np.full((len(h), self.tree.num_words), -np.inf, np.float32)
+        descend(L, S, self.tree.children, multi, 0, len(h), out)
+        return out
+
+    def generate(
+        self,
+        prompt: list[int],
+        num_tokens: int,
+        pad: int,
+        uniforms: TorchUniforms,
+        temperature: float = 1.0,
+        per_node_temperature: bool = False,
+    ) -> list[int]:
+        """``num_tokens`` words sampled after ``prompt`` (ids), contexts padded with ``pad``:
+        ``LBL.generate`` of the torch model with ``torch.Generator().manual_seed(s)`` given
+        ``TorchUniforms(s)``. T == 1 or ``per_node_temperature``: a walk down the tree (O(depth d)
+        a word); otherwise the exact ``p(w)^(1/T) / Z`` from the full distribution (O(N d))."""
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
+            raise ValueError(f"num_tokens must be a whole number >= 0, got {num_tokens!r}")
+        check_temperature(temperature)
+        n = self.config.context
+        ids = [pad] * n + list(prompt)
+        nodes = NodeWeights(self.Q, self.qb)
+        for _ in range(num_tokens):
+            ctx = np.asarray([ids[len(ids) - n :]], dtype=np.int64).reshape(1, n)
+            if temperature == 1.0 or per_node_temperature:
+                U = uniforms.random((1, walk_depth(self.arrays)))
+                w = walk(self.arrays, nodes, self.context_vectors(ctx), U, temperature)[0]
+            else:
+                w = inverse_cdf(self.log_prob(ctx), uniforms.random((1,)), temperature)[0]
+            ids.append(int(w))
+        return ids[n + len(prompt) :]
 
 
 __all__ = ["NumpyLBL", "check_stream", "score_stream", "set_numba_threads", "unsupported", "word_paths"]

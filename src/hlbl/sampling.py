@@ -9,18 +9,52 @@ do not commute with powers), or the exact tempered distribution ``p(w)^(1/T) / Z
 every word's probability (O(N d) per token, the cost of the full distribution: even for a
 single-code tree, where ``p^(1/T)`` factors over the path, the normalisers of the subtrees need
 a bottom-up pass over all N nodes). We offer both; exact is the default, per-node is opt-in.
+
+The draws are numpy functions of given uniforms (:func:`walk`, :func:`inverse_cdf`), so the numpy
+model (:mod:`hlbl.numpy_model`) samples without torch. :class:`TorchUniforms` reproduces the
+float64 stream of a seeded CPU ``torch.Generator``: a seed gives the same text on either path.
+torch itself is imported only by the tensor wrappers.
 """
 
 from __future__ import annotations
 
 import math
 
+from typing import TYPE_CHECKING
+
 import numba
 import numpy as np
-import torch
 
-from .search import TreeArrays, dot64, node_weights, tree_arrays  # (dot64: the same float64 dot as the search)
+from .search import NodeWeights, TreeArrays, dot64, node_weights, tree_arrays  # (dot64: the search's float64 dot)
 from .tree import WordTree
+
+if TYPE_CHECKING:
+    import torch
+
+
+class TorchUniforms:
+    """The float64 uniforms of ``torch.rand(..., generator=torch.Generator().manual_seed(seed),
+    dtype=torch.float64)`` on the CPU, in numpy.
+
+    torch's CPU generator is the reference MT19937 seeded by ``init_genrand`` with the seed's low
+    32 bits (numpy's legacy seeding, the same); a float64 takes two 32-bit outputs, the first as
+    the high half, and keeps the low 53 bits of that 64-bit word, times 2^-53. Seeds equal modulo
+    2^32 give the same stream, as in torch. ``tests/test_sampling.py`` compares the two streams,
+    so a change in torch shows there, not as different text.
+    """
+
+    def __init__(self, seed: int):
+        if seed < 0:
+            raise ValueError(f"seed must be at least 0, got {seed}")
+        self._state = np.random.RandomState(seed & 0xFFFFFFFF)  # (legacy seeding: init_genrand)
+
+    def random(self, shape: tuple[int, ...]) -> np.ndarray:
+        """float64 uniforms in [0, 1) of ``shape``: the next ``torch.rand(*shape)``."""
+        n = int(np.prod(shape, dtype=np.int64))
+        # uint32 over the full range: one raw MT19937 output each, no rejection
+        raw = self._state.randint(0, 2**32, size=2 * n, dtype=np.uint32).astype(np.uint64)
+        word = ((raw[0::2] << np.uint64(32)) | raw[1::2]) & np.uint64((1 << 53) - 1)
+        return (word.astype(np.float64) * 2.0**-53).reshape(shape)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -58,17 +92,18 @@ def ancestral_sample(
     which is *not* the tempered word distribution; see the module docstring). One uniform per
     row and level is drawn up front from ``generator``, so a seed fixes the result.
     """
+    import torch
+
     check_temperature(temperature)
     a = tree_arrays(tree) if arrays is None else arrays
     W, b = node_weights(tree, weight, bias)
     if input.dim() != 2 or input.shape[1] != W.shape[1]:
         raise ValueError(f"input must have shape (B, {W.shape[1]}), got {tuple(input.shape)}")
     B = input.shape[0]
-    depth = a.path_nodes.shape[1]  # the deepest leaf (path tables are padded to it): O(1), not O(V)
     U = (
         torch.rand(
             B,
-            depth,
+            walk_depth(a),
             generator=generator,
             dtype=torch.float64,
             device=generator.device if generator is not None else "cpu",
@@ -76,18 +111,32 @@ def ancestral_sample(
         .cpu()
         .numpy()
     )
-    H = np.ascontiguousarray(input.detach().to("cpu", torch.float64).numpy())
-    out = np.empty(B, dtype=np.int64)
-    _ancestral_walk(H, W, b, a.children, U, float(temperature), out)
+    H = input.detach().to("cpu", torch.float64).numpy()
+    return torch.from_numpy(walk(a, NodeWeights(W, b), H, U, temperature)).to(input.device)
+
+
+def walk_depth(arrays: TreeArrays) -> int:
+    """Uniforms a walk takes per row: the deepest leaf's depth (the path tables are padded to it)."""
+    return arrays.path_nodes.shape[1]
+
+
+def walk(arrays: TreeArrays, weights: NodeWeights, H: np.ndarray, U: np.ndarray, temperature: float) -> np.ndarray:
+    """(B,) int64 words reached from the root by rows H (B, d), going left at node j where
+    ``U[i, t] < sigmoid(s_j / T)`` at step t; U is (B, :func:`walk_depth`) float64."""
+    H = np.ascontiguousarray(H, dtype=np.float64)
+    out = np.empty(H.shape[0], dtype=np.int64)
+    _ancestral_walk(H, weights.W, weights.b, arrays.children, U, float(temperature), out)
     if (out < 0).any():
         raise ValueError("cannot sample: a tree decision is NaN (non-finite weights or input)")
-    return torch.from_numpy(out).to(input.device)
+    return out
 
 
 def sample_from_log_prob(
     log_prob: torch.Tensor, generator: torch.Generator | None = None, temperature: float = 1.0
 ) -> torch.Tensor:
     """(B,) words drawn from ``softmax(log_prob / T)``: the exact tempered distribution."""
+    import torch
+
     check_temperature(temperature)
     lp = log_prob.double()
     # Shift first: with a tiny T, lp / T alone is -inf for every word and softmax gives NaN.
@@ -104,10 +153,26 @@ def sample_from_log_prob(
     return word.to(log_prob.device)
 
 
+def inverse_cdf(log_prob: np.ndarray, u: np.ndarray, temperature: float = 1.0) -> np.ndarray:
+    """numpy's :func:`sample_from_log_prob`: (B,) words of ``softmax(log_prob / T)`` (B, V) drawn
+    with the uniforms ``u`` (B,) float64, by the same steps (shift, scale, cumsum, search)."""
+    check_temperature(temperature)
+    lp = np.asarray(log_prob, dtype=np.float64)
+    z = (lp - lp.max(axis=1, keepdims=True)) / temperature
+    with np.errstate(invalid="ignore"):
+        e = np.exp(z)
+        p = e / e.sum(axis=1, keepdims=True)
+    if not np.isfinite(p).all():
+        raise ValueError("cannot sample: the distribution has NaN or no probability mass (a diverged model?)")
+    cdf = np.cumsum(p, axis=1)
+    words = [np.searchsorted(c, x * c[-1], side="right") for c, x in zip(cdf, np.asarray(u, np.float64))]
+    return np.minimum(np.asarray(words, dtype=np.int64), p.shape[1] - 1)
+
+
 def check_temperature(t: float) -> None:
     """A sampling temperature must be a positive finite number (ValueError)."""
     if not (t > 0 and math.isfinite(t)):
         raise ValueError(f"temperature must be a positive number, got {t}")
 
 
-__all__ = ["ancestral_sample", "sample_from_log_prob"]
+__all__ = ["TorchUniforms", "ancestral_sample", "inverse_cdf", "sample_from_log_prob", "walk", "walk_depth"]

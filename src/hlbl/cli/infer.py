@@ -9,6 +9,7 @@ import sys
 import os
 from typing import Callable
 
+from ..config import takes_structure
 from ..errors import DataError
 from ..lines import read_lines
 from .common import SCORE_HEADER, blank_lines_arg, pick_device, run_args, score_output_args, seed_arg, set_threads
@@ -98,28 +99,37 @@ class _LongSentence:
 
 
 def cmd_generate(args) -> int:
-    import torch
-
     from ..data import text_lines
-    from ..output import takes_structure
 
     if args.tokens < 0:
         raise DataError(f"--tokens must be at least 0, got {args.tokens}")
     if not (args.temperature > 0 and math.isfinite(args.temperature)):
         raise DataError(f"--temperature must be a positive number, got {args.temperature}")
-    # torch's model: the sampler's uniforms come from a seeded torch.Generator (hlbl.numpy_model)
-    model, vocab, _ = load_for_inference(args, numpy=False)
+    model, vocab, _ = load_for_inference(args)
     if args.per_node_temperature and not takes_structure(model.config.output):
         raise DataError(f"--per-node-temperature needs a tree model; this one has {model.config.output} output")
     prompt = args.prompt.split() if args.prompt else []
     ids, oov = vocab.encode_counting_oov(prompt)
     if oov:
         print(f"hlbl: {oov} prompt word(s) not in the vocabulary, read as {vocab.words[vocab.unk]}", file=sys.stderr)
-    gen = torch.Generator().manual_seed(args.seed)
-    sample = model.generate(ids, args.tokens, vocab.eos, gen, args.temperature, args.per_node_temperature)
+    sample = sample_words(model, ids, args.tokens, vocab.eos, args.seed, args.temperature, args.per_node_temperature)
     # The prompt as typed, then the sample; every <eos> ends a line.
     print("\n".join(text_lines(prompt + vocab.decode(sample))))
     return 0
+
+
+def sample_words(model, prompt: list[int], tokens: int, pad: int, seed: int, temperature: float, per_node: bool):
+    """``model.generate`` under ``seed``: the numpy model draws the uniforms a seeded
+    ``torch.Generator`` would (:class:`~hlbl.sampling.TorchUniforms`), so both give the same words."""
+    from ..numpy_model import NumpyLBL
+
+    if isinstance(model, NumpyLBL):
+        from ..sampling import TorchUniforms
+
+        return model.generate(prompt, tokens, pad, TorchUniforms(seed), temperature, per_node)
+    import torch
+
+    return model.generate(prompt, tokens, pad, torch.Generator().manual_seed(seed), temperature, per_node)
 
 
 def cmd_score(args) -> int:
