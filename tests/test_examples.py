@@ -45,6 +45,9 @@ def test_the_lstm_example_trains_every_output_layer_in_quick_mode(tmp_path):
         assert math.exp(mean) == pytest.approx(r["test_ppl"], rel=1e-9)
         assert sum(b["token_share"] for b in bands) == pytest.approx(1.0)
     assert results["learned-tree"]["tree"]["words"] == 58 and "learned tree from hidden features" in proc.stderr
+    # progress within each epoch (every 20 of the 53 batches in quick mode), bootstraps included
+    assert "| tree | epoch   1 |    20/   53 batches | lr 20 | ms/batch" in proc.stderr
+    assert "| learned-tree bootstrap (tree) | epoch   1 |    40/   53 batches" in proc.stderr
     assert results["hybrid"]["tree"]["words"] == 58 - 10  # the tail tree: the words outside the head of 10
     assert results["hybrid"]["bootstrap_output"] == "hybrid-huffman"
 
@@ -62,6 +65,35 @@ def test_the_lstm_example_gives_the_band_losses_of_a_saved_run(tmp_path):
     assert again[0]["test_bands"] == r["test_bands"]
     with pytest.raises(SystemExit, match="not a run directory"):
         ex.bands_of(corpus, [tmp_path], args)
+
+
+def test_the_lstm_example_prints_progress_every_log_interval_batches(tmp_path):
+    """--log-interval N: word_language_model's line every N batches of an epoch (batches done of
+    the epoch's, lr, ms/batch, the mean training loss of those N batches and its exp); 0: none."""
+    import re
+
+    ex = lstm_example()
+    corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
+    train = ex.batchify(corpus.splits["train"], 20)
+    for interval, lines in ((10, 3), (0, 0), (None, 1)):  # None: the --quick default, 20
+        argv = ["--quick", "--max-steps", "30"] + ([] if interval is None else ["--log-interval", str(interval)])
+        args = ex.parse_args(argv)
+        torch.manual_seed(0)
+        model = ex.build_model(corpus, "tree", args)
+        printed = []
+        stats = ex.train_epoch(model, train, args, 20.0, log=printed.append, epoch=3, name="tree")
+        assert len(printed) == lines, printed
+        for i, line in enumerate(printed, 1):
+            m = re.fullmatch(
+                r"\| tree \| epoch   3 \| +(\d+)/   30 batches \| lr 20 \| ms/batch +([\d.]+) "
+                r"\| loss +([\d.]+) \| ppl +([\d.]+)",
+                line,
+            )
+            assert m and int(m[1]) == i * args.log_interval, line
+            assert float(m[2]) > 0 and float(m[4]) == pytest.approx(math.exp(float(m[3])), rel=0.01)
+        assert stats["seconds"] > 0
+    assert ex.parse_args([]).log_interval == 200  # word_language_model's default
+    ex.train_epoch(model, train, ex.parse_args(["--quick", "--max-steps", "30"]), 20.0)  # no log: nothing printed
 
 
 def test_the_lstm_example_refuses_an_unknown_output():

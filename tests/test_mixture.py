@@ -253,6 +253,16 @@ def test_a_mixture_reads_text_with_its_ngram_models_protocol(parts, tmp_path, ca
         assert rc == 2 and err.count("\n") == 1 and f"{keep} was estimated with --blank-lines keep" in err, err
     rc, out, err = _cli(["score", run, "--device", "cpu", "--interpolate", keep, "--weight", "0.5"], capsys, "a\n\n")
     assert rc == 0 and json.loads(out.splitlines()[-1])["blank_lines"] == "keep" and "note:" in err
+    # hlbl serve reads the mixture's text as hlbl score does
+    from hlbl.cli import build_parser
+    from hlbl.cli.serve import load_service
+    from hlbl.errors import DataError
+    from hlbl.serve import Limits
+
+    argv = ["serve", str(run), "--interpolate", str(keep), "--weight", "0.5"]
+    assert load_service(build_parser().parse_args(argv), Limits()).model_info["text"]["blank_lines"] == "keep"
+    with pytest.raises(DataError, match="estimated with --blank-lines keep"):
+        load_service(build_parser().parse_args([*argv, "--blank-lines", "drop"]), Limits())
 
 
 def test_the_mixtures_next_word_distribution_is_its_sentence_scores(parts):

@@ -117,16 +117,77 @@ def test_predict_defaults_to_k_10_and_the_sentence_start(client, tiny_run):
     assert got["context"] == ["<eos>"] * 3 and len(got["words"]) == min(10, len(vocab))
 
 
-def test_score_follows_the_hlbl_score_protocol(client, tiny_run):
-    _, model, vocab = tiny_run
+@pytest.mark.parametrize("blank_lines", ["drop", "keep"])
+def test_score_follows_the_hlbl_score_protocol(tiny_run, blank_lines):
+    run, model, vocab = tiny_run
     sentences = ["the big cat eats a fish", "a zebra", ""]
-    got = post(client, "/v1/score", {"sentences": sentences}).json()
-    want = score_sentences(model, vocab, sentences)
-    assert [s["tokens"] for s in got["sentences"]] == [7, 3, 1]
-    assert [s["oov"] for s in got["sentences"]] == [0, 1, 0]
-    assert [s["log10_prob"] for s in got["sentences"]] == pytest.approx([s.log10_prob for s in want], rel=1e-12)
+    with TestClient(create_app(Service.load(run, blank_lines=blank_lines))) as c:
+        got = post(c, "/v1/score", {"sentences": sentences}).json()
+    keep = blank_lines == "keep"
+    want = score_sentences(model, vocab, sentences if keep else sentences[:2])
+    answered = got["sentences"] if keep else got["sentences"][:2]
+    assert got["sentences"][2] is None or keep  # drop: a blank line is no sentence, null in its place
+    assert [s["tokens"] for s in answered] == [7, 3, 1][: len(want)]
+    assert [s["oov"] for s in answered] == [0, 1, 0][: len(want)]
+    assert [s["log10_prob"] for s in answered] == pytest.approx([s.log10_prob for s in want], rel=1e-12)
     report = score_report(want)
-    assert got["total"]["perplexity"] == pytest.approx(report["perplexity"]) and got["total"]["tokens"] == 11
+    assert got["total"]["perplexity"] == pytest.approx(report["perplexity"]) and got["total"]["tokens"] == 10 + keep
+    assert got["total"]["blank_lines"] == blank_lines and got["total"]["blank_lines_dropped"] == 1 - keep
+
+
+BLANKS = ["the big cat eats a fish", "", "a zebra", "   ", "the dog"]  # two blank lines
+
+
+@pytest.fixture(scope="module")
+def runs_by_rule(tiny_run, tmp_path_factory):
+    """A run trained with each blank-line rule: tiny_run (drop, the default) and one with keep."""
+    from conftest import tiny_corpus
+
+    from hlbl.cli import main
+
+    root = tmp_path_factory.mktemp("keep")
+    data = tiny_corpus(root / "corpus", n_train=200)
+    argv = ["train", "--data", str(data), "--out", str(root / "run"), "--epochs", "1", "--dim", "8", "--quiet"]
+    assert main(argv + ["--context", "3", "--blank-lines", "keep", "--device", "cpu"]) == 0
+    return {"drop": tiny_run[0], "keep": root / "run"}
+
+
+@pytest.mark.parametrize("trained", ["drop", "keep"])
+@pytest.mark.parametrize("given", [None, "drop", "keep"])
+def test_serve_reads_blank_lines_as_hlbl_score_does(runs_by_rule, capsys, trained, given):
+    """`hlbl serve RUN [--blank-lines R]` scores blank sentences as `hlbl score RUN [--blank-lines R]`
+    does: by the run's own rule unless told otherwise; /v1/model says which rule is in effect."""
+    from conftest import run_cli
+
+    from hlbl.cli import build_parser
+    from hlbl.cli.serve import load_service
+
+    run, flag = runs_by_rule[trained], ([] if given is None else ["--blank-lines", given])
+    rc, out, err = run_cli(["score", run, "--json", *flag], capsys, stdin="\n".join(BLANKS) + "\n")
+    assert rc == 0, err
+    *want, summary = [json.loads(x) for x in out.splitlines()]
+    rule = given or trained
+    assert summary["blank_lines"] == rule and summary["blank_lines_dropped"] == (2 if rule == "drop" else 0)
+    service = load_service(build_parser().parse_args(["serve", str(run), *flag]), Limits())
+    with TestClient(create_app(service)) as c:
+        assert c.get("/v1/model").json()["text"]["blank_lines"] == rule
+        got = post(c, "/v1/score", {"sentences": BLANKS}).json()
+    assert [s is None for s in got["sentences"]] == [rule == "drop" and not x.strip() for x in BLANKS]
+    answered = [s for s in got["sentences"] if s is not None]
+    assert [(s["tokens"], s["oov"]) for s in answered] == [(w["tokens"], w["oov"]) for w in want]
+    assert [s["log10_prob"] for s in answered] == pytest.approx([w["log10_prob"] for w in want], rel=1e-6)
+    for key in ("tokens", "sentences", "oov", "blank_lines", "blank_lines_dropped"):
+        assert got["total"][key] == summary[key], key
+    assert got["total"]["perplexity"] == pytest.approx(summary["perplexity"], rel=1e-6)
+
+
+def test_only_blank_sentences_under_drop_are_a_400(tiny_run):
+    run, _, _ = tiny_run
+    with TestClient(create_app(Service.load(run))) as c:  # the run's rule: drop
+        r = post(c, "/v1/score", {"sentences": ["", "  "]})
+        assert r.status_code == 400 and "every one is blank" in r.json()["error"]
+    with TestClient(create_app(Service.load(run, blank_lines="keep"))) as c:
+        assert [s["tokens"] for s in post(c, "/v1/score", {"sentences": ["", "  "]}).json()["sentences"]] == [1, 1]
 
 
 def test_generate_is_reproducible_and_continues_the_prompt(client, tiny_run):

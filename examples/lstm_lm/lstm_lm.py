@@ -174,11 +174,31 @@ def make_optimizer(model: LSTMLM, args) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=args.lr) if args.optimizer == "adam" else torch.optim.SGD(params, lr=args.lr)
 
 
-def train_epoch(model: LSTMLM, data: torch.Tensor, args, lr: float, opt: torch.optim.Optimizer | None = None) -> dict:
+def progress_line(name: str, epoch: int, batch: int, batches: int, lr: float, ms: float, loss: float) -> str:
+    """word_language_model's line within an epoch: batches done, lr, ms per batch and the mean
+    training loss (and its exp) over the last ``--log-interval`` batches."""
+    ppl = math.exp(loss) if loss < 700 else math.inf  # a diverging run: no OverflowError
+    return (
+        f"| {name} | epoch {epoch:3d} | {batch:5d}/{batches:5d} batches | lr {lr:.4g} | ms/batch {ms:7.2f} "
+        f"| loss {loss:5.2f} | ppl {ppl:8.2f}"
+    )
+
+
+def train_epoch(
+    model: LSTMLM,
+    data: torch.Tensor,
+    args,
+    lr: float,
+    opt: torch.optim.Optimizer | None = None,
+    log=None,
+    epoch: int = 1,
+    name: str = "train",
+) -> dict:
     """One epoch of the recipe at learning rate ``lr``: truncated BPTT, the optimiser (a fresh
     one of ``--optimizer`` when ``opt`` is None), clipping of the total gradient norm. Returns the
     seconds and the median gradient norms of the encoder and the output layer (before clipping),
-    whose ratio shows whether clipping starves the encoder."""
+    whose ratio shows whether clipping starves the encoder. With ``log``, a :func:`progress_line`
+    every ``--log-interval`` batches (an epoch on PTB takes minutes on a CPU)."""
     model.train()
     enc = [p for n, p in model.named_parameters() if not n.startswith("head.")]
     opt = make_optimizer(model, args) if opt is None else opt
@@ -186,7 +206,9 @@ def train_epoch(model: LSTMLM, data: torch.Tensor, args, lr: float, opt: torch.o
         group["lr"] = lr
     state, norms, losses, tokens = None, [], [], 0
     steps = range(0, data.size(0) - 1, args.bptt)
-    t0 = time.perf_counter()
+    batches = min(len(steps), args.max_steps) if args.max_steps else len(steps)
+    interval = args.log_interval if log is not None else 0
+    t0 = t_logged = time.perf_counter()
     for step, i in enumerate(steps):
         if args.max_steps and step >= args.max_steps:
             break
@@ -202,6 +224,11 @@ def train_epoch(model: LSTMLM, data: torch.Tensor, args, lr: float, opt: torch.o
         opt.step()
         losses.append(out.loss.item())
         tokens += y.numel()
+        if interval and (step + 1) % interval == 0:
+            now = time.perf_counter()
+            ms = 1e3 * (now - t_logged) / interval
+            log(progress_line(name, epoch, step + 1, batches, lr, ms, float(np.mean(losses[-interval:]))))
+            t_logged = now
     seconds = time.perf_counter() - t0
     n = np.array(norms)
     return {
@@ -314,7 +341,7 @@ def learn_tree(
         boot = build_model(corpus, boot_kind, args)
         opt = make_optimizer(boot, args)
         for epoch in range(args.bootstrap_epochs):
-            train_epoch(boot, train, args, args.lr, opt)
+            train_epoch(boot, train, args, args.lr, opt, log, epoch + 1, f"{kind} bootstrap ({boot_kind})")
     if args.tree_features == "embedding":
         X = hlbl.embedding_features(boot.head.decoder.weight)  # (V, nhid): the vector each word is scored by
     else:
@@ -392,10 +419,11 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
         log(f"{kind}: resumed from {ckpt.dir} after epoch {len(progress['epochs'])} (lr {progress['lr']:.4g})")
     # an epoch without a validation gain divides lr by 4; the schedule has run out below --stop-lr
     while len(progress["epochs"]) < args.epochs and progress["lr"] >= args.stop_lr:
-        stats = train_epoch(model, batches["train"], args, progress["lr"], opt)
+        epoch = len(progress["epochs"]) + 1
+        stats = train_epoch(model, batches["train"], args, progress["lr"], opt, log, epoch, kind)
         stats["valid_ppl"] = evaluate(model, batches["valid"], args.bptt)
         stats["lr"] = progress["lr"]
-        log(f"{kind} epoch {len(progress['epochs']) + 1}: " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items()))
+        log(f"{kind} epoch {epoch}: " + ", ".join(f"{k} {v:.4g}" for k, v in stats.items()))
         progress["epochs"].append(stats)
         if stats["valid_ppl"] < progress["best"]:
             progress["best"] = stats["valid_ppl"]
@@ -604,6 +632,12 @@ def parse_args(argv=None):
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda when there is one)")
     p.add_argument("--seed", type=int, default=1111)
     p.add_argument("--log-every", type=int, default=20, help="gradient norms every this many steps")
+    p.add_argument(
+        "--log-interval",
+        type=int,
+        help="print progress (batches, lr, ms/batch, loss, ppl) every this many batches of an epoch, on stderr "
+        "(default 200; 20 with --quick; 0: only at each epoch's end)",
+    )
     p.add_argument("--json", type=Path, help="write the results here")
     p.add_argument(
         "--checkpoint", type=Path, help="save every epoch under this directory; started again, a run goes on there"
@@ -626,6 +660,10 @@ def parse_args(argv=None):
     bad = [k for k in args.output if k not in OUTPUTS]
     if bad:
         p.error(f"unknown output {bad[0]!r}; choose from {', '.join(OUTPUTS)}")
+    if args.log_interval is None:
+        args.log_interval = 20 if args.quick else 200
+    if args.log_interval < 0:
+        p.error(f"--log-interval must be 0 or more, got {args.log_interval}")
     if args.quick:
         args.emsize, args.nhid, args.nlayers, args.bptt, args.log_every = 16, 16, 1, 10, 5
         args.output, args.generate, args.cutoffs, args.samples, args.head = list(OUTPUTS), 8, [10, 30], 10, 10

@@ -154,6 +154,13 @@ def score_report(scores: Sequence[SentenceScore]) -> dict:
     }
 
 
+def is_sentence(line: str, blank_lines: str) -> bool:
+    """Whether ``line`` is a sentence to score under the blank-line rule (hlbl.data's module
+    docstring): with ``keep`` every line is (a blank one: an empty sentence, scored as ``<eos>``);
+    with ``drop`` only a line with a word. ``hlbl score`` and ``hlbl serve`` both read by it."""
+    return blank_lines == "keep" or bool(line.strip())
+
+
 def encode_context(vocab, tokens: Sequence[str], n: int) -> tuple[list[int], int]:
     """The last ``n`` word ids of ``tokens`` left-padded with ``<eos>`` (a sentence start), and
     the number of out-of-vocabulary tokens (mapped to ``<unk>``)."""
@@ -166,6 +173,7 @@ __all__ = [
     "TokenScores",
     "encode_context",
     "encode_sentences",
+    "is_sentence",
     "ngram_token_scores",
     "score_report",
     "score_sentences",

@@ -190,6 +190,14 @@ def blank_lines_arg(p: argparse.ArgumentParser, default: str | None, default_hel
     )
 
 
+def run_blank_lines(args) -> str:
+    """The blank-line rule ``hlbl score`` and ``hlbl serve`` read a run's sentences by (a mixture's:
+    :func:`hlbl.cli.mix.ready_mixture`): ``--blank-lines``, else the one the run was trained with."""
+    from ..run import Run
+
+    return Run.open(args.run).text.reading(args.blank_lines).blank_lines
+
+
 def set_threads(threads: int | None) -> None:
     """--threads: PyTorch's and numba's CPU threads (the fast kernels, top-k and scoring)."""
     if threads is not None:

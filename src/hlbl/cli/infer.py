@@ -12,7 +12,16 @@ from typing import Callable
 from ..config import takes_structure
 from ..errors import DataError
 from ..lines import read_lines
-from .common import SCORE_HEADER, blank_lines_arg, pick_device, run_args, score_output_args, seed_arg, set_threads
+from .common import (
+    SCORE_HEADER,
+    blank_lines_arg,
+    pick_device,
+    run_args,
+    run_blank_lines,
+    score_output_args,
+    seed_arg,
+    set_threads,
+)
 from .mix import add_mixture_args, check_mixture_flags, mixing, ready_mixture
 
 
@@ -134,7 +143,6 @@ def sample_words(model, prompt: list[int], tokens: int, pad: int, seed: int, tem
 
 def cmd_score(args) -> int:
     check_mixture_flags(args)  # before the heavy imports: a usage mistake answers at once
-    from ..run import Run
     from ..scoring import token_scores
 
     extra = {}
@@ -148,7 +156,7 @@ def cmd_score(args) -> int:
         scorer = lambda lines: token_scores(model, vocab, lines, device=device)  # noqa: E731
         # A line too long to hold is scored piece by piece, as a total (no per-token scores).
         long_line = None if args.per_token else (lambda: _LongSentence(model, vocab, device))
-        protocol = args.blank_lines or Run.open(args.run).text.blank_lines  # the run's by default
+        protocol = run_blank_lines(args)
     return print_scores(scorer, args, protocol, long_line, extra)
 
 
@@ -156,14 +164,14 @@ def print_scores(scorer: Callable, args, protocol: str, long_line=None, extra: d
     """Score stdin's sentences as they come and print each (``args.json``, ``args.per_token``),
     then the totals: ``scorer(lines)`` gives the :class:`hlbl.scoring.TokenScores` of a list of
     lines; a long line (``long_line``, see :func:`hlbl.lines.read_lines`) comes already scored."""
-    from ..scoring import score_report
+    from ..scoring import is_sentence, score_report
 
     scores, dropped = [], 0
     if args.header and not args.json:
         print(SCORE_HEADER + ("\tper_token" if args.per_token else ""))
     for chunk in read_lines(sys.stdin.buffer, long_line):
         # drop: blank lines are not sentences; keep: each is an empty sentence, scored as <eos>.
-        kept = [line for line in chunk if not isinstance(line, str) or protocol == "keep" or line.strip()]
+        kept = [line for line in chunk if not isinstance(line, str) or is_sentence(line, protocol)]
         dropped += len(chunk) - len(kept)
         texts = [line for line in kept if isinstance(line, str)]
         scored = scorer(texts) if texts else None

@@ -7,7 +7,7 @@ import socket
 import sys
 
 from ..errors import DataError
-from .common import pick_device, set_threads
+from .common import blank_lines_arg, pick_device, run_blank_lines, set_threads
 from .mix import add_mixture_args, check_mixture_flags, mixing, ready_mixture
 
 
@@ -29,7 +29,7 @@ def cmd_serve(args) -> int:
         from ..serve.server import ConnectionLimits, uvicorn_config
     except ImportError as e:
         raise DataError(f"hlbl serve needs the web stack ({e.name} is missing): pip install 'hlbl[serve]'") from None
-    from ..serve.service import Limits, Service
+    from ..serve.service import Limits
 
     if not 0 <= args.port < 65536:
         raise DataError(f"--port must be in 0..65535, got {args.port}")
@@ -49,11 +49,7 @@ def cmd_serve(args) -> int:
             sock.bind((args.host.strip("[]"), args.port))
         except OSError as e:
             raise DataError(f"cannot listen on {args.host} port {args.port}: {e.strerror or e}") from None
-        limits = Limits(max_body=args.max_body)
-        if mixing(args):  # scores and next words of a mixture (docs/serve.md)
-            service = Service.from_mixture(ready_mixture(args, pick_device(args.device))[0], limits)
-        else:
-            service = Service.load(args.run, which=args.which, device=pick_device(args.device), limits=limits)
+        service = load_service(args, Limits(max_body=args.max_body))
         service.warm_up()
         local = _loopback(args.host)
         app = create_app(
@@ -85,6 +81,18 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def load_service(args, limits):
+    """The run, or the mixture the flags name (docs/serve.md), with the blank-line rule ``hlbl score``
+    reads by under the same flags: ``--blank-lines``, else the run's own (a mixture's n-gram model's)."""
+    from ..serve.service import Service
+
+    if mixing(args):
+        mix, blank_lines = ready_mixture(args, pick_device(args.device))
+        return Service.from_mixture(mix, limits, blank_lines)
+    device = pick_device(args.device)
+    return Service.load(args.run, args.which, device, limits, blank_lines=run_blank_lines(args))
+
+
 def add_commands(sub) -> None:
     s = sub.add_parser(
         "serve",
@@ -112,6 +120,7 @@ def add_commands(sub) -> None:
         help="cpu, cuda, cuda:N or auto (the top-k search and sampling walk run on the CPU either way)",
     )
     s.add_argument("--threads", type=int, default=None, help="CPU threads for scoring")
+    blank_lines_arg(s, None, "the run's own, as hlbl score")
     s.add_argument("--jobs", type=int, default=2, help="score/generate/tree requests computed at once (others wait)")
     s.add_argument(
         "--max-queued",

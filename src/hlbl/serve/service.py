@@ -18,9 +18,9 @@ import torch
 
 from ..run import Run, RunRecord
 from ..data import text_lines
-from ..errors import CheckpointError, HlblError
+from ..errors import CheckpointError, DataError, HlblError
 from ..output import TreeSoftmax
-from ..scoring import encode_context, score_report, score_sentences
+from ..scoring import encode_context, is_sentence, score_report, score_sentences
 from ..search import TreeSearch, layer_tree_arrays
 
 
@@ -95,7 +95,10 @@ class Service:
     With a ``mixture`` (:class:`hlbl.mixture.Mixture`, whose first run is ``model``), scores and
     next words are the mixture's: a prediction reads the mixture's longer history
     (:attr:`n_read` words) and ranks its full distribution, V n-gram lookups a context; samples
-    and the tree explorer stay the first run's."""
+    and the tree explorer stay the first run's.
+
+    ``blank_lines``: the rule :meth:`score` reads blank sentences by (None: the run's own, the one
+    it was trained with; ``hlbl serve --blank-lines``)."""
 
     def __init__(
         self,
@@ -106,11 +109,14 @@ class Service:
         which: str = "best",
         limits: Limits = Limits(),
         mixture=None,
+        blank_lines: str | None = None,
     ):
         self.model = model.eval()
         self.mixture = mixture
         self.vocab = vocab
         self.record = record  # the run's (hlbl.run.RunRecord)
+        self.text = record.text.reading(blank_lines)  # the protocol scores are read by
+        self.blank_lines = self.text.blank_lines
         self.run = Path(run)
         self.which = which
         self.limits = limits
@@ -134,21 +140,25 @@ class Service:
         cache) before the first request, which would otherwise wait seconds for them."""
         start = [self.vocab.eos] * self.n
         self.topk([[self.vocab.eos] * self.n_read], 10)
-        self.score([""])
+        self._scores([""])
         self.model.generate([], 1, self.vocab.eos, torch.Generator().manual_seed(0))
         if self.index is not None:
             self.p_left(start, [0])
 
     @classmethod
-    def load(cls, run, which: str = "best", device: str = "cpu", limits: Limits = Limits()) -> Service:
+    def load(
+        cls, run, which: str = "best", device: str = "cpu", limits: Limits = Limits(), blank_lines: str | None = None
+    ) -> Service:
         run = Run.open(run)
-        return cls(run.model(which, device), run.vocab, run.record, run.path, which, limits)
+        return cls(run.model(which, device), run.vocab, run.record, run.path, which, limits, blank_lines=blank_lines)
 
     @classmethod
-    def from_mixture(cls, mixture, limits: Limits = Limits()) -> Service:
-        """A service answering with a mixture whose weights are set (hlbl.mixture)."""
+    def from_mixture(cls, mixture, limits: Limits = Limits(), blank_lines: str | None = None) -> Service:
+        """A service answering with a mixture whose weights are set (hlbl.mixture); ``blank_lines``
+        as ``hlbl score`` reads the mixture's text (None: the first run's rule)."""
         first = mixture.components[0]
-        return cls(first.model, mixture.vocab, Run.open(first.path).record, first.path, first.which, limits, mixture)
+        record = Run.open(first.path).record
+        return cls(first.model, mixture.vocab, record, first.path, first.which, limits, mixture, blank_lines)
 
     # ---- model description ----------------------------------------------------------------
 
@@ -179,6 +189,7 @@ class Service:
             "valid_perplexity": min(valid) if valid else None,
             "test_perplexity": reported if reported is not None else (test[-1] if test else None),
             "tree": None,
+            "text": self.text.to_json(),  # the run's text protocol, with the blank-line rule scores are read by
         }
         if self.mixture is not None:  # predictions and scores are the mixture's; the rest is the run's
             fitted = self.mixture.fitted_on or {}
@@ -250,13 +261,23 @@ class Service:
         probs, idx = self.topk([ids], k)
         return self.prediction(self.vocab.decode(ids), oov, probs[0], idx[0])
 
-    def score(self, sentences: list[str]) -> dict:
-        """The ``hlbl score`` protocol: each sentence alone, its words then <eos>, from an all-<eos> context."""
+    def _scores(self, sentences: list[str]) -> list:
         if self.mixture is not None:
-            scores = self.mixture.score(sentences)
-        else:
-            scores = score_sentences(self.model, self.vocab, sentences, device=self.device)
-        return {"sentences": [s._asdict() for s in scores], "total": score_report(scores)}
+            return self.mixture.score(sentences)
+        return score_sentences(self.model, self.vocab, sentences, device=self.device)
+
+    def score(self, sentences: list[str]) -> dict:
+        """The ``hlbl score`` protocol: each sentence alone, its words then <eos>, from an all-<eos>
+        context; a blank one is, as there, an empty sentence (``keep``) or none (``drop``: null in
+        its place, so the answer lines up with the request, and counted in the totals'
+        ``blank_lines_dropped``)."""
+        kept = [is_sentence(s, self.blank_lines) for s in sentences]
+        if not any(kept):
+            raise DataError("no sentences to score: every one is blank, and blank lines are dropped (blank_lines drop)")
+        scores = self._scores([s for s, k in zip(sentences, kept) if k])
+        answers = iter(scores)
+        total = {**score_report(scores), "blank_lines": self.blank_lines, "blank_lines_dropped": kept.count(False)}
+        return {"sentences": [next(answers)._asdict() if k else None for k in kept], "total": total}
 
     def generate(self, prompt: str, tokens: int, seed: int, temperature: float, per_node: bool) -> dict:
         words = prompt.split()
