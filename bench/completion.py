@@ -34,7 +34,17 @@ as one stream (``hlbl eval``'s protocol: the n-gram model restarts at each line 
     python bench/completion.py all --kn5 kn5.safetensors --run x2=runs/x2 --run random=runs/random \\
         --data gutenberg --max-vocab 50000 --questions 1000
 
-``--quick``: a synthetic corpus, a KN3 model and a one-epoch run, a few dozen questions, seconds.
+``all --merge`` adds to the existing ``--out`` rather than replacing it: every entry of its runs
+not scored in this invocation (their scores, mixtures, suspects, bands, loss columns, ``runs`` and
+``passes_valid`` records) is kept, KN5's numbers are this invocation's, and ``best_hlbl`` and
+``mixture_accuracy`` are chosen over the old runs and the new (an old best keeps its recorded
+command). The summary must hold the same questions: other ``build`` settings, KN5 test or valid
+accuracy, or test token counts per band are refused, before a word is written.
+
+    python bench/completion.py all --merge --kn5 kn5.safetensors --run x2-full=runs/x2-full
+
+``--quick``: a synthetic corpus, a KN3 model and a one-epoch run (or the ``--run`` given, trained
+on that corpus), a few dozen questions, seconds.
 """
 
 from __future__ import annotations
@@ -435,26 +445,40 @@ def out_runs_command(args, models: Models, name: str) -> str:
     return given.get(name) or _command(models.paths[name])
 
 
+def _with_best(out: dict) -> dict:
+    """``out`` with ``best_hlbl`` (the run of the best valid accuracy, its command as ``runs``
+    records it) and ``mixture_accuracy`` (that run's mixture with KN5) after the KN5 numbers."""
+    test, valid, runs = out["test"], out["valid"], out["runs"]
+    best = max(runs, key=lambda n: valid[n]["accuracy"]) if runs else None  # chosen on valid
+    chosen = {}
+    if best is not None:
+        chosen["best_hlbl"] = {
+            "name": best,
+            "command": runs[best]["command"],
+            "accuracy": test[best]["accuracy"],
+            "most_frequent_rate": test[best]["most_frequent_rate"],
+        }
+        chosen["mixture_accuracy"] = test[f"{best}+kn5"]["accuracy"]
+    res = {}
+    for k, v in out.items():
+        if k not in ("best_hlbl", "mixture_accuracy"):
+            res[k] = v
+        if k == "kn5_most_frequent_rate":
+            res.update(chosen)
+    return res
+
+
 def summary(args, models: Models, scores: dict, loss: dict, files: dict[str, Path]) -> dict:
     test, valid = scores["test"], scores["valid"]
-    best = max(models.paths, key=lambda n: valid[n]["accuracy"]) if models.paths else None  # chosen on valid
     out = {
         "questions": test["kn5"]["questions"],
         "valid_questions": valid["kn5"]["questions"],
         "kn5_accuracy": test["kn5"]["accuracy"],
         "kn5_most_frequent_rate": test["kn5"]["most_frequent_rate"],
     }
-    if best is not None:
-        out["best_hlbl"] = {
-            "name": best,
-            "command": out_runs_command(args, models, best),
-            "accuracy": test[best]["accuracy"],
-            "most_frequent_rate": test[best]["most_frequent_rate"],
-        }
-        out["mixture_accuracy"] = test[f"{best}+kn5"]["accuracy"]
     out["by_band"] = {name: {b: v["accuracy"] for b, v in m["by_band"].items()} for name, m in test.items()}
     out["loss_by_band"] = loss
-    out["build"] = {**Build(questions=args.questions, seed=args.seed, **args.build_overrides).__dict__}
+    out["build"] = build_settings(args)
     out["n_gram_model"] = shown(args.kn5)
     out["runs"] = {name: _budget(path) for name, path in models.paths.items()}
     for name in out["runs"]:  # given where run.json cannot say it (a resumed run)
@@ -463,7 +487,80 @@ def summary(args, models: Models, scores: dict, loss: dict, files: dict[str, Pat
         out["runs"][name]["test_perplexity"] = math.exp(loss["all"][name])
     out["kn5_test_perplexity"] = math.exp(loss["all"]["kn5"])
     out["test"], out["valid"], out["suspects_valid"] = test, valid, scores["suspects_valid"]
-    return out
+    return _with_best(out)
+
+
+def build_settings(args) -> dict:
+    """The ``build`` settings of this invocation, as a summary holds them (JSON: the band a list)."""
+    return json.loads(json.dumps(Build(questions=args.questions, seed=args.seed, **args.build_overrides).__dict__))
+
+
+# ---- --merge: the models of an earlier summary kept beside this invocation's ------------------
+
+
+def read_merged(args) -> dict:
+    """The summary ``--merge`` adds to (``--out``), refused at once if built with other settings."""
+    path = Path(args.out)
+    if not path.is_file():
+        raise SystemExit(f"--merge: no summary at {path} to merge into")
+    old = json.loads(path.read_text(encoding="utf-8"))
+    diff = _differences(old, {"build": build_settings(args)})
+    if diff:
+        raise SystemExit(f"--merge: {path} holds other questions: {'; '.join(diff)}")
+    return old
+
+
+def _differences(old: dict, new: dict) -> list[str]:
+    """What says two summaries rank other questions: the build settings, and where ``new`` holds
+    scores, KN5's test and valid accuracy and the test tokens per band; as ``WHAT X there, Y here``."""
+    ob, nb = old.get("build") or {}, new["build"]
+    out = [f"build {k} {ob.get(k)} there, {nb.get(k)} here" for k in {**ob, **nb} if ob.get(k) != nb.get(k)]
+    if "test" not in new:  # the settings only (read_merged, before scoring)
+        return out
+    checks = {
+        "kn5 test accuracy": lambda s: s.get("kn5_accuracy"),
+        "test.kn5 accuracy": lambda s: s.get("test", {}).get("kn5", {}).get("accuracy"),
+        "valid.kn5 accuracy": lambda s: s.get("valid", {}).get("kn5", {}).get("accuracy"),
+        "loss_by_band tokens": lambda s: {b: r.get("tokens") for b, r in (s.get("loss_by_band") or {}).items()},
+    }
+    return out + [f"{what} {get(old)} there, {get(new)} here" for what, get in checks.items() if get(old) != get(new)]
+
+
+def _owner(key: str, names) -> str | None:
+    """The run an entry belongs to: ``NAME``, ``NAME+kn5...``, ``NAME: ...``, ``NAME/kn5 ...``
+    (the longest such name, as one run's name may begin another's); None for KN5's and totals."""
+    hits = [n for n in names if key == n or key.startswith((f"{n}+kn5", f"{n}: ", f"{n}/kn5 "))]
+    return max(hits, key=len) if hits else None
+
+
+def _carry(old: dict, new: dict, carried: set, names) -> dict:
+    """A section of the summary: this invocation's own entries (KN5's first), with the carried
+    runs' entries from the earlier summary after KN5's."""
+    kept = {k: v for k, v in old.items() if _owner(k, names) in carried}
+    head = {k: v for k, v in new.items() if _owner(k, names) is None}
+    return {**head, **kept, **{k: v for k, v in new.items() if k not in head}}
+
+
+def merge_summary(old: dict, new: dict, where: str = "the summary") -> dict:
+    """``new`` (this invocation's summary) with every entry of the runs of ``old`` not scored
+    again; the best run chosen over them all. Refused if the two ranked other questions."""
+    diff = _differences(old, new)
+    if diff:
+        raise SystemExit(f"--merge: {where} holds other questions: {'; '.join(diff)}")
+    old_runs = old.get("runs") or {}
+    carried = set(old_runs) - set(new["runs"])
+    names = set(old_runs) | set(new["runs"])
+    out = dict(new)
+    for part in ("test", "valid", "suspects_valid", "by_band"):
+        out[part] = _carry(old.get(part) or {}, new[part], carried, names)
+    out["loss_by_band"] = {
+        band: _carry((old.get("loss_by_band") or {}).get(band, {}), row, carried, names)
+        for band, row in new["loss_by_band"].items()
+    }
+    out["runs"] = {**{n: r for n, r in old_runs.items() if n in carried}, **new["runs"]}
+    old_passes = old.get("passes_valid") or {}
+    out["passes_valid"] = {**{n: r for n, r in old_passes.items() if n in carried}, **(new.get("passes_valid") or {})}
+    return _with_best(out)
 
 
 def _pct(x) -> str:
@@ -517,7 +614,8 @@ def table(summary: dict) -> str:
 
 
 def quick_setup(args) -> None:
-    """Quick mode: the synthetic corpus, a KN3 model and a one-epoch run of it, 40 questions a split."""
+    """Quick mode: the synthetic corpus, a KN3 model and a one-epoch run of it (or the ``--run``
+    given), 40 questions a split."""
     from hlbl.cli import main as hlbl_main
 
     corpus = tiny_corpus(quick_dir() / "corpus")
@@ -527,9 +625,10 @@ def quick_setup(args) -> None:
     if not kn.is_file() and hlbl_main(["ngram", "train", "--data", str(corpus), "--order", "3", "--out", str(kn)]):
         raise SystemExit("hlbl ngram train failed")
     args.kn5 = str(kn)
-    run, _ = quick_run("completion", "--dim", "16", "--context", "3")
-    args.run = [f"quick={run}"]
-    args.passes = ["quick"]
+    if not args.run:  # runs given must be trained on the synthetic corpus (tests/test_bench.py's merge)
+        run, _ = quick_run("completion", "--dim", "16", "--context", "3")
+        args.run = [f"quick={run}"]
+    args.passes = [args.run[0].partition("=")[0]]
     args.questions = 40
     args.questions_dir = str(quick_dir() / "questions")
     args.build_overrides = {"min_words": 6, "word_rule": "any"}
@@ -556,6 +655,11 @@ def main(argv: list[str] | None = None) -> int:
         help="NAME[=DIR] of a --run whose epoch checkpoints (DIR/epoch-*/last.safetensors, default the run's "
         "checkpoints/) are ranked on valid",
     )
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="all: keep the runs of the existing --out summary not scored here (the same questions, or refused)",
+    )
     add_common(ap, data="gutenberg", out="results/completion/summary.json")
     args = finish_args(ap.parse_args(argv))
     args.build_overrides = {}
@@ -566,6 +670,9 @@ def main(argv: list[str] | None = None) -> int:
         quick_setup(args)
     if not args.kn5:
         ap.error("--kn5 is required")
+    if args.merge and args.stage != "all":
+        ap.error("--merge goes with the all stage")
+    earlier = read_merged(args) if args.merge else None  # before the work: a wrong --out fails at once
     models = Models(args)
     files = stage_build(args, models)
     if args.stage == "build":
@@ -576,7 +683,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage == "passes":
         print(json.dumps(passes, indent=1))
     elif args.stage == "all":
-        write_json(args.out, {**summary(args, models, scores, loss, files), "passes_valid": passes})
+        result = {**summary(args, models, scores, loss, files), "passes_valid": passes}
+        if earlier is not None:
+            result = merge_summary(earlier, result, args.out)
+        write_json(args.out, result)
         print(table(json.loads(Path(args.out).read_text())))
         print(f"wrote {args.out}", file=sys.stderr)
     else:

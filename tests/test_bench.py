@@ -219,3 +219,75 @@ def test_completion_questions_follow_the_construction_and_the_summary_has_its_ke
         lp = kn.score_windows(np.asarray([[*hist, ids[vocab.index[w]]] for w in band]))
         top = {band[i] for i in np.argsort(-lp, kind="stable")[:30]}
         assert set(q["candidates"]) - {q["answer"]} <= top
+
+
+def test_completion_merge_keeps_the_earlier_runs_and_refuses_other_questions(tmp_path):
+    """bench/completion.py all --merge: the runs of the existing summary not scored again keep every
+    entry, the best run is chosen over old and new (an old best with its recorded command), a run
+    scored again replaces its entries, and a summary of other questions is refused in one line."""
+    import json
+
+    env = {**os.environ, "HLBL_BENCH_OUT": str(tmp_path)}
+    cmd = [sys.executable, str(BENCH / "completion.py"), "all", "--quick"]
+    path = tmp_path / "summary.json"
+
+    def complete(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd + list(extra), env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+    def edit(change) -> dict:
+        s = json.loads(path.read_text())
+        change(s)
+        path.write_text(json.dumps(s))
+        return s
+
+    done = complete()  # the run "quick"
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = tmp_path / "runs" / "completion"
+
+    def old_is_best(s):  # so that only a choice over old and new runs picks it
+        s["valid"]["quick"]["accuracy"] = 1.0
+        s["runs"]["quick"]["command"] = "hlbl train (as recorded)"
+
+    first = edit(old_is_best)
+    done = complete("--merge", "--run", f"other={run}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    s = json.loads(path.read_text())
+    for name in ("quick", "other"):
+        assert {name, f"{name}+kn5"} <= set(s["test"]) & set(s["valid"]) & set(s["by_band"])
+        assert any(k.startswith(f"{name}+kn5 (weight") for k in s["test"])
+        assert f"{name}: previous line as context" in s["suspects_valid"]
+        assert f"{name}+kn5: weight by valid accuracy" in s["suspects_valid"]
+        assert name in s["runs"] and name in s["passes_valid"]
+        for band, row in s["loss_by_band"].items():
+            assert name in row and (band == "all" or f"{name}/kn5 perplexity ratio" in row)
+    for k, v in first["test"].items():
+        assert s["test"][k] == v  # the old run's measured numbers, and KN5's (the same questions)
+    assert s["valid"]["quick"]["accuracy"] == 1.0
+    assert s["loss_by_band"]["all"]["quick"] == first["loss_by_band"]["all"]["quick"]
+    assert s["best_hlbl"]["name"] == "quick" and s["best_hlbl"]["command"] == "hlbl train (as recorded)"
+    assert s["mixture_accuracy"] == s["test"]["quick+kn5"]["accuracy"]
+
+    def other_is_worst(s):
+        s["valid"]["other"]["accuracy"] = -1.0
+
+    merged = edit(other_is_worst)
+    done = complete("--merge", "--run", f"quick={run}")  # "quick" scored again: its entries replaced
+    assert done.returncode == 0, done.stderr[-2000:]
+    s = json.loads(path.read_text())
+    assert list(s["runs"]) == ["other", "quick"] and s["valid"]["other"]["accuracy"] == -1.0
+    assert s["test"]["other+kn5"] == merged["test"]["other+kn5"] and s["runs"]["other"] == merged["runs"]["other"]
+    assert s["valid"]["quick"]["accuracy"] < 1.0 and s["best_hlbl"]["name"] == "quick"
+    assert s["best_hlbl"]["command"] == s["runs"]["quick"]["command"] != "hlbl train (as recorded)"
+
+    kept = path.read_text()
+    for change, said in (
+        (lambda s: s.update(kn5_accuracy=s["kn5_accuracy"] + 0.025), "kn5 test accuracy"),
+        (lambda s: s["build"].update(seed=1), "build seed 1 there, 0 here"),
+    ):
+        path.write_text(kept)
+        edit(change)
+        before = path.read_text()
+        done = complete("--merge", "--run", f"third={run}")
+        assert done.returncode != 0 and said in done.stderr.strip().splitlines()[-1], done.stderr[-2000:]
+        assert done.stderr.strip().splitlines()[-1].startswith("--merge:")
+        assert path.read_text() == before  # nothing written
