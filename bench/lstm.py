@@ -10,6 +10,8 @@ training time, and the speed of the full distribution (``log_prob``).
     python bench/lstm.py --epochs 40 --stop-lr 1 --bootstrap-epochs 1 --no-speed --checkpoint runs/lstm --out results/lstm/converged
     python bench/lstm.py --epochs 40 --stop-lr 1 --bootstrap-epochs 1 --no-speed --outputs hybrid --head 2000 \
         --checkpoint runs/lstm-converged --out results/lstm/converged
+    python bench/lstm.py --epochs 40 --stop-lr 1 --bootstrap-epochs 1 --no-speed --outputs classes \
+        --checkpoint runs/lstm-converged --out results/lstm/converged
 
 Training (``examples/lstm_lm``): 2-layer LSTM, bptt 35, batch 20, SGD lr 20, clip 0.25, dropout
 0.2, one thread, the same seed for every output layer: ``full`` (Linear + softmax), ``adaptive``
@@ -19,8 +21,10 @@ hidden state before each word, an ADAPTIVE(0.25) tree learned from those, a fres
 ``sampled`` (hlbl's sampled softmax: 100 noise words in training, exact in evaluation),
 ``hybrid`` (``HybridSoftmax``: an exact softmax over the ``--head`` most frequent words and one
 tail entry, a tree over the other words learned by the same bootstrap from a hybrid model with a
-Huffman tail) and ``hybrid-huffman`` (its Huffman-tail model, no bootstrap).
-Test perplexity is exact for every layer.
+Huffman tail), ``hybrid-huffman`` (its Huffman-tail model, no bootstrap) and ``classes``
+(``ClassSoftmax``: two-level classes, k-means on the same bootstrap's hidden states into
+``--classes`` classes, default round(sqrt(V)), with the ``--class-shortlist`` most frequent words
+under the root). Test perplexity is exact for every layer. ``--quick`` runs every output layer.
 
 Speed: ``log_prob`` of (700, 200) hidden vectors at V = 10,000 (PTB's counts) and V = 33,278
 (WikiText-2's size, Zipf counts; adaptive cutoffs 2000, 10000), one thread, float32, no autograd:
@@ -122,7 +126,9 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd", help="as the example's --optimizer")
     p.add_argument("--lr", type=float, help="as the example's --lr (default: the optimiser's)")
     p.add_argument("--device", default="cpu", help="as the example's --device (the speed stage stays on the CPU)")
-    p.add_argument("--outputs", default="full,adaptive,tree,learned-tree,sampled")
+    p.add_argument(
+        "--outputs", help="comma-separated (default full,adaptive,tree,learned-tree,sampled; --quick: every one)"
+    )
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--speed-only", action="store_true")
     p.add_argument("--no-speed", action="store_true", help="train and test only (the log_prob speed on its own)")
@@ -133,6 +139,10 @@ def parse_args(argv=None):
     p.add_argument("--tree-policy", default="adaptive:0.25", help="as the example's: the learned tree's policy")
     p.add_argument("--head", type=int, default=2000, help="as the example's: the hybrid's flat head (K words)")
     p.add_argument("--tree-copies", type=int, default=1, help="as the example's: the learned tree's K of xK")
+    p.add_argument("--classes", type=int, help="as the example's: the classes' number (default round(sqrt(V)))")
+    p.add_argument(
+        "--class-shortlist", type=int, default=0, help="as the example's: the classes' shortlist (most frequent words)"
+    )
     p.add_argument("--bootstrap-from", help="as the example's: the learned tree from this trained run's model")
     p.add_argument(
         "--variant",
@@ -154,6 +164,8 @@ def main(argv=None) -> int:
         return step_speed(ex, args)
     if args.quick:
         args.out, args.data, args.rounds = quick_dir() / "lstm", ex.synthetic_corpus(quick_dir() / "toy"), 2
+    if args.outputs is None:
+        args.outputs = ",".join(ex.OUTPUTS) if args.quick else "full,adaptive,tree,learned-tree,sampled"
     args.out.mkdir(parents=True, exist_ok=True)
     summary, runs = train_all(ex, args) if not args.speed_only else ({}, [])
     speed_vocab = () if args.no_speed else (2000, 5000) if args.quick else (10_000, 33_278)
@@ -206,7 +218,8 @@ def train_all(ex, args) -> tuple[dict, list]:
     argv += ["--checkpoint", str(args.checkpoint)] if args.checkpoint else []
     argv += ["--tree-policy", args.tree_policy, "--tree-copies", str(args.tree_copies)]
     argv += ["--bootstrap-from", args.bootstrap_from] if args.bootstrap_from else []
-    argv += ["--head", str(args.head)]
+    argv += ["--head", str(args.head), "--class-shortlist", str(args.class_shortlist)]
+    argv += ["--classes", str(args.classes)] if args.classes is not None else []
     ex_args = ex.parse_args(argv)
     corpus = ex.Corpus(args.data)
     names = {
@@ -217,6 +230,7 @@ def train_all(ex, args) -> tuple[dict, list]:
         "sampled": "sampled",
         "hybrid": "hybrid",
         "hybrid-huffman": "hybrid_huffman",
+        "classes": "classes",
     }
     # a variant's summary holds its own keys only: the shared ones stay those of the default runs
     summary = (
@@ -243,11 +257,12 @@ def train_all(ex, args) -> tuple[dict, list]:
             ex_args.save_tree = args.out / f"{name}_tail_tree.npz"
         elif not args.quick:
             ex_args.save_tree = args.out / tree_file
+        ex_args.save_classes = None if args.quick else args.out / f"{name}.json"
         r = ex.run(corpus, kind, ex_args, log=lambda m: print(m, file=sys.stderr))
         if args.variant:
             r["variant"] = args.variant
-            settings = {"tree_policy": args.tree_policy, "tree_copies": args.tree_copies, "bootstrap_epochs": boot}
-            settings |= {"bootstrap_from": args.bootstrap_from} if args.bootstrap_from else {}
+        settings = settings_of(ex, kind, args, ex_args, len(corpus))
+        if settings:
             summary[f"{name}_settings"] = r["settings"] = settings
         runs.append(r)
         summary[f"{name}_test_ppl"] = r["test_ppl"]
@@ -257,13 +272,29 @@ def train_all(ex, args) -> tuple[dict, list]:
         summary[f"{name}_best_epoch"] = r["best_epoch"]
         summary[f"{name}_epochs_run"] = len(r["epochs"])
         summary[f"{name}_head_over_encoder_grad"] = float(np.median([e["head_over_encoder"] for e in r["epochs"]]))
-        if kind.startswith("hybrid"):  # the hybrid's settings beside its figures
-            summary[f"{name}_settings"] = {**summary.get(f"{name}_settings", {}), "head": ex_args.head}
-            if kind == "hybrid":
-                summary[f"{name}_settings"] |= {"tree_policy": args.tree_policy, "bootstrap_epochs": boot}
         if "bootstrap_s" in r:  # the Huffman model, its features and the tree, before the timed epochs
             summary[f"{name}_bootstrap_s"] = r["bootstrap_s"]
     return summary, runs
+
+
+def settings_of(ex, kind: str, args, ex_args, vocab_size: int) -> dict:
+    """The settings a run of ``kind`` was made with, kept beside its figures (``NAME_settings``):
+    a variant's learned-tree settings; the hybrid's head (and its tree's); the classes' number,
+    shortlist and bootstrap."""
+    boot = ex_args.bootstrap_epochs
+    out = {}
+    if args.variant and kind != "classes":
+        out |= {"tree_policy": args.tree_policy, "tree_copies": args.tree_copies, "bootstrap_epochs": boot}
+    if kind.startswith("hybrid"):
+        out["head"] = ex_args.head
+        if kind == "hybrid":
+            out |= {"tree_policy": args.tree_policy, "bootstrap_epochs": boot}
+    if kind == "classes":
+        out |= {"classes": ex.num_classes(ex_args, vocab_size), "class_shortlist": ex_args.class_shortlist}
+        out["bootstrap_epochs"] = boot
+    if args.bootstrap_from and (args.variant or kind == "classes"):
+        out["bootstrap_from"] = args.bootstrap_from
+    return out
 
 
 def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:

@@ -176,6 +176,24 @@ def test_lstm_variant_runs_sit_beside_the_default_runs(tmp_path):
     assert x2["tree"]["codes_per_word"] >= 2.0
 
 
+def test_lstm_classes_runs_have_their_keys_and_settings(tmp_path):
+    """bench/lstm.py --outputs classes: the class softmax's figures under classes_* keys, with its
+    settings (the number of classes, round(sqrt(V)) by default, the shortlist, the bootstrap)."""
+    import json
+
+    env = {**os.environ, "HLBL_BENCH_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(BENCH / "lstm.py"), "--quick", "--no-speed", "--outputs", "classes"]
+    proc = subprocess.run(
+        cmd + ["--class-shortlist", "5"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "lstm" / "summary.json").read_text())
+    assert 1.0 < summary["classes_test_ppl"] < 40 and summary["classes_valid_ppl"] > 1.0
+    assert summary["classes_settings"] == {"classes": 8, "class_shortlist": 5, "bootstrap_epochs": 1}
+    (run,) = json.loads((tmp_path / "lstm" / "runs.json").read_text())
+    assert run["output"] == "classes" and run["classes"]["shortlist"] == 5 and run["bootstrap_output"] == "tree"
+
+
 def test_completion_questions_follow_the_construction_and_the_summary_has_its_keys(tmp_path):
     """bench/completion.py --quick: the same questions twice (seeded); every question a blank at
     least 4 words in, five distinct candidates, the impostors within 0.5-2x the answer's training

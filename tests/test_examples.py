@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -32,7 +33,9 @@ def test_the_lstm_example_trains_every_output_layer_in_quick_mode(tmp_path):
     proc = run_example(ROOT / "examples" / "lstm_lm" / "lstm_lm.py", "--quick", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = {r["output"]: r for r in json.loads(out.read_text())}
-    assert set(results) == {"full", "adaptive", "tree", "learned-tree", "sampled", "hybrid", "hybrid-huffman"}
+    assert set(results) == {
+        "full", "adaptive", "tree", "learned-tree", "sampled", "hybrid", "hybrid-huffman", "classes"
+    }  # fmt: skip
     for r in results.values():
         # exact evaluation of a toy grammar over ~60 words: far below the uniform model's perplexity
         assert 1.0 < r["test_ppl"] < 40, r
@@ -50,6 +53,37 @@ def test_the_lstm_example_trains_every_output_layer_in_quick_mode(tmp_path):
     assert "| learned-tree bootstrap (tree) | epoch   1 |    40/   53 batches" in proc.stderr
     assert results["hybrid"]["tree"]["words"] == 58 - 10  # the tail tree: the words outside the head of 10
     assert results["hybrid"]["bootstrap_output"] == "hybrid-huffman"
+    # k-means classes on the Huffman model's hidden states: round(sqrt(58)) = 8 classes by default
+    assert results["classes"]["classes"]["words"] == 58 and results["classes"]["bootstrap_output"] == "tree"
+    assert results["classes"]["classes"]["classes"] <= 8 and "learned classes from hidden features" in proc.stderr
+
+
+def test_every_output_layer_of_the_lstm_example_gives_a_distribution(tmp_path):
+    """Each output layer (the learned kinds on a Huffman tree or frequency classes) gives rows that
+    sum to one in eval mode, the forward pass's log P(target) is their entry, and sampling draws
+    words of the vocabulary."""
+    import hlbl
+
+    ex = lstm_example()
+    corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
+    args = ex.parse_args(["--quick"])
+    V = len(corpus)
+    structures = {"classes": hlbl.frequency_classes(corpus.counts, 8, shortlist=3)}
+    x = corpus.splits["test"][:24].view(6, 4)
+    y = corpus.splits["test"][1:25].view(6, 4)
+    for kind in ex.OUTPUTS:
+        torch.manual_seed(0)
+        model = ex.build_model(corpus, "tree" if kind == "learned-tree" else kind, args, structures.get(kind))
+        model.eval()
+        with torch.no_grad():
+            h, _ = model.hidden(x, None)
+            h = h.reshape(-1, model.nhid)
+            lp = model.head.log_prob(h).double()
+            out, _ = model(x, y, None)
+        assert lp.shape == (24, V), kind
+        assert torch.allclose(lp.exp().sum(1), torch.ones(24, dtype=torch.float64), atol=1e-5), kind
+        assert torch.allclose(out.output.double(), lp.gather(1, y.reshape(-1, 1))[:, 0], atol=1e-5), kind
+        assert ex.generate(model, corpus, 5, seed=1).count(" ") == 4, kind
 
 
 def test_the_lstm_example_gives_the_band_losses_of_a_saved_run(tmp_path):
@@ -137,7 +171,9 @@ def test_the_lstm_example_runs_unchanged_on_a_gpu(tmp_path):
         assert 1.0 < r["test_ppl"] < 40, r
 
 
-@pytest.mark.parametrize("kind, optimizer", [("learned-tree", "sgd"), ("tree", "adam"), ("adaptive", "adam")])
+@pytest.mark.parametrize(
+    "kind, optimizer", [("learned-tree", "sgd"), ("tree", "adam"), ("adaptive", "adam"), ("classes", "sgd")]
+)
 def test_the_lstm_example_resumes_from_its_checkpoint_as_if_never_stopped(tmp_path, kind, optimizer):
     ex = lstm_example()
     corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
@@ -201,3 +237,47 @@ def test_the_lstm_example_learns_a_tree_from_a_trained_run(tmp_path, monkeypatch
     again.tree_features = "embedding"
     with pytest.raises(SystemExit, match="embedding takes a full softmax model"):
         ex.learn_tree(corpus, ex.batchify(corpus.splits["train"], again.batch_size), again, print)
+
+
+def test_the_lstm_example_learns_word_classes_keeps_them_and_refuses_a_mismatch(tmp_path, monkeypatch):
+    """--output classes: k-means classes on the bootstrap's hidden states (--classes, by default
+    round(sqrt(V)); the --class-shortlist most frequent words under the root), saved as
+    classes.json in the --checkpoint run directory. A stopped run goes on with them, no second
+    bootstrap; --bands-of and --bootstrap-from read the run; other settings, a foreign or damaged
+    file, or sizes the vocabulary cannot take are refused in one line."""
+    import hlbl
+
+    ex = lstm_example()
+    corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
+    ck, saved = tmp_path / "c", tmp_path / "classes.json"
+    quick = ["--quick", "--max-steps", "20", "--log-every", "1000"]
+
+    def run(*more: str) -> dict:
+        argv = quick + ["--checkpoint", str(ck), "--class-shortlist", "5", *more]
+        return ex.run(corpus, "classes", ex.parse_args(argv), log=lambda m: None)
+
+    first = run("--save-classes", str(saved))
+    classes = hlbl.WordClasses.load(ck / "classes" / "classes.json")
+    assert classes.fingerprint() == hlbl.WordClasses.load(saved).fingerprint()
+    assert classes.shortlist.tolist() == [0, 1, 2, 3, 4]  # word ids are ranks by training count
+    assert first["classes"]["shortlist"] == 5 and 2 <= classes.num_classes <= 8 == round(math.sqrt(len(corpus)))
+    assert json.loads((ck / "classes" / "recipe.json").read_text())["classes"] == 8  # the default, resolved
+    with monkeypatch.context() as m:
+        m.setattr(ex, "bootstrap_features", lambda *a, **k: pytest.fail("the resumed run bootstrapped again"))
+        resumed = run("--epochs", "2")
+        assert len(resumed["epochs"]) == 2 and resumed["classes"] == first["classes"]
+        assert resumed["epochs"][0] == first["epochs"][0]
+        again = ex.bands_of(corpus, [ck / "classes"], ex.parse_args(["--quick"]))[0]
+        assert again["output"] == "classes" and again["test_ppl"] == pytest.approx(resumed["test_ppl"], rel=1e-12)
+    second = ex.run(corpus, "classes", ex.parse_args(quick + ["--bootstrap-from", str(ck / "classes")]), log=print)
+    assert second["bootstrap_output"] == "classes" and second["bootstrap_from"] == str(ck / "classes")
+    with pytest.raises(SystemExit, match="holds a run with classes = 8, not 5"):
+        run("--classes", "5")
+    hlbl.frequency_classes(np.ones(40), 4).save(ck / "classes" / "classes.json")
+    with pytest.raises(SystemExit, match="word classes over 40 words, not this run's 58"):
+        run()
+    hlbl.huffman_tree(corpus.counts).save(ck / "classes" / "classes.json")
+    with pytest.raises(SystemExit, match="not hlbl word classes"):
+        run()
+    with pytest.raises(SystemExit, match="--classes 60 --class-shortlist 0: a vocabulary of 58 words"):
+        ex.run(corpus, "classes", ex.parse_args(quick + ["--classes", "60"]), log=lambda m: None)

@@ -1,6 +1,7 @@
 """An LSTM language model with a choice of output layer: full softmax, adaptive softmax, hlbl's
 tree softmax on a Huffman tree or on a tree learned for this model, hlbl's hybrid softmax (an exact
-softmax over the ``--head`` most frequent words, a learned or Huffman tree over the rest), or a
+softmax over the ``--head`` most frequent words, a learned or Huffman tree over the rest), hlbl's
+class softmax over word classes learned for this model (k-means on its hidden states), or a
 sampled softmax.
 
 The recipe is PyTorch's word_language_model (2-layer LSTM, bptt 35, batch 20, SGD lr 20, clip
@@ -10,6 +11,7 @@ output layer gives normalised log-probabilities in eval mode. See README.md and 
 
     python examples/lstm_lm/lstm_lm.py --data ptb --output tree --epochs 1
     python examples/lstm_lm/lstm_lm.py --data ptb --output learned-tree --generate 20
+    python examples/lstm_lm/lstm_lm.py --data ptb --output classes --class-shortlist 2000
     python examples/lstm_lm/lstm_lm.py --output adaptive --epochs 40 --checkpoint ckpt  # again: goes on
     python examples/lstm_lm/lstm_lm.py --quick          # seconds, a synthetic corpus
 """
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +37,10 @@ from hlbl.atomic import write_text
 from hlbl.checkpoint import load_tensors_and_meta, optimizer_tensors, restore_optimizer, save_tensors
 from hlbl.output import SampledSoftmax
 
-OUTPUTS = ("full", "adaptive", "tree", "learned-tree", "sampled", "hybrid", "hybrid-huffman")
-LEARNED = ("learned-tree", "hybrid")  # kinds whose tree the bootstrap learns (saved as tree.npz)
+OUTPUTS = ("full", "adaptive", "tree", "learned-tree", "sampled", "hybrid", "hybrid-huffman", "classes")
+# the kinds whose structure the bootstrap learns, and the file of a --checkpoint run that keeps it
+STRUCTURE_FILES = {"learned-tree": "tree.npz", "hybrid": "tree.npz", "classes": "classes.json"}
+LEARNED = tuple(STRUCTURE_FILES)
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -106,10 +111,32 @@ class FullSoftmax(nn.Module):
         return hlbl.output.LayerOutput(lp, -lp.mean())
 
 
-def make_head(kind: str, nhid: int, corpus: Corpus, args, tree: hlbl.WordTree | None = None) -> nn.Module:
-    V = len(corpus)
+def class_head(nhid: int, corpus: Corpus, args, classes: hlbl.WordClasses) -> hlbl.ClassSoftmax:
+    """The class softmax: two softmaxes, so it starts as the recipe's decoder does, uniform +-0.1
+    rows, with biases giving the unigram distribution (``--tree-init`` scaled, unigram, or frozen:
+    those biases then fixed) or zero biases (uniform); zero: the layer as built. No gradient
+    scaling: a root entry sees its class's share of the tokens, as an adaptive softmax's cluster
+    entry does, not the whole batch as a tree's root does."""
+    head = hlbl.ClassSoftmax(nhid, classes)
+    if args.tree_init in ("scaled", "unigram", "frozen"):
+        head.init_unigram(corpus.counts)
+    if args.tree_init == "frozen":
+        for bias in (head.root_bias, head.word_bias):
+            bias.requires_grad_(False)
+    if args.tree_init != "zero":
+        for weight in (head.root_weight, head.word_weight):
+            nn.init.uniform_(weight, -0.1, 0.1)
+    return head
+
+
+def make_head(kind: str, nhid: int, corpus: Corpus, args, structure=None) -> nn.Module:
+    """The output layer ``kind``; ``structure``: the learned tree (learned-tree, hybrid) or word
+    classes (classes) it is built on."""
+    V, tree = len(corpus), structure
     if kind == "full":
         return FullSoftmax(nhid, V)
+    if kind == "classes":
+        return class_head(nhid, corpus, args, structure)
     if kind == "adaptive":
         cutoffs = [c for c in args.cutoffs if c < V - 1] or [max(1, V // 2)]
         return nn.AdaptiveLogSoftmaxWithLoss(nhid, V, cutoffs, div_value=4.0)
@@ -323,16 +350,13 @@ def hidden_pairs(model: LSTMLM, data: torch.Tensor, bptt: int):
             yield h.reshape(-1, model.nhid), y.reshape(-1)
 
 
-def learn_tree(
-    corpus: Corpus, train: torch.Tensor, args, log, kind: str = "learned-tree"
-) -> tuple[hlbl.WordTree, dict]:
-    """The bootstrap: a model with a Huffman tree (a hybrid softmax with a Huffman tail for
-    ``kind`` hybrid; a full softmax for ``--tree-features embedding``) trained
-    ``--bootstrap-epochs``, its word features, a tree learned from them (for the hybrid: over its
-    tail words, from their features). With ``--bootstrap-from DIR`` the model is instead the one
-    trained in a checkpoint directory (another round of the bootstrap: features from a model
-    trained to the end)."""
-    t0 = time.perf_counter()
+def bootstrap_features(corpus: Corpus, train: torch.Tensor, args, log, kind: str) -> tuple[np.ndarray, dict]:
+    """The bootstrap's first half, shared by every learned structure: a model with a Huffman tree
+    (a hybrid softmax with a Huffman tail for ``kind`` hybrid; a full softmax for
+    ``--tree-features embedding``) trained ``--bootstrap-epochs``, and its word features (V, d):
+    the mean hidden state before each word, or the output embedding. With ``--bootstrap-from DIR``
+    the model is instead the one trained in a checkpoint directory (another round of the bootstrap:
+    features from a model trained to the end). Returns the features and what the model was."""
     if args.bootstrap_from:
         boot, boot_kind = trained_model(Path(args.bootstrap_from), corpus, args)
     else:
@@ -346,16 +370,79 @@ def learn_tree(
         X = hlbl.embedding_features(boot.head.decoder.weight)  # (V, nhid): the vector each word is scored by
     else:
         X, _ = hlbl.hidden_features(hidden_pairs(boot, train, args.bptt), len(corpus))
+    info = {"bootstrap_output": boot_kind}
+    if args.bootstrap_from:
+        info["bootstrap_from"] = str(args.bootstrap_from)
+    return X, info
+
+
+def learn_tree(
+    corpus: Corpus, train: torch.Tensor, args, log, kind: str = "learned-tree"
+) -> tuple[hlbl.WordTree, dict]:
+    """The bootstrap of a learned tree: the word features of :func:`bootstrap_features`, a tree
+    learned from them (for the hybrid: over its tail words, from their features)."""
+    t0 = time.perf_counter()
+    X, info = bootstrap_features(corpus, train, args, log, kind)
     counts = corpus.counts
     if kind == "hybrid":  # the tail tree's word i is tail word i
         tail = hlbl.hybrid_split(corpus.counts, min(args.head, len(corpus) - 2))[1]
         X, counts = X[tail], counts[tail]
     tree = hlbl.learn_tree(X, args.tree_policy, copies=args.tree_copies, seed=args.seed)
-    info = {"bootstrap_output": boot_kind, "bootstrap_s": time.perf_counter() - t0, "tree": tree.stats(counts)}
-    if args.bootstrap_from:
-        info["bootstrap_from"] = str(args.bootstrap_from)
+    info |= {"bootstrap_s": time.perf_counter() - t0, "tree": tree.stats(counts)}
     log(f"learned tree from {args.tree_features} features: {json.dumps(info['tree'])}")
     return tree, info
+
+
+def num_classes(args, vocab_size: int) -> int:
+    """``--classes``, by default round(sqrt(V)): the usual size of a class-factored softmax, about
+    2 sqrt(V) scores a token."""
+    return args.classes if args.classes is not None else max(1, round(math.sqrt(vocab_size)))
+
+
+def check_classes(args, vocab_size: int) -> None:
+    """``--classes`` and ``--class-shortlist`` against the vocabulary, before any bootstrap trains:
+    every class keeps a word and the root has two entries (what :func:`hlbl.kmeans_classes` asks)."""
+    C, S, V = num_classes(args, vocab_size), args.class_shortlist, vocab_size
+    if not (0 <= S <= V - 1 and 1 <= C <= V - S and S + C >= 2):
+        raise SystemExit(
+            f"--classes {C} --class-shortlist {S}: a vocabulary of {V} words takes a shortlist of 0..{V - 1} "
+            f"and 1..{V} - shortlist classes, at least two root entries in all"
+        )
+
+
+def learn_classes(corpus: Corpus, train: torch.Tensor, args, log) -> tuple[hlbl.WordClasses, dict]:
+    """The bootstrap of learned word classes: the word features of :func:`bootstrap_features`
+    (a Huffman-tree model's hidden states), then k-means on them into ``--classes`` classes, the
+    ``--class-shortlist`` most frequent words directly under the root (:func:`hlbl.kmeans_classes`)."""
+    t0 = time.perf_counter()
+    check_classes(args, len(corpus))
+    X, info = bootstrap_features(corpus, train, args, log, "classes")
+    C, S = num_classes(args, len(corpus)), args.class_shortlist
+    classes = hlbl.kmeans_classes(X, C, seed=args.seed, counts=corpus.counts, shortlist=S)
+    info |= {"bootstrap_s": time.perf_counter() - t0, "classes": classes.stats(corpus.counts)}
+    log(f"learned classes from {args.tree_features} features: {json.dumps(info['classes'])}")
+    return classes, info
+
+
+def structure_words(kind: str, vocab_size: int, head: int) -> int:
+    """The words a learned kind's structure covers: the hybrid's tail tree those outside its head."""
+    return vocab_size - min(head, vocab_size - 2) if kind == "hybrid" else vocab_size
+
+
+def load_structure(path: Path, kind: str, words: int):
+    """The learned tree (``tree.npz``) or word classes (``classes.json``) of a ``kind`` run saved
+    in the run directory ``path``, over ``words`` words (:func:`structure_words`); a missing,
+    damaged or foreign file, or one of another vocabulary, is a one-line error."""
+    file = path / STRUCTURE_FILES[kind]
+    try:
+        structure = (hlbl.WordClasses if kind == "classes" else hlbl.WordTree).load(file)
+    except (hlbl.HlblError, OSError, ValueError) as e:
+        msg = str(e).splitlines()[0]  # hlbl's errors name the file already
+        raise SystemExit(msg if str(file) in msg else f"{file}: {msg}") from None
+    if structure.num_words != words:
+        what = "word classes" if kind == "classes" else "a tree"
+        raise SystemExit(f"{file}: {what} over {structure.num_words} words, not this run's {words}")
+    return structure
 
 
 def trained_model(path: Path, corpus: Corpus, args) -> tuple[LSTMLM, str]:
@@ -375,9 +462,9 @@ def trained_model(path: Path, corpus: Corpus, args) -> tuple[LSTMLM, str]:
     # hidden states come from any output layer's model; an output embedding only from a full softmax
     if kind not in OUTPUTS or (args.tree_features == "embedding" and kind != "full"):
         raise SystemExit(f"{path}: a model with a {kind} output; --tree-features embedding takes a full softmax model")
+    structure = load_structure(path, kind, structure_words(kind, len(corpus), args.head)) if kind in LEARNED else None
     try:
-        tree = hlbl.WordTree.load(path / "tree.npz") if kind in LEARNED else None
-        model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, tree)
+        model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, structure)
         tensors, _ = load_tensors_and_meta(path / "checkpoint.safetensors", CHECKPOINT_FORMAT)
         model.load_state_dict(_part(tensors, "best.") or _part(tensors, "model."))
     except (OSError, ValueError, RuntimeError, hlbl.HlblError) as e:
@@ -385,10 +472,27 @@ def trained_model(path: Path, corpus: Corpus, args) -> tuple[LSTMLM, str]:
     return model, kind
 
 
-def build_model(corpus: Corpus, kind: str, args, tree=None) -> LSTMLM:
-    """The model on ``--device`` (every output layer's buffers, the tree's included, move with it)."""
-    head = make_head(kind, args.nhid, corpus, args, tree)
+def build_model(corpus: Corpus, kind: str, args, structure=None) -> LSTMLM:
+    """The model on ``--device`` (every output layer's buffers, the tree's included, move with it);
+    ``structure``: a learned kind's tree or word classes."""
+    head = make_head(kind, args.nhid, corpus, args, structure)
     return LSTMLM(len(corpus), head, args.emsize, args.nhid, args.nlayers, args.dropout).to(args.device)
+
+
+def learned_structure(corpus: Corpus, kind: str, train: torch.Tensor, args, ckpt, log) -> tuple:
+    """A learned kind's tree or word classes and its bootstrap's figures: the ones ``ckpt`` saved,
+    else learned now (and saved there); written also to ``--save-tree`` or ``--save-classes``."""
+    structure, info = ckpt.structure() if ckpt else (None, {})
+    if structure is None:
+        learn = learn_classes if kind == "classes" else partial(learn_tree, kind=kind)
+        structure, info = learn(corpus, train, args, log)
+        if ckpt:
+            ckpt.save_structure(structure, info)
+    if kind == "classes" and args.save_classes:
+        structure.save(args.save_classes)  # JSON; hlbl.WordClasses.load reads it back
+    elif kind != "classes" and args.save_tree:
+        structure.save(args.save_tree)  # .json or .npz; hlbl.WordTree.load reads it back
+    return structure, info
 
 
 def run(corpus: Corpus, kind: str, args, log=print) -> dict:
@@ -399,18 +503,14 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
     batches = {
         s: batchify(corpus.splits[s], args.batch_size if s == "train" else 10).to(args.device) for s in corpus.splits
     }
+    if kind == "classes":
+        check_classes(args, len(corpus))  # before the checkpoint's recipe is written
     ckpt = Checkpoint(args.checkpoint, kind, args, corpus) if args.checkpoint else None
-    tree, info = (None, {})
-    if kind in LEARNED:
-        tree, info = ckpt.tree() if ckpt else (None, {})
-        if tree is None:
-            tree, info = learn_tree(corpus, batches["train"], args, log, kind)
-            if ckpt:
-                ckpt.save_tree(tree, info)
-        if args.save_tree:
-            tree.save(args.save_tree)  # .json or .npz; hlbl.WordTree.load reads it back
+    structure, info = (
+        learned_structure(corpus, kind, batches["train"], args, ckpt, log) if kind in LEARNED else (None, {})
+    )
     torch.manual_seed(args.seed)
-    model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, tree)
+    model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, structure)
     opt = make_optimizer(model, args)
     progress, best_state = {"lr": args.lr, "best": math.inf, "epochs": []}, None
     saved = ckpt.load(model, opt) if ckpt else None
@@ -481,7 +581,8 @@ RECIPE = ("emsize", "nhid", "nlayers", "dropout", "bptt", "batch_size", "optimiz
 class Checkpoint:
     """``--checkpoint DIR``: one directory per output layer, ``DIR/KIND/``, so that a long run
     survives being stopped. ``recipe.json`` (written first) names the settings the run was started
-    with; ``tree.npz`` (learned trees) is written once the bootstrap ends; ``checkpoint.safetensors``
+    with; ``tree.npz`` (learned trees) or ``classes.json`` (learned word classes) is written once
+    the bootstrap ends; ``checkpoint.safetensors``
     is replaced, atomically, after every epoch and holds everything the next epoch depends on: the
     model, its best validation epoch's weights, the optimiser's state, the random generator (the
     dropout masks) and, in its metadata, the epochs so far. Started again with the same ``DIR`` and
@@ -494,6 +595,9 @@ class Checkpoint:
         self.recipe = {k: getattr(args, k) for k in RECIPE} | {"output": kind, "data": str(corpus.root)}
         if kind.startswith("hybrid"):  # only there: older run directories have no such key
             self.recipe["head"] = args.head
+        if kind == "classes":  # the number resolved (its default depends on the corpus)
+            self.recipe |= {"classes": num_classes(args, len(corpus)), "class_shortlist": args.class_shortlist}
+        self.words = structure_words(kind, len(corpus), args.head) if kind in LEARNED else None
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "recipe.json"
         if not path.exists():
@@ -511,18 +615,19 @@ class Checkpoint:
                     "give another --checkpoint directory, or the same settings to resume"
                 )
 
-    def tree(self) -> tuple[hlbl.WordTree | None, dict]:
-        """The learned tree and its bootstrap's figures, once saved (else None, {})."""
-        path, info = self.dir / "tree.npz", self.dir / "bootstrap.json"
-        if not info.exists():  # written after the tree: the commit point of the pair
+    def structure(self) -> tuple[hlbl.WordTree | hlbl.WordClasses | None, dict]:
+        """The learned tree or word classes and its bootstrap's figures, once saved (else None, {})."""
+        info = self.dir / "bootstrap.json"
+        if not info.exists():  # written after the structure: the commit point of the pair
             return None, {}
+        structure = load_structure(self.dir, self.kind, self.words)
         try:
-            return hlbl.WordTree.load(path), json.loads(info.read_text())
-        except (hlbl.HlblError, OSError, ValueError) as e:
-            raise SystemExit(f"{path}: {e}") from None
+            return structure, json.loads(info.read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"{info}: {e}") from None
 
-    def save_tree(self, tree: hlbl.WordTree, info: dict) -> None:
-        tree.save(self.dir / "tree.npz")
+    def save_structure(self, structure: hlbl.WordTree | hlbl.WordClasses, info: dict) -> None:
+        structure.save(self.dir / STRUCTURE_FILES[self.kind])  # atomic, as bootstrap.json after it
         write_text(self.dir / "bootstrap.json", json.dumps(info, indent=1) + "\n")
 
     def save(self, model: nn.Module, opt: torch.optim.Optimizer, best_state: dict | None, progress: dict) -> None:
@@ -578,7 +683,7 @@ def synthetic_corpus(root: Path, seed: int = 0) -> Path:
     return root
 
 
-def parse_args(argv=None):
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="ptb", help="ptb, or a directory of train/valid/test text")
     p.add_argument("--output", default="tree", help=f"comma-separated: {', '.join(OUTPUTS)}")
@@ -616,6 +721,16 @@ def parse_args(argv=None):
         help="learn the tree from the model of this --checkpoint run directory (DIR/KIND) instead of training one",
     )
     p.add_argument("--save-tree", type=Path, help="write the learned tree here (.json or .npz)")
+    p.add_argument(
+        "--classes", type=int, help="classes: the number of word classes (default round(sqrt(V)), 100 on PTB)"
+    )
+    p.add_argument(
+        "--class-shortlist",
+        type=int,
+        default=0,
+        help="classes: the most frequent words directly under the root (2000: the adaptive softmax's head)",
+    )
+    p.add_argument("--save-classes", type=Path, help="classes: write the learned word classes here (JSON)")
     p.add_argument("--generate", type=int, default=0, help="sample this many words after training")
     p.add_argument(
         "--bands",
@@ -643,6 +758,11 @@ def parse_args(argv=None):
         "--checkpoint", type=Path, help="save every epoch under this directory; started again, a run goes on there"
     )
     p.add_argument("--quick", action="store_true", help="every output on a synthetic corpus, a tiny model")
+    return p
+
+
+def parse_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -664,6 +784,10 @@ def parse_args(argv=None):
         args.log_interval = 20 if args.quick else 200
     if args.log_interval < 0:
         p.error(f"--log-interval must be 0 or more, got {args.log_interval}")
+    if (args.classes is not None and args.classes < 1) or args.class_shortlist < 0:
+        p.error(
+            f"--classes {args.classes} --class-shortlist {args.class_shortlist}: at least 1 class, a shortlist >= 0"
+        )
     if args.quick:
         args.emsize, args.nhid, args.nlayers, args.bptt, args.log_every = 16, 16, 1, 10, 5
         args.output, args.generate, args.cutoffs, args.samples, args.head = list(OUTPUTS), 8, [10, 30], 10, 10

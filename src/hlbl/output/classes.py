@@ -295,7 +295,7 @@ class ClassSoftmax(OutputLayer):
         c = self._classes
         S = c.num_shortlist
         root = F.linear(input, self.root_weight, self.root_bias) / temperature  # (B, S + C)
-        entry = torch.multinomial(F.softmax(root.float(), dim=-1), 1, generator=generator).squeeze(1)  # (B,)
+        entry = _draw(F.softmax(root.float(), dim=-1), generator)  # (B,)
         out = torch.empty_like(entry)
         short = entry < S
         out[short] = self.leaf_word[entry[short]]
@@ -304,9 +304,18 @@ class ClassSoftmax(OutputLayer):
             rows = torch.nonzero(cls == c).squeeze(1)
             a, e = self._starts[c], self._starts[c + 1]
             s = torch.addmm(self.word_bias[a:e], input[rows], self.word_weight[a:e].t()) / temperature  # (n, |c|)
-            m = torch.multinomial(F.softmax(s.float(), dim=1), 1, generator=generator).squeeze(1)  # (n,)
+            m = _draw(F.softmax(s.float(), dim=1), generator)  # (n,)
             out[rows] = self.leaf_word[S + a + m]
         return out
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """(B,) one index per row of ``probs`` (B, n), drawn by ``torch.multinomial`` on the generator's
+    device (a CPU generator may sample a model on a GPU, as with the other layers), returned on
+    ``probs``'s device."""
+    if generator is not None and generator.device != probs.device:
+        return torch.multinomial(probs.to(generator.device), 1, generator=generator).squeeze(1).to(probs.device)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
 def carry_output(src_out, dst_out, leaf_map: np.ndarray) -> None:
