@@ -216,24 +216,21 @@ def shown(path) -> str:
 
 
 def _command(run: Path) -> str:
-    """The command that made a run, from its run.json (the flags a user gives)."""
-    info = json.loads((run / "run.json").read_text())
-    opts, m = info.get("options", {}), info.get("model", {})
-    tree = opts.get("tree")
-    tree = shown(tree) if tree and ("/" in str(tree) or str(tree).endswith(".json")) else tree
-    cmd = f"hlbl train --data {info.get('corpus')} --max-vocab {opts.get('max_vocab')} --tree {tree} "
-    cmd += f"--dim {m.get('dim')} --context {m.get('context')} --threads 1"
-    train = info.get("train")
-    if isinstance(train, str):  # older run.json files hold the recipe's repr
-        import ast
+    """The command that made a run, from its record (``hlbl.run.Run``: the flags a user gives)."""
+    from hlbl.run import Run
 
-        train = ast.literal_eval(train)
-    if train.get("time_budget"):
-        cmd += f" --time-budget {int(train['time_budget'])}"
-    if train.get("max_epochs") != 40:
-        cmd += f" --epochs {train.get('max_epochs')}"
-    if train.get("epoch_tokens") != 10_000_000:
-        cmd += f" --epoch-tokens {train.get('epoch_tokens')}"
+    rec = Run.open(run).record
+    tree = rec.options.tree
+    tree = shown(tree) if tree and ("/" in str(tree) or str(tree).endswith(".json")) else tree
+    cmd = f"hlbl train --data {rec.corpus.spec} --max-vocab {rec.text.max_vocab} --tree {tree} "
+    cmd += f"--dim {rec.model.dim} --context {rec.model.context} --threads 1"
+    train = rec.train
+    if train.time_budget:
+        cmd += f" --time-budget {int(train.time_budget)}"
+    if train.max_epochs != 40:
+        cmd += f" --epochs {train.max_epochs}"
+    if train.epoch_tokens != 10_000_000:
+        cmd += f" --epoch-tokens {train.epoch_tokens}"
     return cmd + f" --out {shown(run)}"
 
 
