@@ -160,10 +160,10 @@ def main(argv=None) -> int:
     ex = example_module()
     if args.grad_study:
         return grad_study(ex, args)
-    if args.step_speed:
-        return step_speed(ex, args)
     if args.quick:
         args.out, args.data, args.rounds = quick_dir() / "lstm", ex.synthetic_corpus(quick_dir() / "toy"), 2
+    if args.step_speed:
+        return step_speed(ex, args, *((2, 2) if args.quick else ()))
     if args.outputs is None:
         args.outputs = ",".join(ex.OUTPUTS) if args.quick else "full,adaptive,tree,learned-tree,sampled"
     args.out.mkdir(parents=True, exist_ok=True)
@@ -300,7 +300,8 @@ def settings_of(ex, kind: str, args, ex_args, vocab_size: int) -> dict:
 def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
     """``--step-speed``: training steps (forward, backward, clipping, SGD) of the whole model with
     each output layer, ``steps`` at a time in turn for ``rounds`` rounds, on the same batches, one
-    thread: the medians over rounds of each layer's seconds per step and of adaptive / tree. The
+    thread: the medians over rounds of each layer's seconds per step and of adaptive / each (the
+    hybrid with K = 2000 and 5000 head words where the vocabulary has them). The
     learned tree is the one the full benchmark saved (learned_tree.npz), rebuilt by the bootstrap
     when missing. Writes step_speed.json and adds its ratios to summary.json."""
     corpus = ex.Corpus(args.data)
@@ -314,9 +315,14 @@ def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
         learned, _ = ex.learn_tree(corpus, train, ex_args, log=lambda m: print(m, file=sys.stderr))
         learned.save(path)
     models = {}
-    for name, kind, tree in (("full", "full", None), ("adaptive", "adaptive", None), ("huffman", "tree", None)) + (
-        ("learned_tree", "tree", learned),
-    ):
+    layers = [("full", "full", None), ("adaptive", "adaptive", None), ("huffman", "tree", None)]
+    layers += [("learned_tree", "tree", learned)]
+    # the hybrid at both head sizes, each with a Huffman tail (a learned tail trains at the same cost)
+    heads = (len(corpus) // 4, len(corpus) // 2) if args.quick else (2000, 5000)
+    layers += [(f"hybrid_k{k}", ("hybrid-huffman", k), None) for k in heads if 0 < k < len(corpus) - 1]
+    for name, kind, tree in layers:
+        if isinstance(kind, tuple):
+            kind, ex_args.head = kind
         torch.manual_seed(ex_args.seed)
         models[name] = ex.build_model(corpus, kind, ex_args, tree)
     ex_args.max_steps = steps

@@ -176,6 +176,22 @@ def test_lstm_variant_runs_sit_beside_the_default_runs(tmp_path):
     assert x2["tree"]["codes_per_word"] >= 2.0
 
 
+def test_lstm_step_speed_times_every_layer_side_by_side(tmp_path):
+    """bench/lstm.py --step-speed --quick: each layer's seconds per step (the hybrid at two head
+    sizes among them) and adaptive / each, written to step_speed.json."""
+    import json
+
+    env = {**os.environ, "HLBL_BENCH_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(BENCH / "lstm.py"), "--quick", "--step-speed"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads((tmp_path / "lstm" / "step_speed.json").read_text())
+    layers = set(out["s_per_step"])
+    assert {"full", "adaptive", "huffman", "learned_tree"} < layers
+    assert len([n for n in layers if n.startswith("hybrid_k")]) == 2
+    assert all(out[f"{n}_step_speed_vs_adaptive"] > 0 for n in layers - {"adaptive"})
+
+
 def test_lstm_classes_runs_have_their_keys_and_settings(tmp_path):
     """bench/lstm.py --outputs classes: the class softmax's figures under classes_* keys, with its
     settings (the number of classes, round(sqrt(V)) by default, the shortlist, the bootstrap)."""
