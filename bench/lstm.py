@@ -12,6 +12,8 @@ training time, and the speed of the full distribution (``log_prob``).
         --checkpoint runs/lstm-converged --out results/lstm/converged
     python bench/lstm.py --epochs 40 --stop-lr 1 --bootstrap-epochs 1 --no-speed --outputs classes \
         --checkpoint runs/lstm-converged --out results/lstm/converged
+    python bench/lstm.py --data gutenberg --max-vocab 50000 --train-tokens 10000000 --epochs 1 --no-speed \
+        --cutoffs 2000,10000 --outputs adaptive,tree --checkpoint runs/lstm-g50k --out results/lstm/gutenberg50k
 
 Training (``examples/lstm_lm``): 2-layer LSTM, bptt 35, batch 20, SGD lr 20, clip 0.25, dropout
 0.2, one thread, the same seed for every output layer: ``full`` (Linear + softmax), ``adaptive``
@@ -32,6 +34,11 @@ TreeSoftmax on a Huffman tree and the adaptive softmax called alternately for ``
 rounds; the ratio is the median over rounds of adaptive time / tree time (> 1: the tree is faster).
 The same rounds time the tree's node scores alone (one (B, d) x (d, N) product): no exact tree
 with full-rank node vectors can be faster than that.
+
+``--max-vocab V --train-tokens N`` train on a cut of ``--data``: its first training lines up to N
+tokens, every split's words outside the V - 1 most frequent of those lines (the vocabulary
+``hlbl train --max-vocab V`` would keep) written as ``<unk>``; made once into the cache as the
+corpus ``NAME-Vw-Nt`` (see :func:`cut_corpus`).
 
 Writes ``results/lstm/summary.json`` (and ``runs.json``, every run's epochs); ``--quick`` writes
 under a temporary directory instead and checks the pipeline only.
@@ -129,6 +136,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--outputs", help="comma-separated (default full,adaptive,tree,learned-tree,sampled; --quick: every one)"
     )
+    p.add_argument("--max-vocab", type=int, help="train on a cut of --data: this vocabulary (with <eos>, <unk>)")
+    p.add_argument("--train-tokens", type=int, help="train on a cut of --data: its first lines up to these tokens")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--speed-only", action="store_true")
     p.add_argument("--no-speed", action="store_true", help="train and test only (the log_prob speed on its own)")
@@ -138,6 +147,7 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", type=Path, help="as the example's --checkpoint: a stopped call goes on from there")
     p.add_argument("--tree-policy", default="adaptive:0.25", help="as the example's: the learned tree's policy")
     p.add_argument("--head", type=int, default=2000, help="as the example's: the hybrid's flat head (K words)")
+    p.add_argument("--cutoffs", default="2000,5000", help="as the example's: the adaptive softmax's cutoffs")
     p.add_argument("--tree-copies", type=int, default=1, help="as the example's: the learned tree's K of xK")
     p.add_argument("--classes", type=int, help="as the example's: the classes' number (default round(sqrt(V)))")
     p.add_argument(
@@ -162,6 +172,8 @@ def main(argv=None) -> int:
         return grad_study(ex, args)
     if args.quick:
         args.out, args.data, args.rounds = quick_dir() / "lstm", ex.synthetic_corpus(quick_dir() / "toy"), 2
+    if args.max_vocab or args.train_tokens:
+        args.data = cut_corpus(args.data, args.max_vocab, args.train_tokens)
     if args.step_speed:
         return step_speed(ex, args, *((2, 2) if args.quick else ()))
     if args.outputs is None:
@@ -205,6 +217,45 @@ def main(argv=None) -> int:
     return 0
 
 
+def cut_corpus(data: str, max_vocab: int | None, train_tokens: int | None) -> str:
+    """The name of ``data`` cut to its first ``train_tokens`` training tokens (whole lines; the
+    last line may cross the limit) and the ``max_vocab`` words of that cut's vocabulary (``hlbl
+    train --max-vocab``'s rule over the cut, so every word kept occurs in training), made once
+    under the cache's ``data/`` (where a corpus name is looked up) and written atomically: the
+    directory appears complete or not at all. Other words are ``<unk>`` in every split; valid and
+    test are whole."""
+    from collections import Counter
+
+    from hlbl.data.corpus import default_cache_dir
+    from hlbl.data.vocab import EOS, UNK, Vocab
+
+    src = hlbl.resolve_corpus(data)
+    name = f"{src.name}-{max_vocab or 'all'}w-{train_tokens or 'all'}t"
+    dst = default_cache_dir() / "data" / name
+    if dst.is_dir():
+        return name
+    print(f"cutting {src} into the corpus {name} (once)", file=sys.stderr)
+    train, left = [], train_tokens or float("inf")
+    with open(src / "train.txt", encoding="utf-8") as f:
+        for line in f:
+            if left <= 0:
+                break
+            train.append(line.split())
+            left -= len(train[-1]) + 1  # and its <eos>
+    counts = Counter(w for words in train for w in words)
+    counts[EOS] = len(train)
+    keep = set(Vocab.from_counts(counts, max_vocab=max_vocab).words) - {EOS}
+    tmp = dst.with_name(f".{name}.{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "valid", "test"):
+        lines = train if split == "train" else (line.split() for line in open(src / f"{split}.txt", encoding="utf-8"))
+        with open(tmp / f"{split}.txt", "w", encoding="utf-8") as g:
+            for words in lines:
+                g.write(" ".join(w if w in keep else UNK for w in words) + "\n")
+    os.replace(tmp, dst)
+    return name
+
+
 def train_all(ex, args) -> tuple[dict, list]:
     """Every output layer of ``--outputs`` trained and tested with the example's recipe."""
     argv = ["--epochs", str(args.epochs), "--emsize", str(args.emsize), "--nhid", str(args.nhid)]
@@ -218,7 +269,7 @@ def train_all(ex, args) -> tuple[dict, list]:
     argv += ["--checkpoint", str(args.checkpoint)] if args.checkpoint else []
     argv += ["--tree-policy", args.tree_policy, "--tree-copies", str(args.tree_copies)]
     argv += ["--bootstrap-from", args.bootstrap_from] if args.bootstrap_from else []
-    argv += ["--head", str(args.head), "--class-shortlist", str(args.class_shortlist)]
+    argv += ["--head", str(args.head), "--class-shortlist", str(args.class_shortlist), "--cutoffs", args.cutoffs]
     argv += ["--classes", str(args.classes)] if args.classes is not None else []
     ex_args = ex.parse_args(argv)
     corpus = ex.Corpus(args.data)
@@ -239,7 +290,18 @@ def train_all(ex, args) -> tuple[dict, list]:
         else {
             "recipe": {
                 k: getattr(ex_args, k)
-                for k in ("emsize", "nhid", "nlayers", "dropout", "bptt", "batch_size", "optimizer", "lr", "clip")
+                for k in (
+                    "emsize",
+                    "nhid",
+                    "nlayers",
+                    "dropout",
+                    "bptt",
+                    "batch_size",
+                    "optimizer",
+                    "lr",
+                    "clip",
+                    "cutoffs",
+                )
             },
             "epochs": args.epochs,
             "stop_lr": args.stop_lr,
@@ -303,7 +365,7 @@ def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
     thread: the medians over rounds of each layer's seconds per step and of adaptive / each (the
     hybrid with K = 2000 and 5000 head words where the vocabulary has them). The
     learned tree is the one the full benchmark saved (learned_tree.npz), rebuilt by the bootstrap
-    when missing. Writes step_speed.json and adds its ratios to summary.json."""
+    when missing; the classes those of :func:`step_speed_classes`. Writes step_speed.json and adds its ratios to summary.json."""
     corpus = ex.Corpus(args.data)
     ex_args = ex.parse_args(["--emsize", str(args.emsize), "--nhid", str(args.nhid), "--log-every", "1000000"])
     train = ex.batchify(corpus.splits["train"], ex_args.batch_size)
@@ -314,9 +376,10 @@ def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
     else:
         learned, _ = ex.learn_tree(corpus, train, ex_args, log=lambda m: print(m, file=sys.stderr))
         learned.save(path)
+    classes = step_speed_classes(ex, args, corpus, train, ex_args)
     models = {}
     layers = [("full", "full", None), ("adaptive", "adaptive", None), ("huffman", "tree", None)]
-    layers += [("learned_tree", "tree", learned)]
+    layers += [("learned_tree", "tree", learned), ("classes_s2000", "classes", classes)]
     # the hybrid at both head sizes, each with a Huffman tail (a learned tail trains at the same cost)
     heads = (len(corpus) // 4, len(corpus) // 2) if args.quick else (2000, 5000)
     layers += [(f"hybrid_k{k}", ("hybrid-huffman", k), None) for k in heads if 0 < k < len(corpus) - 1]
@@ -341,6 +404,7 @@ def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
             if n != "adaptive"
         },
         "learned_tree": learned.stats(corpus.counts),
+        "classes_s2000": classes.stats(corpus.counts),
     }
     write_text(args.out / "step_speed.json", json.dumps(out, indent=1) + "\n")
     if (args.out / "summary.json").is_file():
@@ -349,6 +413,20 @@ def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
         write_text(args.out / "summary.json", json.dumps({**old, **ratios}, indent=1) + "\n")
     print(json.dumps(out))
     return 0
+
+
+def step_speed_classes(ex, args, corpus, train, ex_args):
+    """The word classes of the step-speed stage: ``classes_s2000.json`` under ``--out`` (on PTB the
+    converged run's, 100 classes under a 2,000-word shortlist), learned by the example's bootstrap
+    and saved there when missing (--quick: sqrt(V) classes under a V/4 shortlist). The step's cost
+    depends on the class sizes, so the structure timed is the one trained."""
+    path = args.out / "classes_s2000.json"
+    if path.is_file():
+        return hlbl.WordClasses.load(path)
+    ex_args.classes, ex_args.class_shortlist = None, len(corpus) // 4 if args.quick else 2000
+    classes, _ = ex.learn_classes(corpus, train, ex_args, log=lambda m: print(m, file=sys.stderr))
+    classes.save(path)
+    return classes
 
 
 GRAD_STUDY = [("full", "scaled"), ("adaptive", "scaled")] + [
