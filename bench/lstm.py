@@ -153,6 +153,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--class-shortlist", type=int, default=0, help="as the example's: the classes' shortlist (most frequent words)"
     )
+    p.add_argument("--class-dim", type=int, help="as the example's: the class members' vector size")
     p.add_argument("--bootstrap-from", help="as the example's: the learned tree from this trained run's model")
     p.add_argument(
         "--variant",
@@ -271,6 +272,7 @@ def train_all(ex, args) -> tuple[dict, list]:
     argv += ["--bootstrap-from", args.bootstrap_from] if args.bootstrap_from else []
     argv += ["--head", str(args.head), "--class-shortlist", str(args.class_shortlist), "--cutoffs", args.cutoffs]
     argv += ["--classes", str(args.classes)] if args.classes is not None else []
+    argv += ["--class-dim", str(args.class_dim)] if args.class_dim is not None else []
     ex_args = ex.parse_args(argv)
     corpus = ex.Corpus(args.data)
     names = {
@@ -353,6 +355,7 @@ def settings_of(ex, kind: str, args, ex_args, vocab_size: int) -> dict:
             out |= {"tree_policy": args.tree_policy, "bootstrap_epochs": boot}
     if kind == "classes":
         out |= {"classes": ex.num_classes(ex_args, vocab_size), "class_shortlist": ex_args.class_shortlist}
+        out |= {"class_dim": ex_args.class_dim} if ex_args.class_dim is not None else {}
         out["bootstrap_epochs"] = boot
     if args.bootstrap_from and (args.variant or kind == "classes"):
         out["bootstrap_from"] = args.bootstrap_from
@@ -365,7 +368,9 @@ def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
     thread: the medians over rounds of each layer's seconds per step and of adaptive / each (the
     hybrid with K = 2000 and 5000 head words where the vocabulary has them). The
     learned tree is the one the full benchmark saved (learned_tree.npz), rebuilt by the bootstrap
-    when missing; the classes those of :func:`step_speed_classes`. Writes step_speed.json and adds its ratios to summary.json."""
+    when missing; the classes those of :func:`step_speed_classes`, with the members' vectors of
+    size nhid and nhid / 4 (``classes_s2000_d4``, ``--class-dim``). Writes step_speed.json and adds
+    its ratios to summary.json."""
     corpus = ex.Corpus(args.data)
     ex_args = ex.parse_args(["--emsize", str(args.emsize), "--nhid", str(args.nhid), "--log-every", "1000000"])
     train = ex.batchify(corpus.splits["train"], ex_args.batch_size)
@@ -380,11 +385,15 @@ def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
     models = {}
     layers = [("full", "full", None), ("adaptive", "adaptive", None), ("huffman", "tree", None)]
     layers += [("learned_tree", "tree", learned), ("classes_s2000", "classes", classes)]
+    layers += [("classes_s2000_d4", ("classes", ex_args.nhid // 4), classes)]
     # the hybrid at both head sizes, each with a Huffman tail (a learned tail trains at the same cost)
     heads = (len(corpus) // 4, len(corpus) // 2) if args.quick else (2000, 5000)
     layers += [(f"hybrid_k{k}", ("hybrid-huffman", k), None) for k in heads if 0 < k < len(corpus) - 1]
     for name, kind, tree in layers:
-        if isinstance(kind, tuple):
+        ex_args.class_dim = None
+        if isinstance(kind, tuple) and kind[0] == "classes":
+            kind, ex_args.class_dim = kind
+        elif isinstance(kind, tuple):
             kind, ex_args.head = kind
         torch.manual_seed(ex_args.seed)
         models[name] = ex.build_model(corpus, kind, ex_args, tree)

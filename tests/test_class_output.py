@@ -38,9 +38,9 @@ def structures():
     }
 
 
-def random_layer(classes, seed=0, dtype=torch.float64):
+def random_layer(classes, seed=0, dtype=torch.float64, member_dim=None):
     g = torch.Generator().manual_seed(seed)
-    layer = ClassSoftmax(D, classes).to(dtype)
+    layer = ClassSoftmax(D, classes, member_dim=member_dim).to(dtype)
     with torch.no_grad():
         for p in layer.parameters():
             p.copy_(torch.randn(p.shape, generator=g, dtype=dtype))
@@ -51,9 +51,11 @@ def brute_force_log_prob(classes, layer, h):
     """Plain-Python reference from the class lists: sum over memberships of P(root) P(member)."""
     rw, rb = layer.root_weight.tolist(), layer.root_bias.tolist()
     ww, wb = layer.word_weight.tolist(), layer.word_bias.tolist()
+    proj = layer.member_proj.weight.tolist() if layer.member_proj is not None else None
     S = len(classes.shortlist)
     out = []
     for x in h.tolist():
+        xm = [sum(a * b for a, b in zip(row, x)) for row in proj] if proj else x  # what members read
         root = [sum(a * b for a, b in zip(rw[r], x)) + rb[r] for r in range(len(rw))]
         zr = sum(math.exp(s) for s in root)
         probs = [0.0] * classes.num_words
@@ -61,7 +63,7 @@ def brute_force_log_prob(classes, layer, h):
             probs[w] += math.exp(root[i]) / zr
         row = 0
         for c, members in enumerate(classes.classes):
-            scores = [sum(a * b for a, b in zip(ww[row + j], x)) + wb[row + j] for j in range(len(members))]
+            scores = [sum(a * b for a, b in zip(ww[row + j], xm)) + wb[row + j] for j in range(len(members))]
             zc = sum(math.exp(s) for s in scores)
             for j, w in enumerate(members.tolist()):
                 probs[w] += math.exp(root[S + c]) / zr * math.exp(scores[j]) / zc
@@ -445,3 +447,33 @@ def test_cli_refuses_bad_structures(tmp_path, capsys):
     assert main(["tree", "build", "--classes", "3", "--out", str(tmp_path / "c.json")]) == 2  # no --from, no --data
     assert main(["tree", "build", "--data", str(data), "--classes", "3", "--copies", "2", "--out", "c.json"]) == 2
     assert main(["tree", "build", "--data", str(data), "--shortlist", "3", "--out", "c.json"]) == 2
+
+
+@pytest.mark.parametrize("name", ["shortlist", "multi"])
+def test_a_member_projection_keeps_the_layer_exact(name):
+    """member_dim: the members' scores read P h (P: member_dim x d, learned); the distribution still
+    sums to one and equals enumeration, the hand-written backward equals autograd (P included),
+    top-k stays exact, and a bad member_dim is a ValueError."""
+    classes = structures()[name]
+    layer, h = random_layer(classes, member_dim=3)
+    assert layer.word_weight.shape == (classes.num_leaves - len(classes.shortlist), 3)
+    assert layer.member_proj.weight.shape == (3, D)
+    lp = layer.log_prob(h)
+    assert torch.allclose(lp.exp().sum(1), torch.ones(9, dtype=torch.float64), atol=1e-12)
+    assert torch.allclose(lp, brute_force_log_prob(classes, layer, h), atol=1e-10)
+    targets = torch.tensor([0, 3, 12, 5, 1, 9, 12, 8, 3])
+
+    def grads(f):
+        layer.zero_grad()
+        x = h.clone().requires_grad_(True)
+        (f(x) * torch.arange(1.0, 10.0, dtype=torch.float64)).sum().backward()
+        return [p.grad.clone() for p in layer.parameters()] + [x.grad]
+
+    fast = grads(lambda x: layer.target_log_prob(x, targets))
+    ref = grads(lambda x: layer.log_prob(x)[torch.arange(9), targets])
+    assert len(fast) == 6 and all(torch.allclose(a, b, atol=1e-10) for a, b in zip(fast, ref))
+    values, idx = layer.topk(h, 5)
+    assert topk_matches(values, idx, lp, atol=1e-10)
+    for bad in (0, D + 1, 2.5):
+        with pytest.raises(ValueError, match="member_dim"):
+            ClassSoftmax(D, classes, member_dim=bad)

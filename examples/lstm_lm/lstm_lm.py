@@ -117,7 +117,7 @@ def class_head(nhid: int, corpus: Corpus, args, classes: hlbl.WordClasses) -> hl
     those biases then fixed) or zero biases (uniform); zero: the layer as built. No gradient
     scaling: a root entry sees its class's share of the tokens, as an adaptive softmax's cluster
     entry does, not the whole batch as a tree's root does."""
-    head = hlbl.ClassSoftmax(nhid, classes)
+    head = hlbl.ClassSoftmax(nhid, classes, member_dim=args.class_dim)
     if args.tree_init in ("scaled", "unigram", "frozen"):
         head.init_unigram(corpus.counts)
     if args.tree_init == "frozen":
@@ -597,6 +597,7 @@ class Checkpoint:
             self.recipe["head"] = args.head
         if kind == "classes":  # the number resolved (its default depends on the corpus)
             self.recipe |= {"classes": num_classes(args, len(corpus)), "class_shortlist": args.class_shortlist}
+            self.recipe |= {"class_dim": args.class_dim} if args.class_dim is not None else {}
         self.words = structure_words(kind, len(corpus), args.head) if kind in LEARNED else None
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "recipe.json"
@@ -730,6 +731,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="classes: the most frequent words directly under the root (2000: the adaptive softmax's head)",
     )
+    p.add_argument(
+        "--class-dim",
+        type=int,
+        help="classes: the class members' vector size, reading a learned projection of the hidden state "
+        "(default: the hidden size, no projection; nhid / 4 as the adaptive softmax's second cluster)",
+    )
     p.add_argument("--save-classes", type=Path, help="classes: write the learned word classes here (JSON)")
     p.add_argument("--generate", type=int, default=0, help="sample this many words after training")
     p.add_argument(
@@ -784,6 +791,8 @@ def parse_args(argv=None):
         args.log_interval = 20 if args.quick else 200
     if args.log_interval < 0:
         p.error(f"--log-interval must be 0 or more, got {args.log_interval}")
+    if args.class_dim is not None and not 1 <= args.class_dim <= args.nhid:
+        p.error(f"--class-dim {args.class_dim}: choose 1..{args.nhid} (--nhid)")
     if (args.classes is not None and args.classes < 1) or args.class_shortlist < 0:
         p.error(
             f"--classes {args.classes} --class-shortlist {args.class_shortlist}: at least 1 class, a shortlist >= 0"

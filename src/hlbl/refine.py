@@ -181,6 +181,8 @@ def _classes_of(model, stream: np.ndarray) -> WordClasses:
     cl = getattr(model.out, "classes", None)
     if not isinstance(cl, WordClasses):
         raise TreeError(f"exchange moves need a model with the classes output layer, not {model.config.output}")
+    if model.out.member_proj is not None:
+        raise TreeError("exchange moves need the members' scores to read h itself (a class layer without member_dim)")
     if len(stream) == 0:
         raise TreeError("exchange moves need a non-empty training stream")
     return cl

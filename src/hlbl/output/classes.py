@@ -7,7 +7,10 @@ Over :class:`~hlbl.classes.WordClasses` (S shortlist words and C classes under t
     P(m | c, h) = softmax_m(h . q_m + b_m)       over the members m of class c (1 for a shortlist leaf)
 
 Each root entry and each class membership has its own vector and bias, so a word in two classes
-has two output vectors, as a word with two codes in a binary tree has two paths. The sum over
+has two output vectors, as a word with two codes in a binary tree has two paths. With
+``member_dim`` the members' scores read a projection of h instead (``q_m . (P h)``, P of shape
+(member_dim, d), shared by every class), as the adaptive softmax's tail clusters do: the members
+are the rarer words, and M x member_dim weights cost less to update each step than M x d. The sum over
 memberships is a log-sum-exp, so the gradient weights each membership by its posterior share.
 
 Training cost per example: ``S + C`` root scores plus the members of the target's classes, about
@@ -125,8 +128,9 @@ class ClassSoftmax(OutputLayer):
     """Class-based softmax over :class:`~hlbl.classes.WordClasses`, exact for several memberships.
 
     Parameters: ``root_weight`` (S + C, d) / ``root_bias`` (S + C): shortlist words then classes;
-    ``word_weight`` (M, d) / ``word_bias`` (M): the M class memberships, class by class (leaf
-    ``S + i`` is row ``i``)."""
+    ``word_weight`` (M, m) / ``word_bias`` (M): the M class memberships, class by class (leaf
+    ``S + i`` is row ``i``), m = ``member_dim`` or d; with ``member_dim``, ``member_proj`` (a
+    bias-free ``nn.Linear(d, member_dim)``) maps h to what the members' scores read."""
 
     def __init__(
         self,
@@ -134,16 +138,21 @@ class ClassSoftmax(OutputLayer):
         classes: WordClasses,
         init_std: float = 0.0,
         generator: torch.Generator | None = None,
+        member_dim: int | None = None,
     ):
         super().__init__()
+        if member_dim is not None and not (isinstance(member_dim, int) and 1 <= member_dim <= in_features):
+            raise ValueError(f"member_dim must be a whole number in 1..{in_features} (in_features), got {member_dim!r}")
         self.in_features = in_features
+        self.member_dim = member_dim
         self._classes = classes
         self.vocab_size = classes.num_words
         S, C = classes.num_shortlist, classes.num_classes
         M = classes.num_leaves - S
         self.root_weight = nn.Parameter(gaussian_weights((S + C, in_features), init_std, generator))
         self.root_bias = nn.Parameter(torch.zeros(S + C))
-        self.word_weight = nn.Parameter(gaussian_weights((M, in_features), init_std, generator))
+        self.member_proj = None if member_dim is None else nn.Linear(in_features, member_dim, bias=False)
+        self.word_weight = nn.Parameter(gaussian_weights((M, member_dim or in_features), init_std, generator))
         self.word_bias = nn.Parameter(torch.zeros(M))
         # Derived from the structure; rebuilt, not saved (persistent=False).
         self.register_buffer("word_leaves", torch.from_numpy(classes.word_leaves), persistent=False)  # (V, K)
@@ -163,6 +172,7 @@ class ClassSoftmax(OutputLayer):
         return (
             f"in_features={self.in_features}, vocab_size={self.vocab_size}, shortlist={c.num_shortlist}, "
             f"classes={c.num_classes}, leaves={c.num_leaves}, max_codes={c.word_leaves.shape[1]}"
+            + (f", member_dim={self.member_dim}" if self.member_dim is not None else "")
         )
 
     def init_unigram(self, counts: Sequence[float]) -> None:
@@ -180,8 +190,13 @@ class ClassSoftmax(OutputLayer):
 
     # ---- exact probabilities ----------------------------------------------------------------
 
+    def member_input(self, input: torch.Tensor) -> torch.Tensor:
+        """(B, m) what the members' scores read of h (B, d): h itself, or its projection."""
+        return input if self.member_proj is None else self.member_proj(input)
+
     def _within_class(self, input: torch.Tensor, rows: torch.Tensor, leaves: torch.Tensor) -> torch.Tensor:
-        """(P,) log P(member | its class, h) for P (example row, class leaf id) pairs."""
+        """(P,) log P(member | its class, h) for P (example row, class leaf id) pairs; ``input``
+        is :meth:`member_input`'s (B, m)."""
         S = self._classes.num_shortlist
         member = leaves - S  # (P,) row of word_weight
         cls = self.leaf_root[leaves] - S  # (P,) class of each pair
@@ -200,7 +215,7 @@ class ClassSoftmax(OutputLayer):
         in_class = valid & (leaves >= S)
         if bool(in_class.any()):
             rows, ks = in_class.nonzero(as_tuple=True)
-            within = self._within_class(input, rows, leaves[rows, ks])
+            within = self._within_class(self.member_input(input), rows, leaves[rows, ks])
             lp = lp.index_put((rows, ks), lp[rows, ks] + within)
         if not self.multi_code:
             return lp[:, 0]
@@ -210,7 +225,7 @@ class ClassSoftmax(OutputLayer):
         """(B, L) log-probability of every membership, in leaf id order."""
         S = self._classes.num_shortlist
         root_lp = F.log_softmax(F.linear(input, self.root_weight, self.root_bias), dim=-1)  # (B, S + C)
-        scores = F.linear(input, self.word_weight, self.word_bias)  # (B, M)
+        scores = F.linear(self.member_input(input), self.word_weight, self.word_bias)  # (B, M)
         parts = [root_lp[:, :S]]
         for c in range(self._classes.num_classes):
             s = scores[:, self._starts[c] : self._starts[c + 1]]
@@ -300,10 +315,11 @@ class ClassSoftmax(OutputLayer):
         short = entry < S
         out[short] = self.leaf_word[entry[short]]
         cls = entry - S  # (B,) class of each example (negative for a shortlist entry)
+        hm = self.member_input(input)  # (B, m)
         for c in torch.unique(cls[~short]).tolist():  # one draw per class, its examples together
             rows = torch.nonzero(cls == c).squeeze(1)
             a, e = self._starts[c], self._starts[c + 1]
-            s = torch.addmm(self.word_bias[a:e], input[rows], self.word_weight[a:e].t()) / temperature  # (n, |c|)
+            s = torch.addmm(self.word_bias[a:e], hm[rows], self.word_weight[a:e].t()) / temperature  # (n, |c|)
             m = _draw(F.softmax(s.float(), dim=1), generator)  # (n,)
             out[rows] = self.leaf_word[S + a + m]
         return out
@@ -327,4 +343,6 @@ def carry_output(src_out, dst_out, leaf_map: np.ndarray) -> None:
         dst_out.root_weight.copy_(src_out.root_weight)
         dst_out.root_bias.copy_(src_out.root_bias)
         dst_out.word_weight.copy_(src_out.word_weight[rows])
+        if src_out.member_proj is not None:
+            dst_out.member_proj.weight.copy_(src_out.member_proj.weight)
         dst_out.word_bias.copy_(src_out.word_bias[rows])
