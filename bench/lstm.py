@@ -213,9 +213,31 @@ def main(argv=None) -> int:
         runs = kept + runs
     if runs:
         write_text(args.out / "runs.json", json.dumps(runs, indent=1) + "\n")
-    write_text(args.out / "summary.json", json.dumps(summary, indent=1) + "\n")
+    write_text(args.out / "summary.json", json.dumps(family_keys(summary), indent=1) + "\n")
     print(json.dumps(summary))
     return 0
+
+
+def family_keys(summary: dict) -> dict:
+    """``summary`` with ``tree_*`` keys (test_ppl, tokens_per_s, s_per_epoch, valid_ppl, and
+    ``tree_name``): those of the tree run of lowest test perplexity (Huffman or learned, any
+    variant); and ``hybrid_*`` from the Huffman-tail hybrid where no learned-tail hybrid ran: the
+    large-vocabulary table's columns, whichever runs it has."""
+    figures = ("test_ppl", "tokens_per_s", "s_per_epoch", "valid_ppl")
+    out = dict(summary)
+    for family, prefixes in (("tree", ("huffman", "learned_tree")), ("hybrid", ("hybrid_huffman",))):
+        if family == "hybrid" and "hybrid_test_ppl" in summary:
+            continue
+        names = [
+            k[: -len("_test_ppl")]
+            for k in summary
+            if k.endswith("_test_ppl") and k.startswith(prefixes) and "_vs_" not in k and k != "tree_test_ppl"
+        ]
+        if names:
+            best = min(names, key=lambda n: summary[f"{n}_test_ppl"])
+            out |= {f"{family}_{f}": summary[f"{best}_{f}"] for f in figures if f"{best}_{f}" in summary}
+            out[f"{family}_name"] = best
+    return out
 
 
 def cut_corpus(data: str, max_vocab: int | None, train_tokens: int | None) -> str:

@@ -187,9 +187,35 @@ def test_lstm_step_speed_times_every_layer_side_by_side(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads((tmp_path / "lstm" / "step_speed.json").read_text())
     layers = set(out["s_per_step"])
-    assert {"full", "adaptive", "huffman", "learned_tree"} < layers
+    assert {"full", "adaptive", "huffman", "learned_tree", "classes_s2000", "classes_s2000_d4"} < layers
     assert len([n for n in layers if n.startswith("hybrid_k")]) == 2
     assert all(out[f"{n}_step_speed_vs_adaptive"] > 0 for n in layers - {"adaptive"})
+
+
+def test_lstm_on_a_cut_corpus_and_the_family_keys(tmp_path):
+    """--max-vocab/--train-tokens: the corpus cut once into the cache (its first lines up to the
+    tokens, the vocabulary of those lines, <unk> elsewhere), named in the summary; the summary's
+    tree_* and hybrid_* keys come from the runs of those families."""
+    import json
+
+    env = {**os.environ, "HLBL_BENCH_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, str(BENCH / "lstm.py"), "--quick", "--no-speed", "--max-vocab", "30"]
+    cmd += ["--train-tokens", "3000", "--outputs", "tree,hybrid-huffman"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "lstm" / "summary.json").read_text())
+    cut = tmp_path / "cache" / "data" / "toy-30w-3000t"
+    assert summary["data"] == "synthetic" and cut.is_dir()
+    train = (cut / "train.txt").read_text().split("\n")[:-1]
+    tokens = [w for line in train for w in line.split()]
+    assert 3000 <= len(tokens) + len(train) < 3000 + 20  # whole lines, the last one crossing
+    assert len(set(tokens)) == 29 and "<unk>" in tokens  # 30 with <eos>
+    words = set(tokens)
+    for split in ("valid", "test"):
+        assert set((cut / f"{split}.txt").read_text().split()) <= words
+    assert summary["tree_name"] == "huffman" and summary["tree_test_ppl"] == summary["huffman_test_ppl"]
+    assert summary["hybrid_name"] == "hybrid_huffman"
+    assert summary["hybrid_tokens_per_s"] == summary["hybrid_huffman_tokens_per_s"]
 
 
 def test_lstm_classes_runs_have_their_keys_and_settings(tmp_path):
