@@ -9,8 +9,9 @@ Each round starts every command as a new process, in turn (so a loaded machine w
 them alike): ``hlbl --help`` (the interpreter and the parser: a floor no command goes under),
 ``hlbl predict RUN --k 5`` with one context on stdin, timed to its first line of output, ``hlbl
 score RUN`` on the first 100 sentences of the corpus's test split, and ``hlbl eval RUN --split
-test``; then ``predict`` and ``score`` once more on the torch model (``Run.numpy_model`` refused
-in the child), what the commands cost before inference without torch (docs/inference.md). Times
+test``, ``hlbl serve RUN --port 0`` timed to the line saying it listens (then stopped); then
+``predict``, ``score`` and ``serve`` once more on the torch model (``Run.numpy_model`` refused in
+the child), what the commands cost before inference without torch (docs/inference.md). Times
 are wall-clock seconds, the median and the range over the rounds, and each process's CPU seconds
 (user + system, the median), with the load average: on a
 shared machine compare each command with ``--help`` in the same file, not across files.
@@ -58,6 +59,27 @@ def _first_line_seconds(argv: list[str], stdin: str) -> tuple[float, float, floa
     return t_first, time.perf_counter() - start, _children_cpu() - cpu
 
 
+def _serve_ready_seconds(argv: list[str]) -> tuple[float, float]:
+    """(seconds until ``hlbl serve`` says it listens, CPU seconds) of ``argv``; the server is then stopped."""
+    cpu = _children_cpu()
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("hlbl: serving"):
+            break
+    ready = time.perf_counter() - start
+    proc.terminate()
+    proc.stderr.read()
+    proc.wait()
+    if not seen or not seen[-1].startswith("hlbl: serving"):
+        raise SystemExit(f"{' '.join(argv)} failed: {''.join(seen)[-500:]}")
+    return ready, _children_cpu() - cpu
+
+
 def _commands(run: Path, sentences: str) -> dict[str, tuple[list[str], str]]:
     hlbl = [sys.executable, "-m", "hlbl"]
     torch = [sys.executable, "-c", TORCH_PATH]
@@ -66,8 +88,10 @@ def _commands(run: Path, sentences: str) -> dict[str, tuple[list[str], str]]:
         "predict_first_answer": (hlbl + ["predict", str(run), "--k", "5"], "the company said\n"),
         "score_100": (hlbl + ["score", str(run)], sentences),
         "eval_test": (hlbl + ["eval", str(run), "--split", "test"], ""),
+        "serve_ready": (hlbl + ["serve", str(run), "--port", "0"], ""),
         "predict_first_answer_torch": (torch + ["predict", str(run), "--k", "5"], "the company said\n"),
         "score_100_torch": (torch + ["score", str(run)], sentences),
+        "serve_ready_torch": (torch + ["serve", str(run), "--port", "0"], ""),
     }
 
 
@@ -104,8 +128,12 @@ def main() -> None:
     cpus: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(args.rounds):
         for name, (argv, stdin) in commands.items():
-            first, total, cpu = _first_line_seconds(argv, stdin)
-            times[name].append(first if name.startswith("predict") else total)
+            if name.startswith("serve"):
+                ready, cpu = _serve_ready_seconds(argv)
+                times[name].append(ready)
+            else:
+                first, total, cpu = _first_line_seconds(argv, stdin)
+                times[name].append(first if name.startswith("predict") else total)
             cpus[name].append(cpu)  # (predict: the whole process, one context)
     summary = {
         name: {

@@ -579,3 +579,52 @@ def test_model_shows_the_test_perplexity_that_training_printed(tmp_path, capsys)
         assert c.get("/v1/model").json()["test_perplexity"] is None
     with pytest.raises(Exception, match="not a final report"):
         Run(run).report()
+
+
+def test_the_numpy_and_torch_models_serve_the_same_answers(tiny_run):
+    """On the CPU a fast-engine run is served as the numpy model (no torch imported); every
+    endpoint answers what the torch model of the same run answers."""
+    from hlbl.numpy_model import NumpyLBL
+    from hlbl.run import Run
+
+    run = Run.open(tiny_run[0])
+    fast = Service.load(run.path)
+    slow = Service(run.model("best"), run.vocab, run.record, run.path)
+    assert isinstance(fast.model, NumpyLBL) and fast.numpy and not slow.numpy
+    requests = [
+        ("POST", "/v1/predict", {"context": "the big", "k": 7}),
+        ("POST", "/v1/predict", {"context": "the zebra cat", "k": 3}),
+        ("POST", "/v1/predict", {"context": "", "k": 3}),
+        ("POST", "/v1/score", {"sentences": ["the big cat", "a zebra", "the"]}),
+        ("POST", "/v1/generate", {"prompt": "the", "tokens": 12, "seed": 5}),
+        ("POST", "/v1/generate", {"tokens": 8, "seed": 2, "temperature": 0.7, "per_node_temperature": True}),
+        ("GET", "/v1/tree/node/0?context=the%20big", None),
+        ("GET", "/v1/model", None),
+    ]
+    requests += [
+        ("POST", "/v1/tree/path", {"context": "the", "word": run.vocab.words[3]}),
+        ("POST", "/v1/tree/decisions", {"context": "the big", "nodes": [0, 1, 2]}),
+    ]
+    answers = []
+    for service in (fast, slow):
+        with TestClient(create_app(service)) as c:
+            answers.append([c.request(m, url, json=body).json() for m, url, body in requests])
+    assert answers[0] == answers[1]
+    assert not [a for a in answers[0] if "error" in a], [a for a in answers[0] if "error" in a]
+
+
+def test_the_serve_command_loads_a_fast_engine_run_without_torch(tiny_run):
+    """``hlbl serve`` up to its first request (the run loaded, every kind of query warmed up)
+    imports no torch for a run of the fast engine's kind on the CPU."""
+    probe = (
+        "import sys\n"
+        "from hlbl.cli import build_parser\n"
+        "from hlbl.cli.serve import load_service\n"
+        "from hlbl.serve.service import Limits\n"
+        "args = build_parser().parse_args(['serve', sys.argv[1], '--threads', '1'])\n"
+        "load_service(args, Limits()).warm_up()\n"
+        "print('torch' in sys.modules)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", probe, str(tiny_run[0])], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "False"

@@ -164,6 +164,10 @@ class NumpyLBL:
         prefer_huge_pages(R, Q)  # (rows read at random: fewer TLB misses on a large model)
         return cls(config, tree, R, C, Q, qb, word_paths(tree), tree_arrays(tree))
 
+    def num_parameters(self) -> int:
+        """The torch model's ``num_parameters()``: every weight of R, C and the tree layer."""
+        return sum(a.size for a in (self.R, self.C, self.Q, self.qb))
+
     @property
     def weights(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, WordPaths]:
         """The scorer's arguments (:func:`score_stream`)."""
@@ -244,4 +248,23 @@ class NumpyLBL:
         return ids[n + len(prompt) :]
 
 
-__all__ = ["NumpyLBL", "check_stream", "score_stream", "set_numba_threads", "unsupported", "word_paths"]
+def sample_words(model, prompt: list[int], tokens: int, pad: int, seed: int, temperature: float, per_node: bool):
+    """``model.generate`` under ``seed`` for a :class:`NumpyLBL` or a torch model: the numpy model
+    draws the uniforms a seeded ``torch.Generator`` would (:class:`~hlbl.sampling.TorchUniforms`),
+    so both give the same words."""
+    if isinstance(model, NumpyLBL):
+        return model.generate(prompt, tokens, pad, TorchUniforms(seed), temperature, per_node)
+    import torch
+
+    return model.generate(prompt, tokens, pad, torch.Generator().manual_seed(seed), temperature, per_node)
+
+
+__all__ = [
+    "NumpyLBL",
+    "check_stream",
+    "sample_words",
+    "score_stream",
+    "set_numba_threads",
+    "unsupported",
+    "word_paths",
+]

@@ -109,6 +109,7 @@ class _LongSentence:
 
 def cmd_generate(args) -> int:
     from ..data import text_lines
+    from ..numpy_model import sample_words
 
     if args.tokens < 0:
         raise DataError(f"--tokens must be at least 0, got {args.tokens}")
@@ -125,20 +126,6 @@ def cmd_generate(args) -> int:
     # The prompt as typed, then the sample; every <eos> ends a line.
     print("\n".join(text_lines(prompt + vocab.decode(sample))))
     return 0
-
-
-def sample_words(model, prompt: list[int], tokens: int, pad: int, seed: int, temperature: float, per_node: bool):
-    """``model.generate`` under ``seed``: the numpy model draws the uniforms a seeded
-    ``torch.Generator`` would (:class:`~hlbl.sampling.TorchUniforms`), so both give the same words."""
-    from ..numpy_model import NumpyLBL
-
-    if isinstance(model, NumpyLBL):
-        from ..sampling import TorchUniforms
-
-        return model.generate(prompt, tokens, pad, TorchUniforms(seed), temperature, per_node)
-    import torch
-
-    return model.generate(prompt, tokens, pad, torch.Generator().manual_seed(seed), temperature, per_node)
 
 
 def cmd_score(args) -> int:

@@ -39,7 +39,8 @@ def cmd_serve(args) -> int:
     for name in ("header_timeout", "body_timeout", "keep_alive"):
         if not getattr(args, name) > 0:
             raise DataError(f"--{name.replace('_', '-')} must be above 0 seconds, got {getattr(args, name)}")
-    set_threads(args.threads)
+    if args.threads is not None and args.threads < 1:
+        set_threads(args.threads)  # (its one-line error, before anything is bound or read)
     # The socket is bound here rather than by uvicorn, and first: a port in use is a one-line error
     # before the model is loaded, and --port 0 can say which port the system chose.
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
@@ -87,10 +88,18 @@ def load_service(args, limits):
     from ..serve.service import Service
 
     if mixing(args):
+        set_threads(args.threads)
         mix, blank_lines = ready_mixture(args, pick_device(args.device))
         return Service.from_mixture(mix, limits, blank_lines)
-    device = pick_device(args.device)
-    return Service.load(args.run, args.which, device, limits, blank_lines=run_blank_lines(args))
+    device = "cpu" if args.device == "cpu" else pick_device(args.device)  # (torch only where needed)
+    service = Service.load(args.run, args.which, device, limits, blank_lines=run_blank_lines(args))
+    if service.numpy:
+        from ..numpy_model import set_numba_threads
+
+        set_numba_threads(args.threads)
+    else:
+        set_threads(args.threads)
+    return service
 
 
 def add_commands(sub) -> None:

@@ -4,6 +4,11 @@ of the JSON API on it (next words, sentence scores, samples, and the word tree).
 Every method takes plain Python values that :mod:`hlbl.serve.app` has already checked against
 :class:`Limits`, and returns JSON-ready dicts. Nothing here reads a file after :meth:`Service.load`.
 The model is only read, so one :class:`Service` may answer from several threads at once.
+
+On the CPU a run of the fast engine's kind is served as a :class:`~hlbl.numpy_model.NumpyLBL`
+(numpy arrays and the numba kernels: the server starts without importing torch); any other run,
+a mixture, or another device, as the torch model. The answers are the same numbers either way
+(``tests/test_serve.py`` compares them).
 """
 
 from __future__ import annotations
@@ -14,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from ..run import Run, RunRecord
 from ..data import text_lines
 from ..errors import CheckpointError, DataError, HlblError
-from ..output import TreeSoftmax
+from ..numpy_model import NumpyLBL, sample_words
+from ..run import Run, RunRecord
 from ..scoring import encode_context, is_sentence, score_report, score_sentences
 from ..search import TreeSearch, layer_tree_arrays
 
@@ -111,7 +115,8 @@ class Service:
         mixture=None,
         blank_lines: str | None = None,
     ):
-        self.model = model.eval()
+        self.numpy = isinstance(model, NumpyLBL)  # torch is not imported for it
+        self.model = model if self.numpy else model.eval()
         self.mixture = mixture
         self.vocab = vocab
         self.record = record  # the run's (hlbl.run.RunRecord)
@@ -122,18 +127,47 @@ class Service:
         self.limits = limits
         self.n = model.config.context
         self.n_read = mixture.context_size if mixture is not None else self.n  # words a prediction reads
-        self.device = next(model.parameters()).device
+        self.device = "cpu" if self.numpy else next(model.parameters()).device
         self.counts = np.asarray(vocab.counts, dtype=np.int64)
         tree = model.tree
         self.index = TreeIndex(tree, self.counts) if tree is not None else None
-        # The tree search with its arrays and scratch kept between requests (a few contexts per
-        # call: most of model.topk's time would otherwise go to setting them up); CPU only.
-        self.search = None
-        if isinstance(model.out, TreeSoftmax) and self.device.type == "cpu":
-            out = model.out
-            self.search = TreeSearch(out.tree, out.weight, out.bias, layer_tree_arrays(out))
+        self.search = self._tree_search()
         self.model_info = self._model_info()
         self._word_json: dict[int, bytes] = {}  # word id -> its JSON string (the words answered so far)
+
+    def _tree_search(self) -> TreeSearch | None:
+        """The tree search with its arrays and scratch kept between requests (a few contexts per
+        call: most of ``model.topk``'s time would otherwise go to setting them up); CPU only."""
+        m = self.model
+        if self.numpy:
+            return TreeSearch(m.tree, m.Q, m.qb, m.arrays)
+        from ..output import TreeSoftmax
+
+        if isinstance(m.out, TreeSoftmax) and self.device.type == "cpu":
+            return TreeSearch(m.out.tree, m.out.weight, m.out.bias, layer_tree_arrays(m.out))
+        return None
+
+    def _node_rows(self, nodes) -> tuple[np.ndarray, np.ndarray]:
+        """(weights (len(nodes), d), biases (len(nodes),)) of these tree nodes as numpy arrays:
+        only these rows are read (and, for a model on a GPU, copied): O(len(nodes) d)."""
+        rows = np.asarray(nodes, dtype=np.int64)
+        if self.numpy:
+            return self.model.Q[rows], self.model.qb[rows]
+        import torch
+
+        idx = torch.as_tensor(rows, device=self.device)
+        out = self.model.out
+        return out.weight.detach()[idx].cpu().numpy(), out.bias.detach()[idx].cpu().numpy()
+
+    def _context_vectors(self, contexts: list[list[int]]) -> np.ndarray:
+        """r_hat (B, d) of encoded contexts (B, n), in the model's dtype (float32), as a numpy array."""
+        if self.numpy:
+            return self.model.context_vectors(np.asarray(contexts, dtype=np.int64).reshape(len(contexts), self.n))
+        import torch
+
+        ctx = torch.tensor(contexts, dtype=torch.int64, device=self.device).view(len(contexts), self.n)
+        with torch.inference_mode():
+            return self.model.context_vector(ctx).cpu().numpy()
 
     def warm_up(self) -> None:
         """Run each kind of query once, so that the numba kernels are compiled (or loaded from their
@@ -141,7 +175,7 @@ class Service:
         start = [self.vocab.eos] * self.n
         self.topk([[self.vocab.eos] * self.n_read], 10)
         self._scores([""])
-        self.model.generate([], 1, self.vocab.eos, torch.Generator().manual_seed(0))
+        sample_words(self.model, [], 1, self.vocab.eos, 0, 1.0, False)
         if self.index is not None:
             self.p_left(start, [0])
 
@@ -150,7 +184,10 @@ class Service:
         cls, run, which: str = "best", device: str = "cpu", limits: Limits = Limits(), blank_lines: str | None = None
     ) -> Service:
         run = Run.open(run)
-        return cls(run.model(which, device), run.vocab, run.record, run.path, which, limits, blank_lines=blank_lines)
+        model = run.numpy_model(which) if str(device) == "cpu" else None
+        if model is None:
+            model = run.model(which, device)
+        return cls(model, run.vocab, run.record, run.path, which, limits, blank_lines=blank_lines)
 
     @classmethod
     def from_mixture(cls, mixture, limits: Limits = Limits(), blank_lines: str | None = None) -> Service:
@@ -221,15 +258,16 @@ class Service:
         if self.mixture is not None:
             lp, idx = self.mixture.topk(contexts, k)
             return np.exp(lp).tolist(), idx.tolist()
-        ctx = torch.tensor(contexts, dtype=torch.int64, device=self.device).view(len(contexts), self.n)
         if self.search is None:
+            import torch
+
+            ctx = torch.tensor(contexts, dtype=torch.int64, device=self.device).view(len(contexts), self.n)
             values, idx = self.model.topk(ctx, k)
             return values.double().exp().cpu().tolist(), idx.cpu().tolist()
-        with torch.inference_mode():
-            h = self.model.context_vector(ctx)
-        values, idx = self.search.topk(h.numpy().astype(np.float64), k)
+        h = self._context_vectors(contexts)
+        values, idx = self.search.topk(h.astype(np.float64), k)
         # model.topk returns the log-probabilities in the context vectors' dtype: rounded the same way.
-        return np.exp(values.astype(h.numpy().dtype).astype(np.float64)).tolist(), idx.tolist()
+        return np.exp(values.astype(h.dtype).astype(np.float64)).tolist(), idx.tolist()
 
     def prediction(self, context_words: list[str], oov: int, probs: list[float], ids: list[int]) -> dict:
         return {"context": context_words, "oov": oov, "words": self.vocab.decode(ids), "probs": probs}
@@ -282,8 +320,7 @@ class Service:
     def generate(self, prompt: str, tokens: int, seed: int, temperature: float, per_node: bool) -> dict:
         words = prompt.split()
         ids, oov = self.vocab.encode_counting_oov(words)
-        gen = torch.Generator().manual_seed(seed)
-        sample = self.vocab.decode(self.model.generate(ids, tokens, self.vocab.eos, gen, temperature, per_node))
+        sample = self.vocab.decode(sample_words(self.model, ids, tokens, self.vocab.eos, seed, temperature, per_node))
         # As `hlbl generate` prints it: the prompt as typed, then the sample; every <eos> ends a line.
         lines = text_lines(words + sample)
         return {
@@ -316,13 +353,9 @@ class Service:
 
     def p_left(self, context: list[int], nodes) -> np.ndarray:
         """P(left at j | context) = sigmoid(h . q_j + b_j) for each node j, in float64."""
-        out = self.model.out
-        with torch.no_grad():
-            h = self.model.context_vector(torch.tensor([context], device=self.device))[0].double()
-            rows = torch.as_tensor(np.asarray(nodes, dtype=np.int64), device=self.device)
-            s = (
-                (out.weight[rows].double() @ h + out.bias[rows].double()).cpu().numpy()
-            )  # only these rows: O(len(nodes) d)
+        h = self._context_vectors([context])[0].astype(np.float64)
+        weight, bias = self._node_rows(nodes)
+        s = weight.astype(np.float64) @ h + bias.astype(np.float64)
         return 0.5 * (1.0 + np.tanh(0.5 * s))  # sigmoid without overflow in exp(-s)
 
     def decisions(self, context: list[int], nodes: list[int]) -> dict:
