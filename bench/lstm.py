@@ -390,11 +390,14 @@ def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
     thread: the medians over rounds of each layer's seconds per step and of adaptive / each (the
     hybrid with K = 2000 and 5000 head words where the vocabulary has them). The
     learned tree is the one the full benchmark saved (learned_tree.npz), rebuilt by the bootstrap
-    when missing; the classes those of :func:`step_speed_classes`, with the members' vectors of
+    (of ``--bootstrap-from``'s model, if given) when missing; the classes those of
+    :func:`step_speed_classes`, with the members' vectors of
     size nhid and nhid / 4 (``classes_s2000_d4``, ``--class-dim``). Writes step_speed.json and adds
     its ratios to summary.json."""
     corpus = ex.Corpus(args.data)
-    ex_args = ex.parse_args(["--emsize", str(args.emsize), "--nhid", str(args.nhid), "--log-every", "1000000"])
+    argv = ["--emsize", str(args.emsize), "--nhid", str(args.nhid), "--log-every", "1000000", "--cutoffs", args.cutoffs]
+    argv += ["--bootstrap-from", args.bootstrap_from] if args.bootstrap_from else []
+    ex_args = ex.parse_args(argv)
     train = ex.batchify(corpus.splits["train"], ex_args.batch_size)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "learned_tree.npz"
