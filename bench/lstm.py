@@ -221,13 +221,15 @@ def main(argv=None) -> int:
 def family_keys(summary: dict) -> dict:
     """``summary`` with ``tree_*`` keys (test_ppl, tokens_per_s, s_per_epoch, valid_ppl, and
     ``tree_name``): those of the tree run of lowest test perplexity (Huffman or learned, any
-    variant); and ``hybrid_*`` from the Huffman-tail hybrid where no learned-tail hybrid ran: the
-    large-vocabulary table's columns, whichever runs it has."""
+    variant); ``hybrid_*`` from the Huffman-tail hybrid where no learned-tail hybrid ran; and
+    ``classes_*`` from the best classes variant where no default classes run did: the tables'
+    columns, whichever runs a summary has."""
     figures = ("test_ppl", "tokens_per_s", "s_per_epoch", "valid_ppl")
     out = dict(summary)
-    for family, prefixes in (("tree", ("huffman", "learned_tree")), ("hybrid", ("hybrid_huffman",))):
-        if family == "hybrid" and "hybrid_test_ppl" in summary:
-            continue
+    families = (("tree", ("huffman", "learned_tree")), ("hybrid", ("hybrid_huffman",)), ("classes", ("classes_",)))
+    for family, prefixes in families:
+        if family in ("hybrid", "classes") and f"{family}_test_ppl" in summary:
+            continue  # a run of that name: its own keys
         names = [
             k[: -len("_test_ppl")]
             for k in summary
