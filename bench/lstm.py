@@ -52,6 +52,7 @@ import json
 import os
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -233,7 +234,7 @@ def family_keys(summary: dict) -> dict:
         names = [
             k[: -len("_test_ppl")]
             for k in summary
-            if k.endswith("_test_ppl") and k.startswith(prefixes) and "_vs_" not in k and k != "tree_test_ppl"
+            if k.endswith("_test_ppl") and k.startswith(prefixes) and "_vs_" not in k
         ]
         if names:
             best = min(names, key=lambda n: summary[f"{n}_test_ppl"])
@@ -273,9 +274,11 @@ def cut_corpus(data: str, max_vocab: int | None, train_tokens: int | None) -> st
     tmp = dst.with_name(f".{name}.{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     for split in ("train", "valid", "test"):
-        lines = train if split == "train" else (line.split() for line in open(src / f"{split}.txt", encoding="utf-8"))
-        with open(tmp / f"{split}.txt", "w", encoding="utf-8") as g:
-            for words in lines:
+        with ExitStack() as files:
+            lines = train if split == "train" else files.enter_context(open(src / f"{split}.txt", encoding="utf-8"))
+            g = files.enter_context(open(tmp / f"{split}.txt", "w", encoding="utf-8"))
+            for line in lines:
+                words = line if split == "train" else line.split()
                 g.write(" ".join(w if w in keep else UNK for w in words) + "\n")
     os.replace(tmp, dst)
     return name
