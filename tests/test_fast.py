@@ -449,3 +449,23 @@ def test_scoring_in_chunks_gives_the_same_numbers(monkeypatch):
     for size in (1, 2, 37, 1000):
         monkeypatch.setattr(fast, "SCORE_CHUNK", size)
         np.testing.assert_array_equal(fast.token_log_probs(model, stream, 0), whole)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum"])
+def test_word_rates_scale_the_same_rows_in_both_engines(optimizer):
+    """Per-word gradient multipliers (TrainConfig.word_rate_power): the fast engine's scaled row
+    steps equal autograd's through LBL.set_word_rates (decay and momentum caught up lazily as
+    before), and they change the result."""
+    tree = TREES["multi_partial"]()
+    model = make_model(tree)
+    rates = np.random.default_rng(3).uniform(0.5, 8.0, size=tree.num_words).astype(np.float32)
+    scaled = copy.deepcopy(model)
+    scaled.set_word_rates(rates)
+    (m_t, _), (m_f, _), (lt, lf), start = run_both(tree, optimizer, n_tokens=700, batch=64, model=scaled)
+    assert lf == pytest.approx(lt, rel=1e-5)
+    assert_params_close(m_t, m_f, start, atol=1e-5)
+    wd = (0.0, 0.03)  # no decay of R: its rows move by their gradient steps only
+    plain = run_both(tree, optimizer, n_tokens=700, batch=64, wd=wd, model=copy.deepcopy(model))[1][0]
+    fast_ = run_both(tree, optimizer, n_tokens=700, batch=64, wd=wd, model=scaled)[1][0]
+    ratio = (fast_.R.weight - start.R.weight).abs().sum(1) / (plain.R.weight - start.R.weight).abs().sum(1).clamp(min=1e-12)
+    assert float(ratio[torch.from_numpy(rates) > 4].median()) > 2.0  # the rates took effect

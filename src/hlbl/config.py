@@ -141,6 +141,12 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay_words: float = 1e-4
     weight_decay_other: float = 1e-5
+    # Frequency-scaled rates of the context word vectors (R): row w's gradient is multiplied by
+    # min(cap, (c_ref / c_w) ** power) for a word rarer than c_ref, the training count of the word
+    # at the middle of the tokens (half the tokens are of words at least that frequent), and by 1
+    # otherwise. 0: every row at the group's rate (the paper's recipe); hlbl.optim.word_rates.
+    word_rate_power: float = 0.0
+    word_rate_cap: float = 10.0
     seed: int = 0
     device: str = "cpu"
     max_train_tokens: int | None = None  # train on a prefix only (smoke tests, benchmarks)
@@ -189,6 +195,16 @@ class TrainConfig:
         for name in ("weight_decay_words", "weight_decay_other"):
             value = getattr(self, name)
             _need(_number(value) and 0 <= value < math.inf, name, f"must be >= 0, got {value}")
+        _need(
+            _number(self.word_rate_power) and 0 <= self.word_rate_power <= 4,
+            "word_rate_power",
+            f"must be in [0, 4], got {self.word_rate_power}",
+        )
+        _need(
+            _number(self.word_rate_cap) and 1 <= self.word_rate_cap <= 1e4,
+            "word_rate_cap",
+            f"must be in [1, 10000] (the largest multiple of a row's rate), got {self.word_rate_cap}",
+        )
         _need(
             _is_int(self.epoch_tokens) and self.epoch_tokens >= 0,
             "epoch_tokens",

@@ -410,6 +410,7 @@ def _shared(engine: "FastEngine", model, optimizer: torch.optim.Optimizer, sched
         P_bias=P["qb"],
         last_w=last_w,
         last_n=last_n,
+        word_rate=_np(model.word_rate) if model.word_rate is not None else np.empty(0, np.float32),
     )
     K, D = model.out.tree.word_leaves.shape[1], int(model.out.tree.leaf_depth.max())
     works = [_workspace(sched.B, n, d, K, D, slots_n[r], slots_w[r]) for r in range(T)]

@@ -62,6 +62,7 @@ class OptState(NamedTuple):
     P_bias: np.ndarray  # (steps+1, 2, 2): the same for the node biases
     last_w: np.ndarray  # (V,) int32: the step each word row is up to date with (strided view)
     last_n: np.ndarray  # (N,) int32: the same for node rows
+    word_rate: np.ndarray  # (V,) float32: each context row's gradient multiplier, or (0,): none (LBL.set_word_rates)
 
 
 class WordPaths(NamedTuple):
@@ -497,9 +498,9 @@ def _update_nodes(us, uniq, start, ent, KD, gs, h, Q, Qbuf, qb, qbbuf, nodes, bi
 
 
 @njit(fastmath=_FM, cache=True)
-def _update_words(us, uniq, start, ent, C, dh, R, Rbuf, rates, last, t, g):
-    """Context words uniq[us] each sum their gradient sum_(b,i) C_i * dh_b and take their step
-    (``rates``: R's Rates).
+def _update_words(us, uniq, start, ent, C, dh, R, Rbuf, rates, word_rate, last, t, g):
+    """Context words uniq[us] each sum their gradient sum_(b,i) C_i * dh_b, times word_rate[j]
+    where given, and take their step (``rates``: R's Rates).
 
     With one thread a row is at step t-1 here (``catch_up``). With Hogwild threads another
     thread's later step may already have caught it up past t-1, through step t's decay and
@@ -529,6 +530,10 @@ def _update_words(us, uniq, start, ent, C, dh, R, Rbuf, rates, last, t, g):
             db = dh[b]
             for k in range(d):
                 g[k] += ci[k] * db[k]
+        if word_rate.shape[0] > 0:
+            rate_j = word_rate[j]
+            for k in range(d):
+                g[k] *= rate_j
         _row_step(R[j], Rbuf[j], g, rates.lr, rates.mu, rates.wd, last, j, t)
 
 
@@ -589,6 +594,7 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
         params.qbbuf,
     )
     words, other, bias, last_w, last_n = opt.words, opt.other, opt.bias, opt.last_w, opt.last_n
+    word_rate = opt.word_rate
     P_words, P_other, P_bias = opt.P_words, opt.P_other, opt.P_bias
     ctx, keys, plen, h, dh, gs, plp, nll, gC = (
         work.ctx,
@@ -687,7 +693,9 @@ def _step(t, pos, stream, pad, params, paths, opt, work, S, clock):
             g,
         )
         c4 = _cycles()
-        _update_words(order_w[off_w[s] : off_w[s + 1]], uniq_w, start_w, ent_w, C, dh, R, Rbuf, words, last_w, t, g)
+        _update_words(
+            order_w[off_w[s] : off_w[s + 1]], uniq_w, start_w, ent_w, C, dh, R, Rbuf, words, word_rate, last_w, t, g
+        )
         c5 = _cycles()
         clock[1] += c2 - c1
         clock[2] += c3 - c2

@@ -58,6 +58,9 @@ class LBL(nn.Module):
             noise_share=config.noise_share,
             head=config.head,
         )
+        # (V,) multipliers of each context word vector's gradient (set_word_rates), or None; derived
+        # from the training counts by the run, so not saved with the weights.
+        self.register_buffer("word_rate", None, persistent=False)
         if not init:
             return
         with torch.no_grad():
@@ -85,6 +88,15 @@ class LBL(nn.Module):
     def init_unigram(self, counts: Sequence[float]) -> None:
         self.out.init_unigram(counts)
 
+    def set_word_rates(self, rates: np.ndarray | torch.Tensor | None) -> None:
+        """From now on, multiply word w's context-vector gradient by ``rates[w]`` ((V,) positive;
+        :func:`hlbl.optim.word_rates`), with either engine; None: the plain gradient."""
+        if rates is not None:
+            rates = torch.as_tensor(rates, dtype=torch.float32, device=self.R.weight.device)
+            if rates.shape != (self.config.vocab_size,) or not bool((rates > 0).all() & rates.isfinite().all()):
+                raise ValueError(f"word rates must be {self.config.vocab_size} positive finite numbers")
+        self.word_rate = rates
+
     def context_vector(self, context: torch.Tensor) -> torch.Tensor:
         """r_hat (B, d) for ``context`` (B, n-1) word ids, oldest first.
 
@@ -93,6 +105,8 @@ class LBL(nn.Module):
         ``(r * C).sum(1)`` reduces in an order that depends on the shape (its float32 results
         differ in the last bit for, e.g., n = 5 and d = 50)."""
         r = self.R(context)  # (B, n, d)
+        if self.word_rate is not None and r.requires_grad:
+            r = _ScaleGrad.apply(r, self.word_rate[context].unsqueeze(-1))
         if self.config.full_context:
             return torch.einsum("bnd,ned->be", r, self.C)
         if r.shape[1] == 0:
@@ -163,3 +177,19 @@ class LBL(nn.Module):
             ids.append(w)
             out.append(w)
         return out
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """The identity forward; backward multiplies the gradient by ``scale`` (broadcast to the input):
+    each gathered context row's gradient by its word's rate, so that R's summed gradient is
+    rate[w] times the plain one, as the fast engine's ``_update_words`` scales it."""
+
+    @staticmethod
+    def forward(ctx, input, scale):
+        ctx.save_for_backward(scale)
+        return input.view_as(input)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (scale,) = ctx.saved_tensors
+        return grad * scale, None

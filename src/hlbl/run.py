@@ -89,6 +89,9 @@ RUN_FORMAT = "hlbl-run"
 # 2: the corpus, the text protocol and the options as sections, every field written (1: read by
 # :func:`_upgrade_v1`).
 RUN_VERSION = 2
+# Training settings added after version 2 was first written, each with the value every run
+# written before it trained with (absent from its run.json, they mean that).
+TRAIN_ADDED_IN_V2 = {"word_rate_power": 0.0, "word_rate_cap": 10.0}
 CHECKPOINTS = "checkpoints"
 PARTIAL = ".partial-"
 PUBLISHED = ("best.safetensors", "last.safetensors", "metrics.jsonl", "state.json")
@@ -625,6 +628,8 @@ def read_run(run_dir: str | os.PathLike) -> RunRecord:
         info = _upgrade_v1(info)
     if info.get("version") != RUN_VERSION:
         raise CheckpointError(f"{run_dir}: run format version {info.get('version')} is not supported")
+    if isinstance(info.get("train"), dict):  # settings added within version 2, as runs before them trained
+        info = {**info, "train": {**TRAIN_ADDED_IN_V2, **info["train"]}}
     return parse_record(info, path)
 
 
@@ -937,7 +942,15 @@ def _fit(run: Run, engine, model, corpus, cfg, resume, corpus_spec, log, options
         commit=partial(_commit, run, corpus.vocab) if ddp.rank() == 0 else None,
         log=log,
     )
-    return train_loop(loop, model, cfg, state, optimizer, metrics, best)
+    before = model.word_rate
+    if cfg.word_rate_power > 0:
+        from .optim import word_rates
+
+        model.set_word_rates(word_rates(corpus.vocab.counts, cfg.word_rate_power, cfg.word_rate_cap))
+    try:
+        return train_loop(loop, model, cfg, state, optimizer, metrics, best)
+    finally:
+        model.word_rate = before
 
 
 def _commit(run: Run, vocab: Vocab, model, optimizer, state, metrics, best) -> Path:

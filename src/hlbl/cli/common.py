@@ -52,6 +52,8 @@ FLAGS = {
     "momentum": "--momentum",
     "weight_decay_words": "--weight-decay-words",
     "weight_decay_other": "--weight-decay",
+    "word_rate_power": "--word-rate-power",
+    "word_rate_cap": "--word-rate-cap",
     "seed": "--seed",
     "max_train_tokens": "--max-train-tokens",
     # how a run is computed

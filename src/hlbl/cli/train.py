@@ -490,6 +490,16 @@ def _recipe_args(t) -> None:
         "L2 penalty per example on the other weights (C, node vectors; never biases)",
         type=float,
     )
+    setting_arg(
+        t,
+        "word_rate_power",
+        d.word_rate_power,
+        "frequency-scaled rates of the word vectors R: a word rarer than the word at the middle of "
+        "the tokens (count c_ref) takes its gradient times min(--word-rate-cap, (c_ref / count) ** "
+        "power); 0 = one rate for every word (the recipe)",
+        type=float,
+    )
+    setting_arg(t, "word_rate_cap", d.word_rate_cap, "the largest multiple of --word-rate-power", type=float)
 
 
 def _how_to_run_args(t) -> None:
