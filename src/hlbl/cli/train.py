@@ -427,79 +427,57 @@ def _model_args(t) -> None:
     setting_arg(t, "init_std", m.init_std, "std of the Gaussian initial weights", type=float)
 
 
-def _recipe_args(t) -> None:
-    """How it learns: the training recipe (TrainConfig's defaults)."""
-    d = TrainConfig
-    setting_arg(t, "max_epochs", d.max_epochs, "maximum epochs (early stopping ends sooner)", type=int)
-    setting_arg(
-        t,
+# The training recipe's flags (TrainConfig's fields, defaults said from TrainConfig): field, help, argparse options.
+_RECIPE_FLAGS = (
+    ("max_epochs", "maximum epochs (early stopping ends sooner)", {"type": int}),
+    (
         "epoch_tokens",
-        d.epoch_tokens,
         "an epoch is at most this many training positions: a longer split is cut into epochs that each "
         "end in validation, a checkpoint and the learning-rate decision, and together make one pass in the "
         "seeded order; --epochs counts them (0 = an epoch is always the whole split)",
-        type=int,
-    )
-    setting_arg(t, "batch_size", d.batch_size, "examples per SGD step", type=int)
-    setting_arg(t, "lr", d.lr, "learning rate per example (gradients are summed over a batch)", type=float)
-    setting_arg(
-        t,
-        "lr_final",
-        d.lr_final,
-        "two-rate schedule: the learning rate after validation perplexity first rises",
-        type=float,
-    )
-    setting_arg(
-        t,
+        {"type": int},
+    ),
+    ("batch_size", "examples per SGD step", {"type": int}),
+    ("lr", "learning rate per example (gradients are summed over a batch)", {"type": float}),
+    ("lr_final", "two-rate schedule: the learning rate after validation perplexity first rises", {"type": float}),
+    (
         "lr_schedule",
-        d.lr_schedule,
         "two-rate = the paper's (--lr until validation rises, then --lr-final until it rises again); "
         "halve = multiply the rate by --lr-decay whenever validation gains less than --lr-min-gain, "
         "--lr-decays times, then stop; auto = two-rate where an epoch is a whole pass over the training "
         "split, halve where a longer split is cut into several epochs (--epoch-tokens)",
-        choices=LR_SCHEDULES,
-    )
-    setting_arg(t, "lr_decay", d.lr_decay, "halve schedule: factor per decay", type=float)
-    setting_arg(t, "lr_decays", d.lr_decays, "halve schedule: decays before stopping", type=int)
-    setting_arg(
-        t,
-        "lr_min_gain",
-        d.lr_min_gain,
-        "halve schedule: relative validation gain below which the rate decays",
-        type=float,
-    )
-    setting_arg(
-        t,
+        {"choices": LR_SCHEDULES},
+    ),
+    ("lr_decay", "halve schedule: factor per decay", {"type": float}),
+    ("lr_decays", "halve schedule: decays before stopping", {"type": int}),
+    ("lr_min_gain", "halve schedule: relative validation gain below which the rate decays", {"type": float}),
+    (
         "optimizer",
-        d.optimizer,
         "momentum = SGD with momentum (the recipe), sgd = plain SGD; adam/adagrad use the torch engine",
-        choices=OPTIMIZERS,
-    )
-    setting_arg(t, "momentum", d.momentum, "with --optimizer momentum", type=float)
-    setting_arg(
-        t,
-        "weight_decay_words",
-        d.weight_decay_words,
-        "L2 penalty per example on the word feature vectors R",
-        type=float,
-    )
-    setting_arg(
-        t,
+        {"choices": OPTIMIZERS},
+    ),
+    ("momentum", "with --optimizer momentum", {"type": float}),
+    ("weight_decay_words", "L2 penalty per example on the word feature vectors R", {"type": float}),
+    (
         "weight_decay_other",
-        d.weight_decay_other,
         "L2 penalty per example on the other weights (C, node vectors; never biases)",
-        type=float,
-    )
-    setting_arg(
-        t,
+        {"type": float},
+    ),
+    (
         "word_rate_power",
-        d.word_rate_power,
         "frequency-scaled rates of the word vectors R: a word rarer than the word at the middle of "
         "the tokens (count c_ref) takes its gradient times min(--word-rate-cap, (c_ref / count) ** "
         "power); 0 = one rate for every word (the recipe)",
-        type=float,
-    )
-    setting_arg(t, "word_rate_cap", d.word_rate_cap, "the largest multiple of --word-rate-power", type=float)
+        {"type": float},
+    ),
+    ("word_rate_cap", "the largest multiple of --word-rate-power", {"type": float}),
+)
+
+
+def _recipe_args(t) -> None:
+    """How it learns: the training recipe (TrainConfig's defaults)."""
+    for field, help, options in _RECIPE_FLAGS:
+        setting_arg(t, field, getattr(TrainConfig, field), help, **options)
 
 
 def _how_to_run_args(t) -> None:
