@@ -3,7 +3,7 @@ process, two processes and two Hogwild threads, and the cost model for N machine
 
     python bench/distributed.py speed     [--rounds 5] [--sync-every 128,256]
     python bench/distributed.py quality   [--sync-every 128,256]
-    python bench/distributed.py gutenberg [--max-vocab 50000]
+    python bench/distributed.py gutenberg [--max-vocab 50000] [--rounds 3] [--sync-every 256,1024]
     python bench/distributed.py summary
     python bench/distributed.py --quick
 
@@ -18,8 +18,9 @@ processes together), so start-up and validation are not counted for any of them.
   one process's of the same round (the machine's load falls on all alike).
 * ``quality`` (``quality.json``): each kind trained until its schedule stops it; valid perplexity
   after every epoch, test perplexity of the best weights, epochs and words/s.
-* ``gutenberg`` (``gutenberg.json``): one pass over Gutenberg (``--max-vocab`` words, a Huffman
-  tree, the pass as one epoch) by 1 and 2 processes: words/s and valid perplexity.
+* ``gutenberg`` (``gutenberg.json``): Gutenberg (``--max-vocab`` words, a Huffman tree) by 1
+  process and 2 at each ``--sync-every``: rounds of words/s side by side over the first
+  ``--gutenberg-tokens`` positions, then one whole pass of each (words/s, valid perplexity).
 * ``summary`` (``summary.json``): the keys the results README cites, the bytes one
   synchronisation sends (``hlbl.distributed.sync_bytes``) and the cost model's projection.
 """
@@ -129,20 +130,48 @@ def stage_quality(args) -> dict:
 
 
 def stage_gutenberg(args) -> dict:
-    out = {}
-    for kind in ("1proc", f"2proc@{args.sync_every.split(',')[0]}"):
-        more = ["--tree", "huffman", "--epochs", "1", "--epoch-tokens", "0"]
-        more += ["--max-vocab", str(args.max_vocab)] if args.max_vocab else []
-        run = train(args, kind, Path(args.work) / "gutenberg" / kind, more)
+    """Gutenberg (``--max-vocab`` words, a Huffman tree), 1 process against 2 at each
+    ``--sync-every``: ``--rounds`` rounds of words/s over the first ``--gutenberg-tokens`` training
+    positions (the kinds in turn, each round starting with another), then one whole pass of each
+    kind (the pass as one epoch) for its valid perplexity and words/s."""
+    every = ["1proc", *(f"2proc@{s}" for s in args.sync_every.split(","))]
+    base = ["--tree", "huffman", "--epochs", "1", "--epoch-tokens", "0"]
+    base += ["--max-vocab", str(args.max_vocab)] if args.max_vocab else []
+    work = Path(args.work) / "gutenberg"
+    rounds = []
+    for i in range(args.rounds):
+        wps = {}
+        for kind in every[i % len(every) :] + every[: i % len(every)]:
+            run = train(args, kind, work / "speed" / kind, [*base, "--max-train-tokens", str(args.gutenberg_tokens)])
+            wps[kind] = run["metrics"][0]["words_per_sec"]
+            print(f"gutenberg round {i + 1} {kind}: {wps[kind]:,.0f} words/s", file=sys.stderr)
+        rounds.append({"wps": wps, "vs_1proc": {k: v / wps["1proc"] for k, v in wps.items()}})
+    passes = {}
+    for kind in every:
+        run = train(args, kind, work / "pass" / kind, base)
         (line,) = run["metrics"]
-        out[kind] = {
+        passes[kind] = {
             "command": run["command"],
             "wps": round(line["words_per_sec"]),
             "valid_ppl_after_one_pass": line["valid_ppl"],
             "train_minutes": round(line["epoch_minutes"], 2),
         }
-        print(f"gutenberg {kind}: {line['words_per_sec']:,.0f} words/s, valid {line['valid_ppl']:.2f}", file=sys.stderr)
-    return {"runs": out, "machine": machine()}
+        print(
+            f"gutenberg pass {kind}: {line['words_per_sec']:,.0f} words/s, valid {line['valid_ppl']:.2f}",
+            file=sys.stderr,
+        )
+    kinds_table = {
+        k: {"wps": _spread([r["wps"][k] for r in rounds]), "vs_1proc": _spread([r["vs_1proc"][k] for r in rounds])}
+        for k in every
+    }
+    return {
+        "max_vocab": args.max_vocab,
+        "speed_positions": args.gutenberg_tokens,
+        "rounds": rounds,
+        "kinds": kinds_table,
+        "runs": passes,
+        "machine": machine(),
+    }
 
 
 def _spread(values: list[float]) -> dict:
@@ -213,12 +242,28 @@ def stage_summary(args) -> dict:
     }
     gutenberg = res / "gutenberg.json"
     if gutenberg.exists():
-        runs = json.loads(gutenberg.read_text())["runs"]
-        for kind, row in runs.items():
-            name = "1proc" if kind == "1proc" else "2proc"
-            summary[f"gutenberg_wps_{name}"] = row["wps"]
-            summary[f"gutenberg_valid_ppl_{name}"] = row["valid_ppl_after_one_pass"]
+        summary |= gutenberg_summary(json.loads(gutenberg.read_text()), every)
     return summary
+
+
+def gutenberg_summary(g: dict, every: int) -> dict:
+    """The summary's Gutenberg keys: one pass of 1 process and of 2 at the default interval
+    (words/s, valid perplexity) and, with the speed rounds, the median ratio of words/s at each."""
+    runs = g["runs"]
+    two = f"2proc@{every}" if f"2proc@{every}" in runs else next(k for k in runs if k.startswith("2proc"))
+    out = {}
+    for name, kind in (("1proc", "1proc"), ("2proc", two)):
+        out[f"gutenberg_wps_{name}"] = runs[kind]["wps"]
+        out[f"gutenberg_valid_ppl_{name}"] = runs[kind]["valid_ppl_after_one_pass"]
+    if "kinds" in g:
+        vocab = f"{round(g['max_vocab'] / 1000)}k" if g.get("max_vocab") else "all"
+        ratios = {k.split("@")[1]: v["vs_1proc"]["median"] for k, v in g["kinds"].items() if k.startswith("2proc")}
+        out[f"gutenberg{vocab}_speedup_2proc"] = ratios[two.split("@")[1]]
+        out[f"gutenberg{vocab}_speedup_2proc_by_sync_every"] = ratios
+        out[f"gutenberg{vocab}_valid_ppl_2proc_by_sync_every"] = {
+            k.split("@")[1]: v["valid_ppl_after_one_pass"] for k, v in runs.items() if k.startswith("2proc")
+        }
+    return out
 
 
 def main(argv=None) -> int:
@@ -232,9 +277,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-epochs", type=int, default=40, help="quality: epoch cap (the schedule stops first)")
     ap.add_argument("--sync-every", default="128,256", help="steps between synchronisations of 2 processes, a list")
     ap.add_argument("--max-vocab", type=int, default=50000, help="gutenberg: vocabulary")
+    ap.add_argument(
+        "--gutenberg-tokens", type=int, default=10_000_000, help="gutenberg: training positions of a speed round's runs"
+    )
     args = ap.parse_args(argv)
     if args.quick:
-        finish_args(args, rounds=1, epochs=1, max_epochs=2, sync_every="4", max_vocab=0)
+        finish_args(args, rounds=1, epochs=1, max_epochs=2, sync_every="4", max_vocab=0, gutenberg_tokens=2000)
         args.out, args.work = str(quick_dir() / "distributed"), str(quick_dir() / "distributed-runs")
     elif args.stage is None:
         ap.error("a stage (speed, quality, gutenberg, summary), or --quick")
