@@ -139,7 +139,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--max-vocab", type=int, help="train on a cut of --data: this vocabulary (with <eos>, <unk>)")
     p.add_argument("--train-tokens", type=int, help="train on a cut of --data: its first lines up to these tokens")
-    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--rounds", type=int, default=9, help="timed rounds of the speed measurements (log_prob, --step-speed)")
     p.add_argument("--speed-only", action="store_true")
     p.add_argument("--no-speed", action="store_true", help="train and test only (the log_prob speed on its own)")
     p.add_argument("--step-speed", action="store_true", help="only the training-step speed, side by side")
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     if args.max_vocab or args.train_tokens:
         args.data = cut_corpus(args.data, args.max_vocab, args.train_tokens)
     if args.step_speed:
-        return step_speed(ex, args, *((2, 2) if args.quick else ()))
+        return step_speed(ex, args, *((2, 2) if args.quick else (10, args.rounds)))
     if args.outputs is None:
         args.outputs = ",".join(ex.OUTPUTS) if args.quick else "full,adaptive,tree,learned-tree,sampled"
     args.out.mkdir(parents=True, exist_ok=True)
