@@ -139,7 +139,9 @@ def parse_args(argv=None):
     )
     p.add_argument("--max-vocab", type=int, help="train on a cut of --data: this vocabulary (with <eos>, <unk>)")
     p.add_argument("--train-tokens", type=int, help="train on a cut of --data: its first lines up to these tokens")
-    p.add_argument("--rounds", type=int, default=9, help="timed rounds of the speed measurements (log_prob, --step-speed)")
+    p.add_argument(
+        "--rounds", type=int, default=9, help="timed rounds of the speed measurements (log_prob, --step-speed)"
+    )
     p.add_argument("--speed-only", action="store_true")
     p.add_argument("--no-speed", action="store_true", help="train and test only (the log_prob speed on its own)")
     p.add_argument("--step-speed", action="store_true", help="only the training-step speed, side by side")
