@@ -12,6 +12,8 @@ training time, and the speed of the full distribution (``log_prob``).
         --checkpoint runs/lstm-converged --out results/lstm/converged
     python bench/lstm.py --epochs 40 --stop-lr 1 --bootstrap-epochs 1 --no-speed --outputs classes \
         --checkpoint runs/lstm-converged --out results/lstm/converged
+    python bench/lstm.py --epochs 40 --stop-lr 1 --bootstrap-epochs 1 --no-speed --outputs learned-tree \
+        --rebuild-at 4,8 --variant rebuild --checkpoint runs/lstm-rebuild --out results/lstm/converged
     python bench/lstm.py --data gutenberg --max-vocab 50000 --train-tokens 10000000 --epochs 1 --no-speed \
         --cutoffs 2000,10000 --outputs adaptive,tree --checkpoint runs/lstm-g50k --out results/lstm/gutenberg50k
 
@@ -159,6 +161,9 @@ def parse_args(argv=None):
     p.add_argument("--class-dim", type=int, help="as the example's: the class members' vector size")
     p.add_argument("--bootstrap-from", help="as the example's: the learned tree from this trained run's model")
     p.add_argument(
+        "--rebuild-at", default="", help="as the example's: relearn the learned structure after these epochs (2,4)"
+    )
+    p.add_argument(
         "--variant",
         default="",
         help="a name for runs of other settings: their keys become e.g. learned_tree_NAME_test_ppl, beside the "
@@ -299,6 +304,7 @@ def train_all(ex, args) -> tuple[dict, list]:
     argv += ["--checkpoint", str(args.checkpoint)] if args.checkpoint else []
     argv += ["--tree-policy", args.tree_policy, "--tree-copies", str(args.tree_copies)]
     argv += ["--bootstrap-from", args.bootstrap_from] if args.bootstrap_from else []
+    argv += ["--rebuild-at", args.rebuild_at] if args.rebuild_at else []
     argv += ["--head", str(args.head), "--class-shortlist", str(args.class_shortlist), "--cutoffs", args.cutoffs]
     argv += ["--classes", str(args.classes)] if args.classes is not None else []
     argv += ["--class-dim", str(args.class_dim)] if args.class_dim is not None else []
@@ -367,6 +373,8 @@ def train_all(ex, args) -> tuple[dict, list]:
         summary[f"{name}_head_over_encoder_grad"] = float(np.median([e["head_over_encoder"] for e in r["epochs"]]))
         if "bootstrap_s" in r:  # the Huffman model, its features and the tree, before the timed epochs
             summary[f"{name}_bootstrap_s"] = r["bootstrap_s"]
+        if "rebuilds" in r:  # the structure learned again within the run: its features and tree, not timed
+            summary[f"{name}_rebuild_s"] = sum(b["seconds"] for b in r["rebuilds"])
     return summary, runs
 
 
@@ -388,6 +396,8 @@ def settings_of(ex, kind: str, args, ex_args, vocab_size: int) -> dict:
         out["bootstrap_epochs"] = boot
     if args.bootstrap_from and (args.variant or kind == "classes"):
         out["bootstrap_from"] = args.bootstrap_from
+    if args.rebuild_at and kind in ex.LEARNED:
+        out["rebuild_at"] = ex_args.rebuild_at
     return out
 
 
@@ -404,6 +414,7 @@ def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
     corpus = ex.Corpus(args.data)
     argv = ["--emsize", str(args.emsize), "--nhid", str(args.nhid), "--log-every", "1000000", "--cutoffs", args.cutoffs]
     argv += ["--bootstrap-from", args.bootstrap_from] if args.bootstrap_from else []
+    argv += ["--rebuild-at", args.rebuild_at] if args.rebuild_at else []
     ex_args = ex.parse_args(argv)
     train = ex.batchify(corpus.splits["train"], ex_args.batch_size)
     args.out.mkdir(parents=True, exist_ok=True)

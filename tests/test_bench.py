@@ -159,7 +159,8 @@ def test_lstm_variant_runs_sit_beside_the_default_runs(tmp_path):
 
     env = {**os.environ, "HLBL_BENCH_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     base = [sys.executable, str(BENCH / "lstm.py"), "--quick", "--no-speed", "--outputs", "learned-tree"]
-    for extra in ([], ["--variant", "x2", "--tree-copies", "2"]):
+    rebuild = ["--variant", "rb", "--epochs", "2", "--bootstrap-epochs", "1", "--rebuild-at", "1"]
+    for extra in ([], ["--variant", "x2", "--tree-copies", "2"], rebuild):
         proc = subprocess.run(base + extra, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
         assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "lstm" / "summary.json").read_text())
@@ -171,7 +172,9 @@ def test_lstm_variant_runs_sit_beside_the_default_runs(tmp_path):
         "bootstrap_epochs": 1,
     }
     assert summary["learned_tree_x2_test_ppl"] != summary["learned_tree_test_ppl"]  # another tree, another model
-    assert sorted(r.get("variant", "") for r in runs) == ["", "x2"]
+    assert sorted(r.get("variant", "") for r in runs) == ["", "rb", "x2"]
+    # the tree learned again after epoch 1, within the run: its settings and seconds kept
+    assert summary["learned_tree_rb_settings"]["rebuild_at"] == [1] and summary["learned_tree_rb_rebuild_s"] > 0
     x2 = next(r for r in runs if r.get("variant") == "x2")
     assert x2["tree"]["codes_per_word"] >= 2.0
 

@@ -281,3 +281,40 @@ def test_the_lstm_example_learns_word_classes_keeps_them_and_refuses_a_mismatch(
         run()
     with pytest.raises(SystemExit, match="--classes 60 --class-shortlist 0: a vocabulary of 58 words"):
         ex.run(corpus, "classes", ex.parse_args(quick + ["--classes", "60"]), log=lambda m: None)
+
+
+@pytest.mark.parametrize("kind", ["classes", "hybrid"])
+def test_the_lstm_example_relearns_its_structure_within_a_run_and_resumes_across_it(tmp_path, kind):
+    """--rebuild-at 2: after epoch 2 the structure is learned again from the model's own hidden
+    states and the output layer starts afresh on it, the rest of the model carried over. A run
+    stopped before the rebuild, or after it, goes on exactly as the run that never stopped."""
+    ex = lstm_example()
+    corpus = ex.Corpus(ex.synthetic_corpus(tmp_path / "toy"))
+
+    def train(epochs: int, where: str, *more: str) -> dict:
+        argv = ["--quick", "--epochs", str(epochs), "--max-steps", "25", "--log-every", "1000", "--head", "10"]
+        argv += ["--rebuild-at", "2"]
+        args = ex.parse_args(argv + ["--checkpoint", str(tmp_path / where), *more])
+        return ex.run(corpus, kind, args, log=lambda m: None)
+
+    straight = train(4, "a")
+    (rebuild,) = straight["rebuilds"]
+    assert rebuild["epoch"] == 2 and rebuild["structure"]["words"] == (48 if kind == "hybrid" else 58)
+    assert 1.0 < straight["test_ppl"] < 40 and straight["best_epoch"] > 2  # the best of the last structure
+    assert (tmp_path / "a" / kind / ex.Checkpoint.rebuilt_name(kind, 2)).is_file()
+    train(2, "b")  # stopped before the rebuild
+    train(3, "b")  # and after it: the checkpoint holds a model on the rebuilt structure
+    resumed = train(4, "b")
+    for key in ("valid_ppl", "train_loss", "lr"):
+        assert [e[key] for e in resumed["epochs"]] == [e[key] for e in straight["epochs"]], key
+    assert resumed["test_ppl"] == straight["test_ppl"]
+    with pytest.raises(SystemExit, match="holds a run with rebuild_at"):
+        train(4, "b", "--rebuild-at", "3")
+
+
+def test_the_lstm_example_refuses_a_rebuild_without_a_learned_structure():
+    ex = lstm_example()
+    with pytest.raises(SystemExit, match="--rebuild-at relearns a learned structure"):
+        ex.main(["--output", "adaptive", "--rebuild-at", "2"])
+    with pytest.raises(SystemExit):
+        ex.parse_args(["--output", "learned-tree", "--rebuild-at", "0"])

@@ -383,14 +383,26 @@ def learn_tree(
     learned from them (for the hybrid: over its tail words, from their features)."""
     t0 = time.perf_counter()
     X, info = bootstrap_features(corpus, train, args, log, kind)
+    tree, stats = structure_from_features(X, corpus, args, kind)
+    info |= {"bootstrap_s": time.perf_counter() - t0, "tree": stats}
+    log(f"learned tree from {args.tree_features} features: {json.dumps(info['tree'])}")
+    return tree, info
+
+
+def structure_from_features(X: np.ndarray, corpus: Corpus, args, kind: str) -> tuple:
+    """A learned kind's structure from word features ``X`` (V, d), and its stats: the tree of
+    ``--tree-policy`` and ``--tree-copies`` (the hybrid's over its tail words, from their rows of
+    ``X``), or ``--classes`` word classes by k-means with the ``--class-shortlist`` under the root."""
+    if kind == "classes":
+        C, S = num_classes(args, len(corpus)), args.class_shortlist
+        classes = hlbl.kmeans_classes(X, C, seed=args.seed, counts=corpus.counts, shortlist=S)
+        return classes, classes.stats(corpus.counts)
     counts = corpus.counts
     if kind == "hybrid":  # the tail tree's word i is tail word i
         tail = hlbl.hybrid_split(corpus.counts, min(args.head, len(corpus) - 2))[1]
         X, counts = X[tail], counts[tail]
     tree = hlbl.learn_tree(X, args.tree_policy, copies=args.tree_copies, seed=args.seed)
-    info |= {"bootstrap_s": time.perf_counter() - t0, "tree": tree.stats(counts)}
-    log(f"learned tree from {args.tree_features} features: {json.dumps(info['tree'])}")
-    return tree, info
+    return tree, tree.stats(counts)
 
 
 def num_classes(args, vocab_size: int) -> int:
@@ -417,9 +429,8 @@ def learn_classes(corpus: Corpus, train: torch.Tensor, args, log) -> tuple[hlbl.
     t0 = time.perf_counter()
     check_classes(args, len(corpus))
     X, info = bootstrap_features(corpus, train, args, log, "classes")
-    C, S = num_classes(args, len(corpus)), args.class_shortlist
-    classes = hlbl.kmeans_classes(X, C, seed=args.seed, counts=corpus.counts, shortlist=S)
-    info |= {"bootstrap_s": time.perf_counter() - t0, "classes": classes.stats(corpus.counts)}
+    classes, stats = structure_from_features(X, corpus, args, "classes")
+    info |= {"bootstrap_s": time.perf_counter() - t0, "classes": stats}
     log(f"learned classes from {args.tree_features} features: {json.dumps(info['classes'])}")
     return classes, info
 
@@ -429,11 +440,12 @@ def structure_words(kind: str, vocab_size: int, head: int) -> int:
     return vocab_size - min(head, vocab_size - 2) if kind == "hybrid" else vocab_size
 
 
-def load_structure(path: Path, kind: str, words: int):
-    """The learned tree (``tree.npz``) or word classes (``classes.json``) of a ``kind`` run saved
-    in the run directory ``path``, over ``words`` words (:func:`structure_words`); a missing,
-    damaged or foreign file, or one of another vocabulary, is a one-line error."""
-    file = path / STRUCTURE_FILES[kind]
+def load_structure(path: Path, kind: str, words: int, name: str | None = None):
+    """The learned tree (``tree.npz``) or word classes (``classes.json``; or the file ``name``)
+    of a ``kind`` run saved in the run directory ``path``, over ``words`` words
+    (:func:`structure_words`); a missing, damaged or foreign file, or one of another vocabulary,
+    is a one-line error."""
+    file = path / (name or STRUCTURE_FILES[kind])
     try:
         structure = (hlbl.WordClasses if kind == "classes" else hlbl.WordTree).load(file)
     except (hlbl.HlblError, OSError, ValueError) as e:
@@ -488,18 +500,50 @@ def learned_structure(corpus: Corpus, kind: str, train: torch.Tensor, args, ckpt
         structure, info = learn(corpus, train, args, log)
         if ckpt:
             ckpt.save_structure(structure, info)
+    save_copy(kind, structure, args)
+    return structure, info
+
+
+def save_copy(kind: str, structure, args) -> None:
+    """A learned structure written to ``--save-tree`` or ``--save-classes`` when given."""
     if kind == "classes" and args.save_classes:
         structure.save(args.save_classes)  # JSON; hlbl.WordClasses.load reads it back
     elif kind != "classes" and args.save_tree:
         structure.save(args.save_tree)  # .json or .npz; hlbl.WordTree.load reads it back
-    return structure, info
+
+
+def rebuild_head(
+    model: LSTMLM, corpus: Corpus, kind: str, train: torch.Tensor, args, progress: dict, ckpt, log
+) -> tuple:
+    """``--rebuild-at``: the learned tree (or classes) learned again, within the run, from the
+    mean hidden state before each word of ``model`` as trained so far (the bootstrap's features,
+    from this model instead of a separate one), and a fresh output layer on it. What carries over
+    is everything below the output layer: the embedding and the LSTM. The node vectors of the
+    old tree do not (its nodes split other word sets); the new layer starts as a fresh one does
+    (``--tree-init``: zero node vectors and unigram biases, so the LSTM sees no gradient from it
+    until its nodes have learned). The best validation figure starts again too: the run tests
+    the best epoch of its last structure. Returns the optimiser over the new parameters (plain
+    SGD has no state; Adam's moments restart) and the structure."""
+    t0 = time.perf_counter()
+    X, _ = hlbl.hidden_features(hidden_pairs(model, train, args.bptt), len(corpus))
+    structure, stats = structure_from_features(X, corpus, args, kind)
+    model.head = make_head("tree" if kind == "learned-tree" else kind, args.nhid, corpus, args, structure)
+    model.head.to(args.device)
+    epoch = len(progress["epochs"])
+    if ckpt:  # before the checkpoint that holds a model on it (a run stopped in between rebuilds again)
+        ckpt.save_rebuilt(structure, epoch)
+    progress["rebuilds"].append({"epoch": epoch, "seconds": time.perf_counter() - t0, "structure": stats})
+    progress["best"] = math.inf
+    log(f"{kind}: structure learned again after epoch {epoch} from this model's hidden states: {json.dumps(stats)}")
+    return structure, make_optimizer(model, args)
 
 
 def run(corpus: Corpus, kind: str, args, log=print) -> dict:
     """Train ``kind`` for ``args.epochs`` (lr divided by 4 after an epoch without a validation
     gain, as the recipe; stopped early once it falls below ``--stop-lr``), test the model of the
-    best validation epoch exactly; the result as a dict. With ``--checkpoint`` the run goes on
-    from the last epoch saved there."""
+    best validation epoch exactly; the result as a dict. A learned kind's structure is learned
+    again from the model's own hidden states after each epoch of ``--rebuild-at``
+    (:func:`rebuild_head`). With ``--checkpoint`` the run goes on from the last epoch saved there."""
     batches = {
         s: batchify(corpus.splits[s], args.batch_size if s == "train" else 10).to(args.device) for s in corpus.splits
     }
@@ -509,17 +553,26 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
     structure, info = (
         learned_structure(corpus, kind, batches["train"], args, ckpt, log) if kind in LEARNED else (None, {})
     )
+    saved = ckpt.read() if ckpt else None
+    progress = saved[1] if saved else {"lr": args.lr, "best": math.inf, "epochs": []}
+    progress.setdefault("rebuilds", [])
+    if progress["rebuilds"]:  # the model was saved on the structure of its last rebuild
+        structure = ckpt.rebuilt_structure(progress["rebuilds"][-1]["epoch"])
     torch.manual_seed(args.seed)
     model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, structure)
     opt = make_optimizer(model, args)
-    progress, best_state = {"lr": args.lr, "best": math.inf, "epochs": []}, None
-    saved = ckpt.load(model, opt) if ckpt else None
+    best_state = None
     if saved:
-        progress, best_state = saved
+        best_state = ckpt.restore(saved, model, opt)
         log(f"{kind}: resumed from {ckpt.dir} after epoch {len(progress['epochs'])} (lr {progress['lr']:.4g})")
     # an epoch without a validation gain divides lr by 4; the schedule has run out below --stop-lr
     while len(progress["epochs"]) < args.epochs and progress["lr"] >= args.stop_lr:
-        epoch = len(progress["epochs"]) + 1
+        done = len(progress["epochs"])
+        if kind in LEARNED and done in args.rebuild_at and done not in [r["epoch"] for r in progress["rebuilds"]]:
+            structure, opt = rebuild_head(model, corpus, kind, batches["train"], args, progress, ckpt, log)
+            best_state = None
+            save_copy(kind, structure, args)  # the structure the tested model will have
+        epoch = done + 1
         stats = train_epoch(model, batches["train"], args, progress["lr"], opt, log, epoch, kind)
         stats["valid_ppl"] = evaluate(model, batches["valid"], args.bptt)
         stats["lr"] = progress["lr"]
@@ -546,6 +599,8 @@ def run(corpus: Corpus, kind: str, args, log=print) -> dict:
         "epochs": epochs,
         **info,
     }
+    if progress["rebuilds"]:
+        result["rebuilds"] = progress["rebuilds"]
     result["test_bands"] = band_losses(model, batches["test"], args.bptt, corpus.counts, args.bands)
     if args.generate:
         result["sample"] = generate(model, corpus, args.generate, args.seed)
@@ -595,6 +650,8 @@ class Checkpoint:
         self.recipe = {k: getattr(args, k) for k in RECIPE} | {"output": kind, "data": str(corpus.root)}
         if kind.startswith("hybrid"):  # only there: older run directories have no such key
             self.recipe["head"] = args.head
+        if args.rebuild_at and kind in LEARNED:  # likewise
+            self.recipe["rebuild_at"] = list(args.rebuild_at)
         if kind == "classes":  # the number resolved (its default depends on the corpus)
             self.recipe |= {"classes": num_classes(args, len(corpus)), "class_shortlist": args.class_shortlist}
             self.recipe |= {"class_dim": args.class_dim} if args.class_dim is not None else {}
@@ -645,24 +702,50 @@ class Checkpoint:
             self.dir / "checkpoint.safetensors", tensors, kind=CHECKPOINT_FORMAT, meta=meta
         )  # atomic, checksummed
 
-    def load(self, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[dict, dict | None] | None:
-        """Restore the last saved epoch into ``model`` and ``opt`` (and the random generator):
-        ``(progress, best weights)``, or None when no epoch was saved yet."""
+    @staticmethod
+    def rebuilt_name(kind: str, epoch: int) -> str:
+        """``tree-eN.npz`` or ``classes-eN.json``: the structure learned again after epoch N."""
+        return STRUCTURE_FILES[kind].replace(".", f"-e{epoch}.", 1)
+
+    def rebuilt_file(self, epoch: int) -> Path:
+        return self.dir / self.rebuilt_name(self.kind, epoch)
+
+    def save_rebuilt(self, structure: hlbl.WordTree | hlbl.WordClasses, epoch: int) -> None:
+        """The structure learned again after ``epoch`` (``--rebuild-at``), as ``tree-eN.npz`` or
+        ``classes-eN.json``; never replaced, so an older checkpoint still finds its own."""
+        structure.save(self.rebuilt_file(epoch))
+
+    def rebuilt_structure(self, epoch: int) -> hlbl.WordTree | hlbl.WordClasses:
+        file = self.rebuilt_file(epoch)
+        return load_structure(file.parent, self.kind, self.words, file.name)
+
+    def read(self) -> tuple[dict[str, torch.Tensor], dict, dict] | None:
+        """The last saved epoch: ``(tensors, progress, optimiser metadata)``, or None when no
+        epoch was saved yet; :meth:`restore` puts it into a model built on the right structure."""
         path = self.dir / "checkpoint.safetensors"
         if not path.exists():
             return None
         try:
             tensors, meta = load_tensors_and_meta(path, CHECKPOINT_FORMAT)  # format, version and checksum checked
-            progress, optim = json.loads(meta["progress"]), json.loads(meta["optim"])
+            return tensors, json.loads(meta["progress"]), json.loads(meta["optim"])
+        except (OSError, ValueError, KeyError, hlbl.HlblError) as e:
+            raise SystemExit(f"{path}: cannot resume from it ({str(e).splitlines()[0]})") from None
+
+    def restore(self, saved: tuple, model: nn.Module, opt: torch.optim.Optimizer) -> dict | None:
+        """Restore :meth:`read`'s epoch into ``model`` and ``opt`` (and the random generator);
+        returns the best weights (None when none were saved)."""
+        tensors, _, optim = saved
+        try:
             model.load_state_dict(_part(tensors, "model."))
             restore_optimizer(opt, _part(tensors, "optim."), optim)
-        except (OSError, ValueError, KeyError, RuntimeError, hlbl.HlblError) as e:
+        except (ValueError, KeyError, RuntimeError, hlbl.HlblError) as e:
+            path = self.dir / "checkpoint.safetensors"
             raise SystemExit(f"{path}: cannot resume from it ({str(e).splitlines()[0]})") from None
         torch.set_rng_state(tensors["rng.cpu"])
         if "rng.cuda" in tensors and torch.cuda.is_available():
             torch.cuda.set_rng_state(tensors["rng.cuda"])
         best = _part(tensors, "best.")
-        return progress, {k: v.to(next(model.parameters()).device) for k, v in best.items()} or None
+        return {k: v.to(next(model.parameters()).device) for k, v in best.items()} or None
 
 
 def _part(tensors: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
@@ -720,6 +803,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--bootstrap-from",
         help="learn the tree from the model of this --checkpoint run directory (DIR/KIND) instead of training one",
+    )
+    p.add_argument(
+        "--rebuild-at",
+        type=lambda s: sorted({int(c) for c in s.split(",") if c}),
+        default=[],
+        metavar="EPOCHS",
+        help="learned-tree, hybrid, classes: learn the structure again from the model's own hidden states after "
+        "these epochs (comma-separated, e.g. 2,4), within one run; the output layer starts afresh on it",
     )
     p.add_argument("--save-tree", type=Path, help="write the learned tree here (.json or .npz)")
     p.add_argument(
@@ -791,6 +882,8 @@ def parse_args(argv=None):
         args.log_interval = 20 if args.quick else 200
     if args.log_interval < 0:
         p.error(f"--log-interval must be 0 or more, got {args.log_interval}")
+    if any(e < 1 for e in args.rebuild_at):
+        p.error(f"--rebuild-at {','.join(map(str, args.rebuild_at))}: epochs count from 1")
     if args.class_dim is not None and not 1 <= args.class_dim <= args.nhid:
         p.error(f"--class-dim {args.class_dim}: choose 1..{args.nhid} (--nhid)")
     if (args.classes is not None and args.classes < 1) or args.class_shortlist < 0:
@@ -806,6 +899,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.rebuild_at and not set(args.output) & set(LEARNED):
+        raise SystemExit(f"--rebuild-at relearns a learned structure: give an --output of {', '.join(LEARNED)}")
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         data = synthetic_corpus(Path(tmp) / "toy") if args.quick else args.data
