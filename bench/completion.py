@@ -160,9 +160,11 @@ def with_previous_line(questions, lines: list[str]):
 
 
 def metrics(rankings, vocab) -> dict:
-    """Accuracy, the most-frequent-candidate rate, accuracy per answer band, the word-only and
-    after-only accuracies, and the always-most-frequent baseline."""
-    from hlbl.ranking import summarize
+    """Accuracy, the most-frequent-candidate rate (also when ranking by the candidate's own words
+    or by the words after it alone), accuracy per answer band, the word-only and after-only
+    accuracies, the always-most-frequent baseline, and how often the answer is the candidates'
+    most frequent, second most frequent, ... (``answer_count_rank``: the questions' own bias)."""
+    from hlbl.ranking import best_first, summarize
 
     index, counts = vocab.index, vocab.counts
 
@@ -170,12 +172,17 @@ def metrics(rankings, vocab) -> dict:
         return int(counts[index[word]]) if word in index else 0
 
     picks_frequent, frequent_right, by_band = 0, 0, {f"{lo}-{hi}": [0, 0] for lo, hi in BANDS}
+    part_frequent = {"word": 0, "after": 0}
+    answer_rank = np.zeros(max((len(r.question.candidates) for r in rankings), default=0), dtype=int)
     for r in rankings:
         q = r.question
         c = [count(w) for w in q.candidates]
         top = int(np.argmax(c))  # ties: the earlier candidate
         picks_frequent += r.best == top
         frequent_right += top == q.answer
+        answer_rank[best_first(c).index(q.answer)] += 1
+        for part in part_frequent:
+            part_frequent[part] += best_first([getattr(s, part) for s in r.scores])[0] == top
         a = c[q.answer]
         for lo, hi in BANDS:
             if lo <= a <= hi:
@@ -191,6 +198,9 @@ def metrics(rankings, vocab) -> dict:
         "accuracy_after_only": s["accuracy_after_only"],
         "by_band": {b: {"questions": q, "accuracy": (k / q if q else None)} for b, (q, k) in by_band.items()},
         "always_most_frequent_accuracy": frequent_right / n,
+        "most_frequent_rate_word_only": part_frequent["word"] / n,
+        "most_frequent_rate_after_only": part_frequent["after"] / n,
+        "answer_count_rank": [int(k) for k in answer_rank],
     }
 
 
@@ -569,14 +579,16 @@ def table(summary: dict) -> str:
     per band, the valid suspects and the valid accuracy after each epoch."""
     lines = [
         "| model (test, {} questions) | accuracy | picks the most frequent | own word only | words after only | "
+        "picks the most frequent by own word / words after | "
         "answer seen 10-99 | 100-999 | 1000-10000 |".format(summary["questions"]),
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in summary["test"].items():
         b = m["by_band"]
+        parts = [_pct(m.get(f"most_frequent_rate_{part}_only")) for part in ("word", "after")]
         lines.append(
             f"| {name} | {_pct(m['accuracy'])} | {_pct(m['most_frequent_rate'])} | {_pct(m['accuracy_word_only'])} | "
-            f"{_pct(m['accuracy_after_only'])} | "
+            f"{_pct(m['accuracy_after_only'])} | {' / '.join(parts)} | "
             + " | ".join(f"{_pct(v['accuracy'])} ({v['questions']})" for v in b.values())
             + " |"
         )

@@ -258,6 +258,11 @@ def test_completion_questions_follow_the_construction_and_the_summary_has_its_ke
     keys = ("questions", "kn5_accuracy", "kn5_most_frequent_rate", "best_hlbl", "mixture_accuracy", "by_band")
     assert set(keys) | {"loss_by_band"} <= set(summary)
     assert set(summary["best_hlbl"]) == {"name", "command", "accuracy", "most_frequent_rate"}
+    # where the answer stands among its candidates by training count: the construction's own bias
+    kn5 = summary["test"]["kn5"]
+    assert sum(kn5["answer_count_rank"]) == 40 and len(kn5["answer_count_rank"]) == 5
+    assert kn5["always_most_frequent_accuracy"] == kn5["answer_count_rank"][0] / 40
+    assert 0 <= kn5["most_frequent_rate_word_only"] <= 1 and 0 <= kn5["most_frequent_rate_after_only"] <= 1
 
     sys.path.insert(0, str(BENCH))
     from completion import split_lines
