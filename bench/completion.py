@@ -79,6 +79,7 @@ class Build:
     top: int = 30
     impostors: int = 4
     word_rule: str = "alpha"
+    balance: str = "none"  # "count": as many impostors above the answer's count as below, on average
 
 
 def _word_ok(word: str, rule: str) -> bool:
@@ -127,10 +128,9 @@ def build_questions(lines: list[str], split: str, vocab, kn, cfg: Build) -> list
         windows[:, :-1] = history
         windows[:, -1] = kn_ids[pool]
         lp = kn.score_windows(windows)
-        likeliest = pool[np.argsort(-lp, kind="stable")[: cfg.top]]  # ties: the more frequent (lower id) first
-        if len(likeliest) < cfg.impostors:
+        chosen = _impostors(pool, lp, counts[pool] > c, cfg, rng)
+        if chosen is None:
             continue
-        chosen = rng.choice(likeliest, cfg.impostors, replace=False)
         cands = [vocab.words[int(w)] for w in rng.permutation(np.concatenate([[answer], chosen]))]
         out.append(
             {
@@ -141,6 +141,29 @@ def build_questions(lines: list[str], split: str, vocab, kn, cfg: Build) -> list
             }
         )
     return out
+
+
+def _impostors(pool: np.ndarray, lp: np.ndarray, above: np.ndarray, cfg: Build, rng) -> np.ndarray | None:
+    """``cfg.impostors`` words of ``pool`` (word ids, by id) drawn from the ``cfg.top`` likeliest
+    by ``lp`` (the n-gram model's log-probabilities after the left context), or None if too few.
+
+    Why ``balance="count"``: the likeliest words of the 0.5-2x band lean to its frequent end (an
+    n-gram model's probabilities grow with a word's count), so the answer is seldom the most
+    frequent candidate (2-3% of questions, not 20%) and a model's leaning to frequent words is
+    punished by the construction itself. Balanced, the likeliest ``top / 2`` of the words at most
+    as frequent as the answer and of those more frequent are two pools; k impostors come from the
+    first, k drawn uniformly from 0 to ``impostors``, the rest from the second: the answer's place
+    by count among the candidates is uniform, and always picking the most frequent is chance."""
+    by_lp = np.argsort(-lp, kind="stable")  # ties: the more frequent (lower id) first
+    if cfg.balance == "none":
+        likeliest = pool[by_lp[: cfg.top]]
+        return rng.choice(likeliest, cfg.impostors, replace=False) if len(likeliest) >= cfg.impostors else None
+    half = cfg.top // 2
+    below, upper = pool[by_lp[~above[by_lp]][:half]], pool[by_lp[above[by_lp]][:half]]
+    k = int(rng.integers(0, cfg.impostors + 1))
+    if len(below) < k or len(upper) < cfg.impostors - k:
+        return None
+    return np.concatenate([rng.choice(below, k, replace=False), rng.choice(upper, cfg.impostors - k, replace=False)])
 
 
 def read_questions_file(path: Path):
@@ -313,7 +336,20 @@ class Models:
 
 
 def stage_build(args, models: Models) -> dict[str, Path]:
+    """The questions of each split in ``--questions-dir``: built, or those already there when
+    they were built with these settings (its ``build.json``; a directory without one is taken as
+    built with the default construction)."""
     cfg = Build(**{k: getattr(args, k) for k in ("questions", "seed")}, **args.build_overrides)
+    settings, record = build_settings(args), Path(args.questions_dir) / "build.json"
+    before = (
+        json.loads(record.read_text()) if record.is_file() else {k: v for k, v in settings.items() if k != "balance"}
+    )
+    if not args.rebuild and before != settings and any(Path(args.questions_dir).glob("*.jsonl")):
+        key = sorted(k for k in before.keys() | settings.keys() if before.get(k) != settings.get(k))[0]
+        raise SystemExit(
+            f"{args.questions_dir}: questions built with {key} = {before.get(key)!r}, not {settings.get(key)!r}; "
+            "give another --questions-dir, or --rebuild"
+        )
     out = {}
     for split in ("valid", "test"):
         path = Path(args.questions_dir) / f"{split}.jsonl"
@@ -326,6 +362,7 @@ def stage_build(args, models: Models) -> dict[str, Path]:
 
         write_text(path, "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in qs))
         print(f"{split}: {len(qs)} questions -> {path}", file=sys.stderr)
+        write_text(record, json.dumps(settings, indent=1) + "\n")
     return out
 
 
@@ -499,7 +536,10 @@ def summary(args, models: Models, scores: dict, loss: dict, files: dict[str, Pat
 
 def build_settings(args) -> dict:
     """The ``build`` settings of this invocation, as a summary holds them (JSON: the band a list)."""
-    return json.loads(json.dumps(Build(questions=args.questions, seed=args.seed, **args.build_overrides).__dict__))
+    out = json.loads(json.dumps(Build(questions=args.questions, seed=args.seed, **args.build_overrides).__dict__))
+    if out["balance"] == "none":  # the construction summaries were first written with
+        del out["balance"]
+    return out
 
 
 # ---- --merge: the models of an earlier summary kept beside this invocation's ------------------
@@ -640,7 +680,7 @@ def quick_setup(args) -> None:
     args.passes = [args.run[0].partition("=")[0]]
     args.questions = 40
     args.questions_dir = str(quick_dir() / "questions")
-    args.build_overrides = {"min_words": 6, "word_rule": "any"}
+    args.build_overrides |= {"min_words": 6, "word_rule": "any"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -653,6 +693,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--questions-dir", default=str(ROOT / "runs" / "completion"), help="where the questions go")
     ap.add_argument("--rebuild", action="store_true", help="build the questions again even if present")
+    ap.add_argument(
+        "--balance",
+        choices=("none", "count"),
+        default="none",
+        help="count: impostors drawn as often above the answer's training count as below (see _impostors); "
+        "give another --questions-dir and --out",
+    )
     ap.add_argument(
         "--command",
         action="append",
@@ -671,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_common(ap, data="gutenberg", out="results/completion/summary.json")
     args = finish_args(ap.parse_args(argv))
-    args.build_overrides = {}
+    args.build_overrides = {} if args.balance == "none" else {"balance": args.balance}
     if args.stage == "table":  # the tables of an existing summary (--out), as markdown
         print(table(json.loads(Path(args.out).read_text())))
         return 0

@@ -289,6 +289,46 @@ def test_completion_questions_follow_the_construction_and_the_summary_has_its_ke
         assert set(q["candidates"]) - {q["answer"]} <= top
 
 
+def test_completion_balanced_questions_draw_impostors_on_both_sides_of_the_answers_count(tmp_path):
+    """bench/completion.py build --balance count: k impostors among the 15 likeliest words at most
+    as frequent as the answer, the others among the 15 likeliest more frequent ones, k varying, so
+    the answer's place by count varies; questions of other settings are not reused silently."""
+    import json
+
+    env = {**os.environ, "HLBL_BENCH_OUT": str(tmp_path)}
+    cmd = [sys.executable, str(BENCH / "completion.py"), "build", "--quick"]
+    done = subprocess.run(cmd + ["--balance", "count"], env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "questions" / "build.json").read_text())["balance"] == "count"
+    sys.path.insert(0, str(BENCH))
+    from hlbl.data import load_corpus
+    from hlbl.ngram import read_arpa
+
+    vocab = load_corpus(tmp_path / "corpus", splits=("train",)).vocab
+    kn = read_arpa(tmp_path / "kn3.arpa")
+    ids = kn.vocab_map(vocab.words)
+    places = set()
+    for line in (tmp_path / "questions" / "test.jsonl").read_text().splitlines():
+        q = json.loads(line)
+        tokens = q["sentence"].split()
+        at = tokens.index("___")
+        c = vocab.counts[vocab.index[q["answer"]]]
+        band = [w for w, n in zip(vocab.words, vocab.counts) if 0.5 * c <= n <= 2 * c and w != q["answer"]]
+        band = [w for w in band if w not in ("<eos>", "<unk>")]
+        hist = ids[vocab.encode(tokens[at - 4 : at])]
+        lp = kn.score_windows(np.asarray([[*hist, ids[vocab.index[w]]] for w in band]))
+        for side in (True, False):
+            words = [
+                band[i] for i in np.argsort(-lp, kind="stable") if (vocab.counts[vocab.index[band[i]]] > c) == side
+            ]
+            chosen = {w for w in q["candidates"] if w != q["answer"] and (vocab.counts[vocab.index[w]] > c) == side}
+            assert chosen <= set(words[:15])
+        places.add(sum(vocab.counts[vocab.index[w]] > c for w in q["candidates"]))
+    assert len(places) >= 3  # the answer's place by count is drawn, not fixed
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert again.returncode != 0 and "questions built with balance = 'count', not None" in again.stderr
+
+
 def test_completion_merge_keeps_the_earlier_runs_and_refuses_other_questions(tmp_path):
     """bench/completion.py all --merge: the runs of the existing summary not scored again keep every
     entry, the best run is chosen over old and new (an old best with its recorded command), a run
