@@ -53,7 +53,7 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +250,8 @@ def shown(path) -> str:
 
 def _command(run: Path) -> str:
     """The command that made a run, from its record (``hlbl.run.Run``: the flags a user gives)."""
+    from hlbl.cli.common import FLAGS
+    from hlbl.config import TrainConfig
     from hlbl.run import Run
 
     rec = Run.open(run).record
@@ -257,13 +259,10 @@ def _command(run: Path) -> str:
     tree = shown(tree) if tree and ("/" in str(tree) or str(tree).endswith(".json")) else tree
     cmd = f"hlbl train --data {rec.corpus.spec} --max-vocab {rec.text.max_vocab} --tree {tree} "
     cmd += f"--dim {rec.model.dim} --context {rec.model.context} --threads 1"
-    train = rec.train
-    if train.time_budget:
-        cmd += f" --time-budget {int(train.time_budget)}"
-    if train.max_epochs != 40:
-        cmd += f" --epochs {train.max_epochs}"
-    if train.epoch_tokens != 10_000_000:
-        cmd += f" --epoch-tokens {train.epoch_tokens}"
+    for f in fields(TrainConfig):  # every training setting the run changed, as its flag
+        value = getattr(rec.train, f.name)
+        if f.name in FLAGS and f.name not in ("threads", "progress") and value != f.default:
+            cmd += f" {FLAGS[f.name]} {int(value) if f.name == 'time_budget' else value}"
     return cmd + f" --out {shown(run)}"
 
 
