@@ -208,7 +208,7 @@ def stage_summary(args) -> dict:
     res = Path(args.out)
     speed = json.loads((res / "speed.json").read_text())
     quality = json.loads((res / "quality.json").read_text())
-    default = f"2proc@{TrainConfig.sync_every}"  # the default interval, or the first one measured
+    default = f"2proc@{TrainConfig().sync_steps(10_000)}"  # the default at PTB's size, or the first measured
     if default not in speed["kinds"]:
         default = next(k for k in speed["kinds"] if k.startswith("2proc"))
     every = int(default.split("@")[1])
@@ -247,8 +247,12 @@ def stage_summary(args) -> dict:
 
 
 def gutenberg_summary(g: dict, every: int) -> dict:
-    """The summary's Gutenberg keys: one pass of 1 process and of 2 at the default interval
-    (words/s, valid perplexity) and, with the speed rounds, the median ratio of words/s at each."""
+    """The summary's Gutenberg keys: one pass of 1 process and of 2 at the default interval for
+    its vocabulary (``every`` where it has no cut; words/s, valid perplexity) and, with the speed
+    rounds, the median ratio of words/s at each."""
+    from hlbl.config import TrainConfig
+
+    every = TrainConfig().sync_steps(g["max_vocab"]) if g.get("max_vocab") else every
     runs = g["runs"]
     two = f"2proc@{every}" if f"2proc@{every}" in runs else next(k for k in runs if k.startswith("2proc"))
     out = {}

@@ -45,6 +45,7 @@ def test_every_setting_of_a_run_has_its_flag_in_train():
             dict(max_epochs=7, weight_decay_other=0.5, lr=0.01),
         ),
         (["--hogwild", "3", "--time-budget", "2m"], dict(hogwild=3, time_budget=120.0)),
+        (["--sync-every", "64"], dict(sync_every=64)),
     ],
 )
 def test_given_flags_reach_their_settings(flags, expected):
@@ -78,3 +79,18 @@ def test_no_command_reaches_into_argparse_internals():
         if "._actions" in line or "._option_string_actions" in line or "__class__ =" in line
     ]
     assert not used
+
+
+def test_sync_every_auto_grows_with_the_vocabulary_and_a_number_is_kept():
+    """auto: 256 steps at PTB's 10,000 words (where it was measured), 1,024 at 50,000 and above
+    (measured faster at the same perplexity), a power of two in between; a number as given."""
+    auto = TrainConfig()
+    assert auto.sync_every == "auto"
+    assert [auto.sync_steps(v) for v in (2, 10_000, 20_000, 50_000, 190_000)] == [256, 256, 512, 1024, 1024]
+    assert TrainConfig(sync_every=64).sync_steps(190_000) == 64
+    for bad in (0, "often", 2.5):
+        with pytest.raises(ValueError, match="sync_every must be auto or at least 1"):
+            TrainConfig(sync_every=bad)
+    for bad in ("0", "often"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["train", "--out", "r", "--sync-every", bad])

@@ -101,7 +101,7 @@ def _worker(rank: int, root: str) -> None:
             cfg = TrainConfig(**FAST, sync_every=every)
             model = make_model(corpus)
             opt = make_optimizer(model, cfg, cfg.lr)
-            engine = fast_parallel_engine(cfg)
+            engine = fast_parallel_engine(cfg, model.config.vocab_size)
             losses = [engine(model, opt, stream, corpus.vocab.eos, cfg, e, False)[0] for e in (1, 2)]
             buffers = {k: opt.state[p]["momentum_buffer"].clone() for k, p in model.named_parameters()}
             out[f"fast_sync{every}"] = (params(model), buffers, losses)

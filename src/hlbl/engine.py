@@ -10,7 +10,7 @@ Both take the same steps on the same minibatches, in the same seeded order:
 * :class:`hlbl.fast.FastEngine`: numba kernels with sparse exact updates, for the tree output layer
   with diagonal context weights and SGD with or without momentum, on the CPU; under a process
   group (:func:`fast_parallel_engine`) each process runs it on every W-th minibatch and the
-  processes average the rows they touched every ``cfg.sync_every`` steps (docs/distributed.md).
+  processes average the rows they touched every ``cfg.sync_steps(V)`` steps (docs/distributed.md).
 
 An engine is a callable ``(model, optimizer, stream, pad, cfg, epoch, show) -> (mean NLL, words/s)``;
 a training loop keeps the one :func:`choose_engine` gives it (the fast engine's caches live in it).
@@ -86,10 +86,10 @@ def train_epoch(
     return total / max(seen, 1), seen / elapsed
 
 
-def fast_parallel_engine(cfg: TrainConfig) -> fast.FastEngine:
+def fast_parallel_engine(cfg: TrainConfig, vocab_size: int) -> fast.FastEngine:
     """The fast engine as one of W processes: one thread on this process's minibatches, averaging
-    the rows the processes touched every ``cfg.sync_every`` steps; global loss and words/s."""
-    return fast.FastEngine(threads=1, mixer=ddp.UpdateMixer(cfg.sync_every))
+    the rows the processes touched every ``cfg.sync_steps(vocab_size)`` steps; global loss and words/s."""
+    return fast.FastEngine(threads=1, mixer=ddp.UpdateMixer(cfg.sync_steps(vocab_size)))
 
 
 def choose_engine(model: LBL, cfg: TrainConfig):
@@ -104,7 +104,7 @@ def choose_engine(model: LBL, cfg: TrainConfig):
         return train_epoch
     why = fast.unsupported(model, cfg=cfg)
     if why is None:
-        return fast_parallel_engine(cfg) if ddp.is_distributed() else fast.FastEngine()  # threads: cfg.hogwild
+        return fast_parallel_engine(cfg, model.config.vocab_size) if ddp.is_distributed() else fast.FastEngine()
     if cfg.engine == "fast":
         raise ConfigError("engine", f"engine 'fast' cannot train this model: {why}")
     if cfg.hogwild > 1:  # auto would train on the torch engine, which has no Hogwild threads

@@ -134,6 +134,19 @@ DATA_HELP = (
 )  # the --data flag of every command
 
 
+def sync_every_arg(text: str) -> int | str:
+    """``--sync-every``: ``auto`` or a whole number of steps, at least 1."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of steps or auto, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def min_count_arg(text: str) -> int | str:
     """``--min-count``: a positive whole number, or ``auto`` (see :meth:`hlbl.data.Vocab.from_counts`)."""
     if text == "auto":

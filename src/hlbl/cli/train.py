@@ -32,6 +32,7 @@ from .common import (
     set_threads,
     setting_arg,
     settings,
+    sync_every_arg,
     with_oov,
 )
 
@@ -46,7 +47,6 @@ def cmd_train(args) -> int:
         ("--epochs", args.epochs),
         ("--max-train-tokens", args.max_train_tokens),
         ("--hogwild", args.hogwild),
-        ("--sync-every", args.sync_every),
     ):
         if value is not None and value < 1:
             raise DataError(f"{flag} must be at least 1, got {value}")
@@ -502,8 +502,9 @@ def _how_to_run_args(t) -> None:
         "sync_every",
         d.sync_every,
         "fast engine under torchrun: each process's steps between two averagings of the rows "
-        "the processes touched (docs/distributed.md)",
-        type=int,
+        "the processes touched, or auto: 256 at 10,000 words, growing with the vocabulary to 1,024 "
+        "(docs/distributed.md)",
+        type=sync_every_arg,
         metavar="STEPS",
     )
     setting_arg(t, "seed", d.seed, "initial weights and example order", type=seed_arg)
