@@ -134,21 +134,9 @@ DATA_HELP = (
 )  # the --data flag of every command
 
 
-def sync_every_arg(text: str) -> int | str:
-    """``--sync-every``: ``auto`` or a whole number of steps, at least 1."""
-    if text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of steps or auto, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def min_count_arg(text: str) -> int | str:
-    """``--min-count``: a positive whole number, or ``auto`` (see :meth:`hlbl.data.Vocab.from_counts`)."""
+def positive_or_auto_arg(text: str) -> int | str:
+    """A flag that takes a positive whole number or ``auto``: ``--min-count`` (see
+    :meth:`hlbl.data.Vocab.from_counts`), ``--sync-every`` (see ``TrainConfig.sync_steps``)."""
     if text == "auto":
         return text
     try:
@@ -158,6 +146,9 @@ def min_count_arg(text: str) -> int | str:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+min_count_arg = sync_every_arg = positive_or_auto_arg
 
 
 def pick_device(name: str) -> str:
