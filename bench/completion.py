@@ -259,9 +259,10 @@ def _command(run: Path) -> str:
     tree = shown(tree) if tree and ("/" in str(tree) or str(tree).endswith(".json")) else tree
     cmd = f"hlbl train --data {rec.corpus.spec} --max-vocab {rec.text.max_vocab} --tree {tree} "
     cmd += f"--dim {rec.model.dim} --context {rec.model.context} --threads 1"
-    for f in fields(TrainConfig):  # every training setting the run changed, as its flag
+    # every training setting the run changed, as its flag (not sync_every: one process has no rounds)
+    for f in fields(TrainConfig):
         value = getattr(rec.train, f.name)
-        if f.name in FLAGS and f.name not in ("threads", "progress") and value != f.default:
+        if f.name in FLAGS and f.name not in ("progress", "sync_every") and value != f.default:
             cmd += f" {FLAGS[f.name]} {int(value) if f.name == 'time_budget' else value}"
     return cmd + f" --out {shown(run)}"
 
