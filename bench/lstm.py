@@ -221,9 +221,58 @@ def main(argv=None) -> int:
         runs = kept + runs
     if runs:
         write_text(args.out / "runs.json", json.dumps(runs, indent=1) + "\n")
-    write_text(args.out / "summary.json", json.dumps(family_keys(summary), indent=1) + "\n")
+    summary = family_keys(summary)
+    if not args.speed_only:  # the best hierarchy over every run the summary holds, this call's included
+        trained = {run_name(kind, args.variant) for kind in args.outputs.split(",")}
+        command = "python bench/lstm.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        summary = with_best_hierarchy(summary, trained, command)
+    write_text(args.out / "summary.json", json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary))
     return 0
+
+
+# the summary's name of each output layer's runs (a variant's: NAME_VARIANT)
+RUN_NAMES = {
+    "full": "full",
+    "adaptive": "adaptive",
+    "tree": "huffman",
+    "learned-tree": "learned_tree",
+    "sampled": "sampled",
+    "hybrid": "hybrid",
+    "hybrid-huffman": "hybrid_huffman",
+    "classes": "classes",
+}
+HIERARCHIES = ("huffman", "learned_tree", "hybrid", "classes")  # the runs best_hierarchy chooses from
+
+
+def run_name(kind: str, variant: str = "") -> str:
+    return f"{RUN_NAMES[kind]}_{variant}" if variant else RUN_NAMES[kind]
+
+
+def with_best_hierarchy(summary: dict, trained: set[str], command: str) -> dict:
+    """``summary`` with ``best_hierarchy``: the tree, hybrid or classes run of the lowest test
+    perplexity (name, test ppl, settings, command) and, for it, ``NAME_test_ppl_vs_adaptive``.
+    The command is this call's when it trained that run, else the one the summary recorded."""
+    names = [
+        k[: -len("_test_ppl")]
+        for k in summary
+        if k.endswith("_test_ppl") and k.startswith(HIERARCHIES) and f"{k[: -len('_test_ppl')]}_s_per_epoch" in summary
+    ]
+    names = [n for n in names if summary.get(f"{n}_name", n) == n]  # not a family's copy of another run's keys
+    if not names:
+        return summary
+    best = min(names, key=lambda n: summary[f"{n}_test_ppl"])
+    before = summary.get("best_hierarchy") or {}
+    out = dict(summary)
+    out["best_hierarchy"] = {
+        "name": best,
+        "test_ppl": summary[f"{best}_test_ppl"],
+        "settings": summary.get(f"{best}_settings", {}),
+        "command": command if best in trained else before.get("command") if before.get("name") == best else None,
+    }
+    if "adaptive_test_ppl" in summary:
+        out[f"{best}_test_ppl_vs_adaptive"] = summary[f"{best}_test_ppl"] / summary["adaptive_test_ppl"] - 1.0
+    return out
 
 
 def family_keys(summary: dict) -> dict:
@@ -310,16 +359,6 @@ def train_all(ex, args) -> tuple[dict, list]:
     argv += ["--class-dim", str(args.class_dim)] if args.class_dim is not None else []
     ex_args = ex.parse_args(argv)
     corpus = ex.Corpus(args.data)
-    names = {
-        "full": "full",
-        "adaptive": "adaptive",
-        "tree": "huffman",
-        "learned-tree": "learned_tree",
-        "sampled": "sampled",
-        "hybrid": "hybrid",
-        "hybrid-huffman": "hybrid_huffman",
-        "classes": "classes",
-    }
     # a variant's summary holds its own keys only: the shared ones stay those of the default runs
     summary = (
         {}
@@ -351,7 +390,7 @@ def train_all(ex, args) -> tuple[dict, list]:
     )
     runs = []
     for kind in args.outputs.split(","):
-        name = f"{names[kind]}_{args.variant}" if args.variant else names[kind]
+        name = run_name(kind, args.variant)
         if kind == "hybrid" and not args.quick:  # its tail tree beside, not over, the learned tree's
             ex_args.save_tree = args.out / f"{name}_tail_tree.npz"
         elif not args.quick:

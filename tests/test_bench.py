@@ -175,6 +175,11 @@ def test_lstm_variant_runs_sit_beside_the_default_runs(tmp_path):
     assert sorted(r.get("variant", "") for r in runs) == ["", "rb", "x2"]
     # the tree learned again after epoch 1, within the run: its settings and seconds kept
     assert summary["learned_tree_rb_settings"]["rebuild_at"] == [1] and summary["learned_tree_rb_rebuild_s"] > 0
+    # the best hierarchy over the three runs, with the command of the call that trained it
+    best = summary["best_hierarchy"]
+    ppl = {n: summary[f"{n}_test_ppl"] for n in ("learned_tree", "learned_tree_x2", "learned_tree_rb")}
+    assert best["test_ppl"] == min(ppl.values()) and ppl[best["name"]] == best["test_ppl"]
+    assert best["command"].startswith("python bench/lstm.py --quick")
     x2 = next(r for r in runs if r.get("variant") == "x2")
     assert x2["tree"]["codes_per_word"] >= 2.0
 
