@@ -520,8 +520,8 @@ def rebuild_head(
     from this model instead of a separate one), and a fresh output layer on it. What carries over
     is everything below the output layer: the embedding and the LSTM. The node vectors of the
     old tree do not (its nodes split other word sets); the new layer starts as a fresh one does
-    (``--tree-init``: zero node vectors and unigram biases, so the LSTM sees no gradient from it
-    until its nodes have learned). The best validation figure starts again too: the run tests
+    (``--tree-init``; a tree's default: zero node vectors and unigram biases, so the LSTM sees no
+    gradient from it until its nodes have learned). The best validation figure starts again too: the run tests
     the best epoch of its last structure. Returns the optimiser over the new parameters (plain
     SGD has no state; Adam's moments restart) and the structure."""
     t0 = time.perf_counter()
