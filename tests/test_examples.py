@@ -308,6 +308,9 @@ def test_the_lstm_example_relearns_its_structure_within_a_run_and_resumes_across
     for key in ("valid_ppl", "train_loss", "lr"):
         assert [e[key] for e in resumed["epochs"]] == [e[key] for e in straight["epochs"]], key
     assert resumed["test_ppl"] == straight["test_ppl"]
+    # the saved run's best model is read back on its last rebuilt structure, not the bootstrap's
+    (banded,) = ex.bands_of(corpus, [tmp_path / "a" / kind], ex.parse_args(["--quick", "--head", "10"]))
+    assert banded["test_ppl"] == pytest.approx(straight["test_ppl"], rel=1e-9)
     with pytest.raises(SystemExit, match="holds a run with rebuild_at"):
         train(4, "b", "--rebuild-at", "3")
 

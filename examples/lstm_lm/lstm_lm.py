@@ -474,10 +474,17 @@ def trained_model(path: Path, corpus: Corpus, args) -> tuple[LSTMLM, str]:
     # hidden states come from any output layer's model; an output embedding only from a full softmax
     if kind not in OUTPUTS or (args.tree_features == "embedding" and kind != "full"):
         raise SystemExit(f"{path}: a model with a {kind} output; --tree-features embedding takes a full softmax model")
-    structure = load_structure(path, kind, structure_words(kind, len(corpus), args.head)) if kind in LEARNED else None
+    try:
+        tensors, meta = load_tensors_and_meta(path / "checkpoint.safetensors", CHECKPOINT_FORMAT)
+        rebuilds = json.loads(meta["progress"]).get("rebuilds") or []
+    except (OSError, ValueError, KeyError, hlbl.HlblError) as e:
+        raise SystemExit(f"{path}: cannot load its model ({str(e).splitlines()[0]})") from None
+    words = structure_words(kind, len(corpus), args.head)
+    # a run of --rebuild-at saved its model on the structure of its last rebuild
+    name = Checkpoint.rebuilt_name(kind, rebuilds[-1]["epoch"]) if rebuilds and kind in LEARNED else None
+    structure = load_structure(path, kind, words, name) if kind in LEARNED else None
     try:
         model = build_model(corpus, "tree" if kind == "learned-tree" else kind, args, structure)
-        tensors, _ = load_tensors_and_meta(path / "checkpoint.safetensors", CHECKPOINT_FORMAT)
         model.load_state_dict(_part(tensors, "best.") or _part(tensors, "model."))
     except (OSError, ValueError, RuntimeError, hlbl.HlblError) as e:
         raise SystemExit(f"{path}: cannot load its model ({str(e).splitlines()[0]})") from None
