@@ -285,8 +285,8 @@ def family_keys(summary: dict) -> dict:
     out = dict(summary)
     families = (("tree", ("huffman", "learned_tree")), ("hybrid", ("hybrid_huffman",)), ("classes", ("classes_",)))
     for family, prefixes in families:
-        if family in ("hybrid", "classes") and f"{family}_test_ppl" in summary:
-            continue  # a run of that name: its own keys
+        if family in ("hybrid", "classes") and f"{family}_test_ppl" in summary and f"{family}_name" not in summary:
+            continue  # a run of that name: its own keys (a family's copy names its run in FAMILY_name)
         names = [
             k[: -len("_test_ppl")]
             for k in summary
