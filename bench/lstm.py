@@ -453,7 +453,6 @@ def step_speed(ex, args, steps: int = 10, rounds: int = 5) -> int:
     corpus = ex.Corpus(args.data)
     argv = ["--emsize", str(args.emsize), "--nhid", str(args.nhid), "--log-every", "1000000", "--cutoffs", args.cutoffs]
     argv += ["--bootstrap-from", args.bootstrap_from] if args.bootstrap_from else []
-    argv += ["--rebuild-at", args.rebuild_at] if args.rebuild_at else []
     ex_args = ex.parse_args(argv)
     train = ex.batchify(corpus.splits["train"], ex_args.batch_size)
     args.out.mkdir(parents=True, exist_ok=True)
