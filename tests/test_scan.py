@@ -1,7 +1,8 @@
-"""The training file read on every core (``hlbl.data.scan``) gives exactly the single pass's
-provisional ids, words, counts and statistics: on PTB and on the text rules' edge cases, with byte
-ranges cut as small as possible (so every line end is a cut and cuts fall beside multibyte
-characters)."""
+"""The training file read by the byte kernel on every core (``hlbl.data.scan``,
+``hlbl.data.text_kernel``) gives exactly the Python pass's provisional ids, words, counts and
+statistics: on PTB and on the text rules' edge cases, with byte ranges and blocks cut as small as
+possible (so every line end is a cut and cuts fall beside multibyte characters); its whitespace is
+Python's for every code point, and it rejects exactly the bytes Python's decoder rejects."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hlbl.errors import DataError
 
 
 def _both(path: Path, tmp: Path, blank_lines: str, workers: int = 3):
-    one = scan_file(path, tmp / "one.i32", blank_lines, workers=1)
+    one = scan_file(path, tmp / "one.i32", blank_lines, workers=0)
     par = scan_file(path, tmp / "par.i32", blank_lines, workers=workers)
     return one, par
 
@@ -84,7 +85,7 @@ def test_errors_are_the_single_pass_errors(tmp_path, monkeypatch):
     blank.write_bytes(b"\n  \n\t\n" * 20)
     for path in (bad, blank):
         with pytest.raises(DataError) as serial:
-            scan_file(path, tmp_path / "one.i32", workers=1)
+            scan_file(path, tmp_path / "one.i32", workers=0)
         with pytest.raises(DataError) as parallel:
             scan_file(path, tmp_path / "par.i32", workers=2)
         assert str(parallel.value) == str(serial.value)
@@ -98,18 +99,101 @@ def test_ptb_in_parallel_equals_the_single_pass(tmp_path):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_a_worker_reading_in_small_blocks_reads_the_same(tmp_path, monkeypatch, case):
-    """A worker reads its range in blocks cut at line ends: blocks of a few bytes (a cut after
-    every line) give what one block does."""
-    import io
-
+@pytest.mark.parametrize("workers", [1, 2])
+def test_reading_in_small_blocks_reads_the_same(tmp_path, monkeypatch, case, workers):
+    """A range is read in blocks cut at line ends: blocks of a few bytes (a cut after every line)
+    give what the Python pass does, with one range and with several."""
+    monkeypatch.setattr(scan_mod, "MIN_RANGE_BYTES", 1)
+    monkeypatch.setattr(scan_mod, "BLOCK_BYTES", 3)
     path = tmp_path / "train.txt"
     path.write_bytes(CASES[case])
-    size = path.stat().st_size
-    whole = io.BytesIO()
-    expect = scan_mod._scan_range(str(path), 0, size, True, whole)
-    monkeypatch.setattr(scan_mod, "BLOCK_BYTES", 3)
-    assert len(list(scan_mod._blocks(str(path), 0, size))) > 1
-    small = io.BytesIO()
-    assert scan_mod._scan_range(str(path), 0, size, True, small) == expect
-    assert small.getvalue() == whole.getvalue()
+    for blank_lines in ("drop", "keep"):
+        _assert_same(*_both(path, tmp_path, blank_lines, workers=workers))
+
+
+def test_blocks_end_at_line_ends(tmp_path):
+    import mmap
+
+    raw = b"ab\ncd\r\nef\rgh\n" * 5
+    path = tmp_path / "t.txt"
+    path.write_bytes(raw)
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
+        cut = scan_mod.blocks(text, 0, len(raw), 4)
+        assert cut[0][0] == 0 and cut[-1][1] == len(raw) and len(cut) > 1
+        assert all(b == c for (_, b), (c, _) in zip(cut, cut[1:]))
+        assert all(raw[b - 1 : b] == b"\n" for _, b in cut)
+        lone = tmp_path / "cr.txt"  # lines ended by lone \r only: cut after one
+        lone.write_bytes(b"one two\rthree\r" * 4)
+    with open(lone, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
+        cut = scan_mod.blocks(text, 0, len(text), 5)
+        assert len(cut) > 1 and all(lone.read_bytes()[b - 1 : b] == b"\r" for _, b in cut)
+
+
+def test_a_large_vocabulary_grows_the_table(tmp_path):
+    """Tens of thousands of distinct words (the table starts with room for 4,096): ids in order of
+    first appearance and counts as the Python pass's."""
+    rng = np.random.default_rng(0)
+    words = [f"w{i}\u00e9" for i in range(30_000)]
+    lines = [" ".join(words[j] for j in rng.integers(0, len(words), 12)) for _ in range(8_000)]
+    path = tmp_path / "train.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _assert_same(*_both(path, tmp_path, "drop", workers=1))
+
+
+def test_whitespace_is_pythons_for_every_code_point():
+    """A token beside each code point is split off exactly when Python's str.split() splits there
+    (surrogates, which UTF-8 cannot hold, aside)."""
+    from hlbl.data import text_kernel as tk
+
+    points = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and c not in (10, 13)]
+    text = "".join(f"a{chr(c)}b\n" for c in points).encode("utf-8")
+    data = np.frombuffer(text, np.uint8)
+    out = np.empty(len(data) + 1, np.int32)
+    table, n, _, status, _ = tk.scan_block(data, 0, len(data), True, False, tk.ASCII_SPACE, tk.new_table(), out)
+    assert status == tk.OK
+    words = tk.words_of(table)
+    got = [words[i] for i in out[:n]]
+    want = [w for c in points for w in (f"a{chr(c)}b".split() + ["<eos>"])]
+    assert got == want
+
+
+def test_bad_utf8_is_what_pythons_decoder_rejects():
+    """Random byte strings (rich in the bytes UTF-8 rules are about): the kernel stops exactly
+    where Python's strict decoder first fails, and reads on where it does not."""
+    from hlbl.data import text_kernel as tk
+
+    rng = np.random.default_rng(1)
+    alphabet = np.array(
+        [
+            0x61,
+            0x20,
+            0x0A,
+            0x80,
+            0x8F,
+            0x90,
+            0x9F,
+            0xA0,
+            0xBF,
+            0xC0,
+            0xC2,
+            0xDF,
+            0xE0,
+            0xED,
+            0xEF,
+            0xF0,
+            0xF4,
+            0xF5,
+            0xFF,
+        ],
+        np.uint8,
+    )
+    for _ in range(3000):
+        raw = rng.choice(alphabet, int(rng.integers(1, 12))).tobytes()
+        data = np.frombuffer(raw, np.uint8)
+        out = np.empty(len(raw) + 1, np.int32)
+        _, _, _, status, pos = tk.scan_block(data, 0, len(raw), False, True, tk.ASCII_SPACE, tk.new_table(), out)
+        try:
+            raw.decode("utf-8")
+            assert status == tk.OK, raw
+        except UnicodeDecodeError as e:
+            assert status == tk.BAD_UTF8 and pos == e.start, (raw, pos, e.start)

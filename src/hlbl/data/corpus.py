@@ -250,15 +250,16 @@ def scan_file(
     vocabulary is built from the counts, then :meth:`_Scan.encode` maps the ids); the same
     counts as :func:`hlbl.data.count_file` and the same stream as :func:`encode_file`.
 
-    ``workers``: processes reading byte ranges of the file at once (:mod:`hlbl.data.scan`, the
-    same result); by default every core for a file of at least ``hlbl.data.scan.PARALLEL_BYTES``, else one
-    pass in this process."""
+    ``workers``: threads reading byte ranges of the file at once with the byte kernel
+    (:mod:`hlbl.data.scan`, the same result); 0: the Python pass over the lines (the text rules'
+    reference). By default every core for a file of at least ``hlbl.data.scan.KERNEL_BYTES``,
+    the Python pass for a smaller one."""
     try:
+        size = Path(path).stat().st_size if Path(path).is_file() else 0
         if workers is None:
-            big = Path(path).is_file() and Path(path).stat().st_size >= scan_ranges.PARALLEL_BYTES
-            workers = scan_ranges.workers_available() if big else 1
-        if workers > 1 and blank_lines in BLANK_LINES and Path(path).is_file():
-            words, counts, n, blanks = scan_ranges.scan_parallel(Path(path), Path(ids), blank_lines, workers)
+            workers = scan_ranges.workers_available() if size >= scan_ranges.KERNEL_BYTES else 0
+        if workers > 0 and blank_lines in BLANK_LINES and size > 0:
+            words, counts, n, blanks = scan_ranges.scan_bytes(Path(path), Path(ids), blank_lines, workers)
         else:
             words, counts, n, blanks = _scan_serial(path, ids, blank_lines, chunk)
         if n == 0:

@@ -1,50 +1,38 @@
-"""A training file read and turned into provisional ids on every core: the parallel half of
-:func:`hlbl.data.corpus.scan_file`, with exactly its result.
+"""A training file read and turned into provisional ids on every core: the fast half of
+:func:`hlbl.data.corpus.scan_file`, with exactly the result of its Python pass.
 
-The file is cut into byte ranges that end just after a ``\\n`` (so no line, no ``\\r\\n`` and no
-multibyte UTF-8 character is split; a file whose lines end in lone ``\\r`` has no cut and is read
-whole by one worker). Each worker reads its range by the text rules of
-:func:`hlbl.data.vocab.iter_sentences` (same splitting, long lines cut by ``line_pieces``, blank lines
-dropped or kept) and writes the range as *local* ids: its words numbered in order of first
-appearance within the range, ``<eos>`` = 0, beside their counts. The parent then numbers the words
-of range 1, 2, ... in that order: that is the order of first appearance in the whole file, the
-single pass's provisional ids, so a lookup table per range turns local ids into them; the ranges'
-ids are mapped and concatenated in order.
+The file is memory-mapped and cut into byte ranges that end just after a ``\\n`` (so no line, no
+``\\r\\n`` and no multibyte UTF-8 character is split; a file whose lines end in lone ``\\r`` has
+no cut and is one range). Each range is read by :func:`hlbl.data.text_kernel.scan_block` (the
+text rules of :func:`hlbl.data.vocab.iter_sentences`, on the bytes) in a thread of its own: the
+kernel releases the GIL, so the threads run on every core, with no interpreter to start and
+nothing to pass between processes. A range is read in blocks of about ``BLOCK_BYTES`` cut at line
+ends, so a thread holds one block's ids at a time, whatever the file's size.
 
-Why processes, and plain child interpreters (``python -m hlbl.data.scan``, one per range): the
-work is ``str.split`` and dictionary lookups, which hold the GIL, so threads would take turns on
-one core (CPython 3.11 has no free-threaded build). ``multiprocessing`` is no better here: its
-*spawn* and *forkserver* children re-run the caller's main script (one without an ``if __name__
-== "__main__"`` guard fails), and *fork* copies a process whose torch and numba thread pools may
-hold locks. A child interpreter imports only the data layer (numpy, no torch), and passes its
-result through files (raw int32 ids and a JSON list of words), not pickles. A whitespace pre-tokenizer of a Rust or
-Arrow library would split by its own notion of whitespace (Rust's ``char::is_whitespace`` is not
-Python's ``str.split``: U+001C..U+001F, for one), so the ids could differ from today's; the same
-Python code in every worker gives the same ids by construction. Only a file of at least
-``PARALLEL_BYTES`` is split, in one range per core: below that, starting the workers (an
-interpreter and numpy each) costs more than they save.
+Each range numbers its words in order of first appearance within the range (``<eos>`` = 0) and
+writes its ids to a file of its own. The parent then numbers the words of range 1, 2, ... in that
+order: that is the order of first appearance in the whole file, the Python pass's provisional
+ids, so a lookup table per range turns its ids into them; the ranges' ids are mapped and
+concatenated in order (range 1's need no mapping).
 """
 
 from __future__ import annotations
 
-import io
-import json
+import mmap
 import os
-import subprocess
-import sys
-from array import array
-from collections import defaultdict
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
-from .vocab import EOS, LONG_LINE, first_bad_byte, line_pieces
+from ..progress import progress
+from .vocab import PROGRESS_BYTES, first_bad_byte
 
-PARALLEL_BYTES = 16 << 20  # files smaller than this are read in one pass
-MIN_RANGE_BYTES = 1 << 20
-BLOCK_BYTES = 32 << 20  # what a worker reads and decodes at once
-BAD_UTF8 = 3  # a worker's exit status when its range is not UTF-8
+KERNEL_BYTES = 1 << 20  # smaller files are read by the Python pass: loading the kernel costs more
+MIN_RANGE_BYTES = 1 << 20  # a range of a file read by several threads is at least this long
+BLOCK_BYTES = 16 << 20  # what a thread reads at once (its ids: 4 bytes a byte of text at most)
 
 
 def workers_available() -> int:
@@ -72,141 +60,94 @@ def byte_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
     return list(zip(cuts, cuts[1:] + [size]))
 
 
-def _lines_of(raw: bytes, first: bool) -> io.TextIOWrapper:
-    """The text lines of a range (universal newlines, as ``open(..., newline=None)``; the file's
-    leading byte-order mark dropped in the first range only, as ``utf-8-sig`` does)."""
-    return io.TextIOWrapper(io.BytesIO(raw), encoding="utf-8-sig" if first else "utf-8", newline=None)
+def blocks(text: mmap.mmap, start: int, stop: int, size: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` in blocks of about ``size`` bytes, each ending just after a line end (a
+    ``\\n``, or where a file has none, a lone ``\\r``) or at ``stop``: a line longer than a block
+    comes whole."""
+    out, pos = [], start
+    while pos < stop:
+        cut = min(pos + size, stop)
+        if cut < stop:
+            end = text.find(b"\n", cut - 1, stop)
+            if end < 0:
+                end = text.find(b"\r", cut - 1, stop)  # (no \n after: this \r is a lone one)
+            cut = stop if end < 0 else end + 1
+        out.append((pos, cut))
+        pos = cut
+    return out
 
 
-def _blocks(path: str, start: int, stop: int):
-    """The bytes ``[start, stop)`` of ``path`` in blocks of about BLOCK_BYTES, each ending after a
-    ``\n`` (or at ``stop``), so a worker holds one block, not its whole range, whatever the file's
-    size (a line longer than a block comes whole, as the single pass reads it)."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        pos = start
-        while pos < stop:
-            raw = f.read(min(BLOCK_BYTES, stop - pos))
-            if pos + len(raw) < stop and not raw.endswith(b"\n"):
-                raw += f.readline()  # (stop is just after a line end: readline never passes it)
-            if not raw:
-                return
-            yield pos, raw
-            pos += len(raw)
+class _Reader:
+    """One file's ranges read by threads: the mapped bytes, the kernel and the options they share."""
 
+    def __init__(self, path: Path, keep: bool, bar):
+        from ..jit import compile_logged
+        from . import text_kernel
 
-def _scan_range(path: str, start: int, stop: int, keep: bool, out) -> tuple[list[str], int, int]:
-    """One worker's range: write its local ids (raw int32, ``<eos>`` = 0 ending each line) to the
-    binary file ``out``; return (its words in order of first appearance, ids written, blank
-    lines). The line rules are :func:`hlbl.data.vocab.iter_sentences`'s."""
-    first: defaultdict = defaultdict()
-    first.default_factory = first.__len__  # an unseen word gets the next id
-    first[EOS] = 0
-    word_id = first.__getitem__
-    n = blanks = 0
-    for pos, raw in _blocks(path, start, stop):
-        buf = array("i")
-        for line in _lines_of(raw, pos == 0):
-            if len(line) <= LONG_LINE:
-                tokens = line.split()
-                if tokens or keep:
-                    buf.extend(map(word_id, tokens))
-                    buf.append(0)
-                if not tokens:
-                    blanks += 1
-                continue
-            ended = False
-            for tokens in line_pieces(line):
-                if tokens:
-                    buf.extend(map(word_id, tokens))
-                    ended = True
-            if ended or keep:
-                buf.append(0)
-            if not ended:
-                blanks += 1
-        if sys.byteorder != "little":
-            buf.byteswap()
-        out.write(buf.tobytes())
-        n += len(buf)
-    return list(first), n, blanks
+        self.path, self.keep, self.bar, self.lock = path, keep, bar, threading.Lock()
+        self.kernel = text_kernel
+        with open(path, "rb") as f:
+            self.text = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.data = np.frombuffer(self.text, np.uint8)
+        with compile_logged("the text reader"):  # (once, before the threads: they would wait on it)
+            probe = np.frombuffer(b"a\n", np.uint8)
+            text_kernel.scan_block(
+                probe, 0, 2, False, False, text_kernel.ASCII_SPACE, text_kernel.new_table(), np.empty(3, np.int32)
+            )
 
+    def close(self) -> None:
+        del self.data  # (the mapping cannot close while an array views it)
+        self.text.close()
 
-def _worker_env() -> dict[str, str]:
-    """The environment of a worker: this one, with the directory holding this ``hlbl`` first on
-    the module path (the package may have been put on ``sys.path`` by the caller, not installed)."""
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
-
-
-def _start(path: Path, start: int, stop: int, keep: bool, out: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "hlbl.data.scan", str(path), str(start), str(stop), "keep" if keep else "drop"]
-    return subprocess.Popen([*argv, str(out)], env=_worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def _finish(proc: subprocess.Popen, path: Path, out: Path) -> tuple[list[str], int, int]:
-    """Wait for a worker: (its words, ids written, blank lines), or its error."""
-    _, err = proc.communicate()
-    if proc.returncode == BAD_UTF8:
-        raise DataError(f"{path}: not UTF-8 text ({first_bad_byte(Path(path))})")
-    if proc.returncode != 0:
-        tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
-        raise OSError(f"{path}: a reading worker failed ({tail[0]})")
-    meta = json.loads(Path(f"{out}.json").read_text(encoding="utf-8"))
-    return meta["words"], meta["tokens"], meta["blank_lines"]
-
-
-def scan_parallel(path: Path, ids: Path, blank_lines: str, workers: int, chunk: int = 1 << 22):
-    """The pass of :func:`hlbl.data.corpus.scan_file` over ``path`` in ``workers`` processes:
-    (words in order of first appearance, their counts (int64), ids written to ``ids``, blank
-    lines). The caller checks ``blank_lines``, and removes ``ids`` on an error.
-
-    Workers are child interpreters (``python -m hlbl.data.scan``, module docstring), one per
-    byte range, each writing the range's ids and a JSON file of its words."""
-    ranges = byte_ranges(path, workers)
-    parts = [Path(f"{ids}.part{i}") for i in range(len(ranges))]
-    procs = [_start(path, a, b, blank_lines == "keep", part) for (a, b), part in zip(ranges, parts)]
-    words: dict[str, int] = {EOS: 0}
-    total = np.zeros(0, np.int64)
-    n = blanks = 0
-    try:
-        with open(ids, "wb") as f:
-            for proc, part in zip(procs, parts):  # in file order: first appearance stays in order
-                local, size, local_blanks = _finish(proc, path, part)
-                lookup = np.fromiter((words.setdefault(w, len(words)) for w in local), np.int32, len(local))
-                total = np.concatenate([total, np.zeros(len(words) - len(total), np.int64)])
-                mapped = np.memmap(part, dtype="<i4", mode="r", shape=(size,)) if size else np.zeros(0, "<i4")
-                for i in range(0, size, chunk):
-                    piece = lookup[mapped[i : i + chunk]]
-                    total += np.bincount(piece, minlength=len(words))
-                    f.write(piece.astype("<i4").tobytes())
-                del mapped
-                n += size
-                blanks += local_blanks
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for part in parts:
-            part.unlink(missing_ok=True)
-            Path(f"{part}.json").unlink(missing_ok=True)
-    return list(words), total, n, blanks
-
-
-def _main(argv: list[str]) -> int:
-    """A worker: ``PATH START STOP drop|keep OUT`` -> OUT (raw int32 ids) and OUT.json (words,
-    tokens, blank lines); exit status BAD_UTF8 if the range is not UTF-8."""
-    path, start, stop, blank_lines, out = argv
-    try:
+    def read_range(self, start: int, stop: int, out: Path) -> tuple[list[str], np.ndarray, int, int]:
+        """Range ``[start, stop)``'s ids (raw little-endian int32) to ``out``; returns (its words in
+        order of first appearance, their counts, ids written, blank lines)."""
+        k = self.kernel
+        table, n, blanks = k.new_table(), 0, 0
         with open(out, "wb") as f:
-            words, n, blanks = _scan_range(path, int(start), int(stop), blank_lines == "keep", f)
-    except UnicodeDecodeError:
-        return BAD_UTF8
-    meta = {"words": words, "tokens": n, "blank_lines": blanks}
-    Path(f"{out}.json").write_text(json.dumps(meta, ensure_ascii=False), encoding="utf-8")
-    return 0
+            for lo, hi in blocks(self.text, start, stop, BLOCK_BYTES):
+                ids = np.empty(hi - lo + 1, np.int32)
+                table, m, b, status, pos = k.scan_block(
+                    self.data, lo, hi, lo == 0, self.keep, k.ASCII_SPACE, table, ids
+                )
+                if status != k.OK:
+                    raise DataError(f"{self.path}: not UTF-8 text ({first_bad_byte(self.path)})")
+                f.write(ids[:m].astype("<i4", copy=False).tobytes())
+                n, blanks = n + m, blanks + b
+                with self.lock:
+                    self.bar.update(hi - lo)
+        size = int(table.size[0])
+        return k.words_of(table), table.counts[:size].copy(), n, blanks
 
 
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+def scan_bytes(path: Path, ids: Path, blank_lines: str, workers: int, chunk: int = 1 << 22):
+    """The pass of :func:`hlbl.data.corpus.scan_file` over ``path`` by the byte kernel, its ranges
+    in ``workers`` threads: (words in order of first appearance, their counts (int64), ids written
+    to ``ids``, blank lines). The caller checks ``blank_lines`` and that the file is not empty, and
+    removes ``ids`` on an error."""
+    ranges = byte_ranges(path, workers)
+    parts = [Path(ids)] + [Path(f"{ids}.part{i}") for i in range(1, len(ranges))]
+    size = Path(path).stat().st_size
+    bar = progress(size, f"reading {Path(path).name}", "B", show=size >= PROGRESS_BYTES)
+    reader = _Reader(Path(path), blank_lines == "keep", bar)
+    try:
+        with ThreadPoolExecutor(len(ranges)) as pool:
+            done = list(pool.map(lambda r: reader.read_range(*r[0], r[1]), zip(ranges, parts)))
+        words, total, n, blanks = done[0]
+        index = {w: i for i, w in enumerate(words)}
+        with open(ids, "ab") as f:  # range 1's ids are already the file's: the others are mapped on
+            for (local, counts, size_r, blanks_r), part in zip(done[1:], parts[1:]):
+                lookup = np.fromiter((index.setdefault(w, len(index)) for w in local), np.int32, len(local))
+                total = np.concatenate([total, np.zeros(len(index) - len(total), np.int64)])
+                total[lookup] += counts  # (a range's words are distinct: no id repeats in lookup)
+                mapped = np.memmap(part, dtype="<i4", mode="r", shape=(size_r,)) if size_r else np.zeros(0, "<i4")
+                for i in range(0, size_r, chunk):
+                    f.write(lookup[mapped[i : i + chunk]].astype("<i4").tobytes())
+                del mapped
+                n, blanks = n + size_r, blanks + blanks_r
+        return list(index), total, n, blanks
+    finally:
+        reader.close()
+        bar.close()
+        for part in parts[1:]:
+            part.unlink(missing_ok=True)
