@@ -10,8 +10,9 @@
    of the work: from the text file ``ptb/train.txt`` to a model trained for one epoch on it
    (reading the text, building the vocabulary, initialising the model, one training pass).
    Interpreter start-up and imports are outside the clock, and so is numba's compilation of the
-   HLBL kernels (a warm-up on a tiny corpus first: it happens once per installation, as
-   compiling fastText does). HLBL: d = 100, context 5, batch 1000, momentum 0.9, L2 as in
+   HLBL kernels, the text reader's too (a warm-up on a tiny corpus first: it happens once per
+   installation, as compiling fastText does). Each child may run on ``threads`` cores only
+   (``sched_setaffinity``), so that with one thread HLBL also reads its text on one core. HLBL: d = 100, context 5, batch 1000, momentum 0.9, L2 as in
    ``hlbl.train``, on a Huffman tree (fastText's) and on a RANDOM tree; ``threads`` lock-free
    threads. fastText 0.9.3: CBOW + hierarchical softmax, dim 100, ws 5, t 1 (no subsampling),
    minCount 1, epoch 1, ``maxn 0`` (no subword features: the word-level model; this row is the
@@ -135,11 +136,21 @@ def time_torch(model: LBL, stream: np.ndarray, pad: int, cfg: TrainConfig, batch
     return best
 
 
-HLBL_CHILD = """
+# Each child runs on ``threads`` cores only (its first lines): a tool then reads its text and
+# trains with the cores it is given, like for like.
+PIN = """
+import os
+os.sched_setaffinity(0, range(int(os.environ["HLBL_BENCH_CORES"])))
+"""
+
+HLBL_CHILD = (
+    PIN
+    + """
 import json, sys, tempfile, time
+from pathlib import Path
 import numpy as np, torch
 from hlbl import fast
-from hlbl.data import load_corpus
+from hlbl.data import load_corpus, scan_file
 from hlbl.model import LBL, LBLConfig
 from hlbl.config import TrainConfig
 from hlbl.optim import make_optimizer
@@ -162,6 +173,7 @@ def epoch(model, stream, pad):
 with tempfile.TemporaryDirectory() as tiny, tempfile.TemporaryDirectory() as cache:
     with open(tiny + "/train.txt", "w") as f:  # warm-up: numba loads (or compiles) the kernels
         f.write("the cat sat on the mat\\n" * 200)
+    scan_file(Path(tiny) / "train.txt", Path(tiny) / "warm.i32", workers=1)  # (the text reader's)
     c = load_corpus(tiny, splits=("train",), cache_dir=cache + "/warm")
     epoch(build(c.vocab), c["train"], c.vocab.eos)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -173,8 +185,11 @@ with tempfile.TemporaryDirectory() as tiny, tempfile.TemporaryDirectory() as cac
 print(json.dumps({"wall": t2 - t0, "cpu": c2 - c0, "train_s": t2 - t1, "tokens": len(corpus["train"]),
                   "vocab": len(corpus.vocab), "loss": loss}))
 """
+)
 
-FASTTEXT_CHILD = """
+FASTTEXT_CHILD = (
+    PIN
+    + """
 import json, sys, time
 import fasttext
 
@@ -187,15 +202,18 @@ wall, cpu = time.perf_counter() - t0, time.process_time() - c0
 words, freq = m.get_words(include_freq=True)
 print(json.dumps({"wall": wall, "cpu": cpu, "tokens": int(sum(freq)), "vocab": len(words)}))
 """
+)
 
 
-def run_child(code: str, args: list[str]) -> tuple[dict, str] | None:
-    """Run ``code`` in a child Python; its last stdout line (JSON) and its whole output. None: fastText missing."""
+def run_child(code: str, args: list[str], cores: int) -> tuple[dict, str] | None:
+    """Run ``code`` in a child Python on ``cores`` cores; its last stdout line (JSON) and its whole
+    output. None: fastText missing."""
+    cores = min(cores, len(os.sched_getaffinity(0)))
     proc = subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "HLBL_BENCH_CORES": str(cores)},
     )
     if proc.returncode != 0:
         if "No module named 'fasttext'" in proc.stderr:
@@ -219,13 +237,13 @@ def from_text(res: dict, **extra) -> dict:
 
 def time_hlbl_from_text(corpus_dir: Path, kind: str, threads: int) -> dict:
     """HLBL, text file to a model trained one epoch (see the module's docstring)."""
-    res, _ = run_child(HLBL_CHILD, [str(corpus_dir), kind, str(threads)])
+    res, _ = run_child(HLBL_CHILD, [str(corpus_dir), kind, str(threads)], threads)
     return from_text(res, train_s=res["train_s"], loss=res["loss"])
 
 
 def time_fasttext_from_text(path: Path, threads: int, maxn: str) -> dict | None:
     """fastText CBOW + HS, text file to a model trained one epoch; None when fasttext is not installed."""
-    out = run_child(FASTTEXT_CHILD, [str(path), str(threads), maxn])
+    out = run_child(FASTTEXT_CHILD, [str(path), str(threads), maxn], threads)
     if out is None:
         return None
     res, text = out

@@ -279,7 +279,8 @@ def _forward_backward(R, C, Q, qb, ctx, keys, plen, h, dh, gs, plp, nll, gC):
             lp = _path_log_prob(zs, plen[b, c], gs, b, c * D, True)
             plp[b, c] = lp
             best = max(best, lp)
-        logp = _log_sum_exp(plp, b, best)
+        one = K == 1 or plen[b, 1] < 0  # a word of one code: log P(word) = its path's, share 1
+        logp = best if one else _log_sum_exp(plp, b, best)  # (exactly what the sum gives for one)
         nll[b] = -logp
         dhb = dh[b]
         for k in range(d):
@@ -287,7 +288,7 @@ def _forward_backward(R, C, Q, qb, ctx, keys, plen, h, dh, gs, plp, nll, gC):
         for c in range(K):
             if plp[b, c] == -np.inf:
                 continue
-            share = math.exp(plp[b, c] - logp)  # posterior P(path c | target, h)
+            share = 1.0 if one else math.exp(plp[b, c] - logp)  # posterior P(path c | target, h)
             for t in range(plen[b, c]):
                 j = keys[b, c * D + t]
                 g = np.float32(-share * gs[b, c * D + t])  # d loss / d score
