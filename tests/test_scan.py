@@ -14,6 +14,7 @@ from conftest import ptb_root
 
 from hlbl.data import scan as scan_mod
 from hlbl.data import scan_file
+from hlbl.data import text_kernel as tk
 from hlbl.errors import DataError
 
 
@@ -143,8 +144,6 @@ def test_a_large_vocabulary_grows_the_table(tmp_path):
 def test_whitespace_is_pythons_for_every_code_point():
     """A token beside each code point is split off exactly when Python's str.split() splits there
     (surrogates, which UTF-8 cannot hold, aside)."""
-    from hlbl.data import text_kernel as tk
-
     points = [c for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF and c not in (10, 13)]
     text = "".join(f"a{chr(c)}b\n" for c in points).encode("utf-8")
     data = np.frombuffer(text, np.uint8)
@@ -160,8 +159,6 @@ def test_whitespace_is_pythons_for_every_code_point():
 def test_bad_utf8_is_what_pythons_decoder_rejects():
     """Random byte strings (rich in the bytes UTF-8 rules are about): the kernel stops exactly
     where Python's strict decoder first fails, and reads on where it does not."""
-    from hlbl.data import text_kernel as tk
-
     rng = np.random.default_rng(1)
     alphabet = np.array(
         [
