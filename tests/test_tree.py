@@ -154,6 +154,35 @@ def test_huffman_puts_the_more_frequent_side_left():
             assert side[0] >= side[1]
 
 
+def _heap_huffman(counts) -> WordTree:
+    """Huffman coding by a heap of (count, tiebreak): the textbook build that huffman_tree's two
+    queues must equal, ties included."""
+    import heapq
+
+    heap = [(float(c), i, leaf(i)) for i, c in enumerate(counts)]
+    heapq.heapify(heap)
+    children, tick = [], len(counts)
+    while len(heap) > 1:
+        c1, _, a = heapq.heappop(heap)
+        c2, _, b = heapq.heappop(heap)
+        children.append([b, a])
+        heapq.heappush(heap, (c1 + c2, tick, len(children) - 1))
+        tick += 1
+    return WordTree.from_children(children, len(children) - 1, len(counts))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_huffman_is_the_heap_builds_tree_ties_included(seed):
+    rng = np.random.default_rng(seed)
+    V = int(rng.integers(2, 3000))
+    counts = [
+        rng.integers(0, 4, V),  # mostly ties, zeros too
+        rng.integers(1, 10**6, V),
+        rng.zipf(1.3, V).astype(float) / 7.0,  # floats whose sums round
+    ][seed % 3]
+    assert huffman_tree(counts).fingerprint() == _heap_huffman(counts).fingerprint()
+
+
 @pytest.mark.parametrize(
     "make,message",
     [

@@ -34,7 +34,6 @@ the same word. A tree with ``L`` leaves has ``N = L - 1`` internal nodes.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 import os
 from dataclasses import dataclass, field
@@ -486,17 +485,30 @@ def huffman_tree(counts: Sequence[float]) -> WordTree:
         raise TreeError(f"a word tree needs at least 2 words, got {V}")
     if not np.isfinite(counts).all() or (counts < 0).any():
         raise TreeError("a Huffman tree needs finite, non-negative word counts")
-    # Heap items: (count, tiebreak, child value). Tiebreak keeps the build deterministic.
-    heap = [(float(c), i, leaf(i)) for i, c in enumerate(counts)]
-    heapq.heapify(heap)
+    # Each step joins the two least frequent items, ties by (words by id) < (joined nodes by
+    # age): the order of a heap of (count, tiebreak) with joined nodes' tiebreaks from V up. Two
+    # queues give it in linear time: the words sorted by (count, id), and the joined nodes in the
+    # order they are made, whose counts never decrease (each joins items no lighter than the last
+    # join's; float rounding is monotone), so the lighter of the two heads is the heap's minimum.
+    order = np.argsort(counts, kind="stable")  # (ties by id)
+    word_count, word = counts[order].tolist(), order.tolist()
+    joined: list[float] = []  # counts of children[0], children[1], ...
     children: list[list[int]] = []
-    tick = V
-    while len(heap) > 1:
-        c1, _, a = heapq.heappop(heap)
-        c2, _, b = heapq.heappop(heap)
+    i = j = 0
+
+    def take() -> tuple[float, int]:
+        nonlocal i, j
+        if j == len(joined) or (i < V and word_count[i] <= joined[j]):  # (a word first on a tie)
+            i += 1
+            return word_count[i - 1], leaf(word[i - 1])
+        j += 1
+        return joined[j - 1], j - 1
+
+    for _ in range(V - 1):
+        c1, a = take()
+        c2, b = take()
         children.append([b, a])  # the more frequent side on the left
-        heapq.heappush(heap, (c1 + c2, tick, len(children) - 1))
-        tick += 1
+        joined.append(c1 + c2)
     return WordTree.from_children(children, len(children) - 1, V)
 
 
