@@ -113,21 +113,20 @@ def test_reading_in_small_blocks_reads_the_same(tmp_path, monkeypatch, case, wor
 
 
 def test_blocks_end_at_line_ends(tmp_path):
-    import mmap
-
     raw = b"ab\ncd\r\nef\rgh\n" * 5
     path = tmp_path / "t.txt"
     path.write_bytes(raw)
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
-        cut = scan_mod.blocks(text, 0, len(raw), 4)
-        assert cut[0][0] == 0 and cut[-1][1] == len(raw) and len(cut) > 1
-        assert all(b == c for (_, b), (c, _) in zip(cut, cut[1:]))
-        assert all(raw[b - 1 : b] == b"\n" for _, b in cut)
-        lone = tmp_path / "cr.txt"  # lines ended by lone \r only: cut after one
-        lone.write_bytes(b"one two\rthree\r" * 4)
-    with open(lone, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as text:
-        cut = scan_mod.blocks(text, 0, len(text), 5)
-        assert len(cut) > 1 and all(lone.read_bytes()[b - 1 : b] == b"\r" for _, b in cut)
+    cut = list(scan_mod.blocks(path, 0, len(raw), 4))
+    assert len(cut) > 1 and b"".join(b for _, b in cut) == raw
+    assert [o for o, _ in cut] == [0] + list(np.cumsum([len(b) for _, b in cut]))[:-1]
+    for offset, b in cut:  # a \n, or a \r that no \n follows
+        end = offset + len(b)
+        assert b.endswith(b"\n") or (b.endswith(b"\r") and raw[end : end + 1] != b"\n")
+    lone = tmp_path / "cr.txt"  # lines ended by lone \r only: cut after one, never inside \r\n
+    lone.write_bytes(b"one two\rthree\r" * 4 + b"x\r\n")
+    cut = list(scan_mod.blocks(lone, 0, lone.stat().st_size, 5))
+    assert len(cut) > 1 and b"".join(b for _, b in cut) == lone.read_bytes()
+    assert all(b.endswith(b"\r") for _, b in cut[:-1]) and cut[-1][1].endswith(b"\r\n")
 
 
 def test_a_large_vocabulary_grows_the_table(tmp_path):

@@ -1,7 +1,7 @@
 """A training file read and turned into provisional ids on every core: the fast half of
 :func:`hlbl.data.corpus.scan_file`, with exactly the result of its Python pass.
 
-The file is memory-mapped and cut into byte ranges that end just after a ``\\n`` (so no line, no
+The file is cut into byte ranges that end just after a ``\\n`` (so no line, no
 ``\\r\\n`` and no multibyte UTF-8 character is split; a file whose lines end in lone ``\\r`` has
 no cut and is one range). Each range is read by :func:`hlbl.data.text_kernel.scan_block` (the
 text rules of :func:`hlbl.data.vocab.iter_sentences`, on the bytes) in a thread of its own: the
@@ -18,11 +18,11 @@ concatenated in order (range 1's need no mapping).
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from .vocab import PROGRESS_BYTES, first_bad_byte
 
 KERNEL_BYTES = 1 << 20  # smaller files are read by the Python pass: loading the kernel costs more
 MIN_RANGE_BYTES = 1 << 20  # a range of a file read by several threads is at least this long
-BLOCK_BYTES = 16 << 20  # what a thread reads at once (its ids: 4 bytes a byte of text at most)
+BLOCK_BYTES = 1 << 20  # what a thread reads at once (its ids: 4 bytes a byte of text at most)
 
 
 def workers_available() -> int:
@@ -60,25 +60,36 @@ def byte_ranges(path: Path, parts: int) -> list[tuple[int, int]]:
     return list(zip(cuts, cuts[1:] + [size]))
 
 
-def blocks(text: mmap.mmap, start: int, stop: int, size: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` in blocks of about ``size`` bytes, each ending just after a line end (a
-    ``\\n``, or where a file has none, a lone ``\\r``) or at ``stop``: a line longer than a block
-    comes whole."""
-    out, pos = [], start
-    while pos < stop:
-        cut = min(pos + size, stop)
-        if cut < stop:
-            end = text.find(b"\n", cut - 1, stop)
-            if end < 0:
-                end = text.find(b"\r", cut - 1, stop)  # (no \n after: this \r is a lone one)
-            cut = stop if end < 0 else end + 1
-        out.append((pos, cut))
-        pos = cut
-    return out
+def blocks(path: Path, start: int, stop: int, size: int) -> Iterator[tuple[int, bytes]]:
+    """The bytes ``[start, stop)`` of ``path`` as (offset, block) in blocks of about ``size`` bytes,
+    each ending just after a line end (a ``\\n``; in a stretch with none, a lone ``\\r``) or at
+    ``stop``: a line longer than a block comes whole. Read into memory block by block (not
+    mapped), so a thread holds one block and its ids, whatever the file's size."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        pos, offset, carry = start, start, b""
+        while pos < stop:
+            chunk = f.read(min(size, stop - pos))
+            if not chunk:
+                break
+            pos += len(chunk)
+            raw = carry + chunk
+            cut = len(raw)
+            if pos < stop:
+                cut = raw.rfind(b"\n") + 1
+                if cut == 0:  # no \n: a \r not last (so not the first half of a \r\n) ends a line
+                    cut = raw.rfind(b"\r", 0, len(raw) - 1) + 1
+                if cut == 0:  # (a line longer than the block: read on)
+                    carry = raw
+                    continue
+            yield offset, raw[:cut]
+            offset, carry = offset + cut, raw[cut:]
+        if carry:
+            yield offset, carry
 
 
 class _Reader:
-    """One file's ranges read by threads: the mapped bytes, the kernel and the options they share."""
+    """One file's ranges read by threads: the kernel and the options they share."""
 
     def __init__(self, path: Path, keep: bool, bar):
         from ..jit import compile_logged
@@ -86,18 +97,11 @@ class _Reader:
 
         self.path, self.keep, self.bar, self.lock = path, keep, bar, threading.Lock()
         self.kernel = text_kernel
-        with open(path, "rb") as f:
-            self.text = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self.data = np.frombuffer(self.text, np.uint8)
         with compile_logged("the text reader"):  # (once, before the threads: they would wait on it)
             probe = np.frombuffer(b"a\n", np.uint8)
             text_kernel.scan_block(
                 probe, 0, 2, False, False, text_kernel.ASCII_SPACE, text_kernel.new_table(), np.empty(3, np.int32)
             )
-
-    def close(self) -> None:
-        del self.data  # (the mapping cannot close while an array views it)
-        self.text.close()
 
     def read_range(self, start: int, stop: int, out: Path) -> tuple[list[str], np.ndarray, int, int]:
         """Range ``[start, stop)``'s ids (raw little-endian int32) to ``out``; returns (its words in
@@ -105,22 +109,22 @@ class _Reader:
         k = self.kernel
         table, n, blanks = k.new_table(), 0, 0
         with open(out, "wb") as f:
-            for lo, hi in blocks(self.text, start, stop, BLOCK_BYTES):
-                ids = np.empty(hi - lo + 1, np.int32)
-                table, m, b, status, pos = k.scan_block(
-                    self.data, lo, hi, lo == 0, self.keep, k.ASCII_SPACE, table, ids
+            for offset, raw in blocks(self.path, start, stop, BLOCK_BYTES):
+                data, ids = np.frombuffer(raw, np.uint8), np.empty(len(raw) + 1, np.int32)
+                table, m, b, status, _ = k.scan_block(
+                    data, 0, len(raw), offset == 0, self.keep, k.ASCII_SPACE, table, ids
                 )
                 if status != k.OK:
                     raise DataError(f"{self.path}: not UTF-8 text ({first_bad_byte(self.path)})")
                 f.write(ids[:m].astype("<i4", copy=False).tobytes())
                 n, blanks = n + m, blanks + b
                 with self.lock:
-                    self.bar.update(hi - lo)
+                    self.bar.update(len(raw))
         size = int(table.size[0])
         return k.words_of(table), table.counts[:size].copy(), n, blanks
 
 
-def scan_bytes(path: Path, ids: Path, blank_lines: str, workers: int, chunk: int = 1 << 22):
+def scan_bytes(path: Path, ids: Path, blank_lines: str, workers: int, chunk: int = 1 << 20):
     """The pass of :func:`hlbl.data.corpus.scan_file` over ``path`` by the byte kernel, its ranges
     in ``workers`` threads: (words in order of first appearance, their counts (int64), ids written
     to ``ids``, blank lines). The caller checks ``blank_lines`` and that the file is not empty, and
@@ -140,14 +144,12 @@ def scan_bytes(path: Path, ids: Path, blank_lines: str, workers: int, chunk: int
                 lookup = np.fromiter((index.setdefault(w, len(index)) for w in local), np.int32, len(local))
                 total = np.concatenate([total, np.zeros(len(index) - len(total), np.int64)])
                 total[lookup] += counts  # (a range's words are distinct: no id repeats in lookup)
-                mapped = np.memmap(part, dtype="<i4", mode="r", shape=(size_r,)) if size_r else np.zeros(0, "<i4")
-                for i in range(0, size_r, chunk):
-                    f.write(lookup[mapped[i : i + chunk]].astype("<i4").tobytes())
-                del mapped
+                with open(part, "rb") as src:  # (read, not mapped: the pages would stay resident)
+                    while piece := src.read(4 * chunk):
+                        f.write(lookup[np.frombuffer(piece, "<i4")].astype("<i4").tobytes())
                 n, blanks = n + size_r, blanks + blanks_r
         return list(index), total, n, blanks
     finally:
-        reader.close()
         bar.close()
         for part in parts[1:]:
             part.unlink(missing_ok=True)
