@@ -93,6 +93,31 @@ def test_errors_are_the_single_pass_errors(tmp_path, monkeypatch):
         assert not list(tmp_path.glob("*.i32*"))  # nothing half-written is left
 
 
+def test_a_failing_range_stops_the_others(tmp_path, monkeypatch):
+    """A bad byte at the start of the last range is the error at once: the first range, long, stops
+    at its next block instead of being read to its end."""
+    monkeypatch.setattr(scan_mod, "MIN_RANGE_BYTES", 1)
+    monkeypatch.setattr(scan_mod, "BLOCK_BYTES", 64)
+    path = tmp_path / "train.txt"
+    path.write_bytes(b"fine words here\n" * 200_000 + b"\xff bad\n")
+    size = path.stat().st_size
+    ranges = [(0, size - 7), (size - 7, size)]
+    monkeypatch.setattr(scan_mod, "byte_ranges", lambda p, parts: ranges)
+    read = []
+    blocks = scan_mod.blocks
+
+    def counted(*args):
+        for block in blocks(*args):
+            read.append(len(block[1]))
+            yield block
+
+    monkeypatch.setattr(scan_mod, "blocks", counted)
+    with pytest.raises(DataError, match="not UTF-8"):
+        scan_file(path, tmp_path / "ids.i32", workers=2)
+    assert sum(read) < size // 2
+    assert not list(tmp_path.glob("ids.i32*"))
+
+
 def test_ptb_in_parallel_equals_the_single_pass(tmp_path):
     path = ptb_root() / "train.txt"
     for blank_lines in ("drop", "keep"):

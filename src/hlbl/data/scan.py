@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Iterator
 
@@ -88,15 +88,21 @@ def blocks(path: Path, start: int, stop: int, size: int) -> Iterator[tuple[int, 
             yield offset, carry
 
 
+class _Stopped(Exception):
+    """A range's thread stopped because another failed or the caller was interrupted."""
+
+
 class _Reader:
-    """One file's ranges read by threads: the kernel and the options they share."""
+    """One file's ranges read by threads: the kernel and the options they share, and ``stopped``:
+    set when one thread fails or the caller is interrupted, so that the others stop at their next
+    block rather than read their whole range first."""
 
     def __init__(self, path: Path, keep: bool, bar):
         from ..jit import compile_logged
         from . import text_kernel
 
         self.path, self.keep, self.bar, self.lock = path, keep, bar, threading.Lock()
-        self.kernel = text_kernel
+        self.kernel, self.stopped = text_kernel, threading.Event()
         with compile_logged("the text reader"):  # (once, before the threads: they would wait on it)
             probe = np.frombuffer(b"a\n", np.uint8)
             text_kernel.scan_block(
@@ -106,15 +112,25 @@ class _Reader:
     def read_range(self, start: int, stop: int, out: Path) -> tuple[list[str], np.ndarray, int, int]:
         """Range ``[start, stop)``'s ids (raw little-endian int32) to ``out``; returns (its words in
         order of first appearance, their counts, ids written, blank lines)."""
+        try:
+            return self._read_range(start, stop, out)
+        except BaseException:
+            self.stopped.set()
+            raise
+
+    def _read_range(self, start: int, stop: int, out: Path) -> tuple[list[str], np.ndarray, int, int]:
         k = self.kernel
         table, n, blanks = k.new_table(), 0, 0
         with open(out, "wb") as f:
             for offset, raw in blocks(self.path, start, stop, BLOCK_BYTES):
+                if self.stopped.is_set():
+                    raise _Stopped()
                 data, ids = np.frombuffer(raw, np.uint8), np.empty(len(raw) + 1, np.int32)
                 table, m, b, status, _ = k.scan_block(
                     data, 0, len(raw), offset == 0, self.keep, k.ASCII_SPACE, table, ids
                 )
                 if status != k.OK:
+                    self.stopped.set()  # (before the message: it reads the file again)
                     raise DataError(f"{self.path}: not UTF-8 text ({first_bad_byte(self.path)})")
                 f.write(ids[:m].astype("<i4", copy=False).tobytes())
                 n, blanks = n + m, blanks + b
@@ -136,7 +152,15 @@ def scan_bytes(path: Path, ids: Path, blank_lines: str, workers: int, chunk: int
     reader = _Reader(Path(path), blank_lines == "keep", bar)
     try:
         with ThreadPoolExecutor(len(ranges)) as pool:
-            done = list(pool.map(lambda r: reader.read_range(*r[0], r[1]), zip(ranges, parts)))
+            futures = [pool.submit(reader.read_range, a, b, part) for (a, b), part in zip(ranges, parts)]
+            try:
+                wait(futures, return_when=FIRST_EXCEPTION)
+            finally:  # (after a failure or an interrupt: the other threads stop at their next block)
+                reader.stopped.set()
+        for future in futures:  # the failure itself, not a thread that stopped because of it
+            if future.exception() is not None and not isinstance(future.exception(), _Stopped):
+                raise future.exception()
+        done = [future.result() for future in futures]
         words, total, n, blanks = done[0]
         index = {w: i for i, w in enumerate(words)}
         with open(ids, "ab") as f:  # range 1's ids are already the file's: the others are mapped on
