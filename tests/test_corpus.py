@@ -123,6 +123,27 @@ def test_one_pass_over_train_gives_the_two_pass_vocabulary_and_stream(tmp_path, 
     assert not list(cache.rglob(".scan-*"))
 
 
+def test_loading_leaves_the_cycle_collector_as_it_found_it(tmp_path):
+    """load_corpus pauses Python's cycle collector while it counts and encodes, and restores it
+    as it was: on, off, and after an error."""
+    import gc
+
+    root = write_corpus(tmp_path / "c", {"train": ["a b", "b c"], "valid": ["a"], "test": ["c"]})
+    assert gc.isenabled()
+    load_corpus(root, cache_dir=tmp_path / "cache")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        load_corpus(root, cache_dir=tmp_path / "cache2")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    (root / "train.txt").write_bytes(b"\xff bad\n")
+    with pytest.raises(DataError):
+        load_corpus(root, cache_dir=tmp_path / "cache3")
+    assert gc.isenabled()
+
+
 def test_a_failed_pass_leaves_no_scan_file(tmp_path):
     root = write_corpus(tmp_path / "c", {"train": ["a b"], "valid": ["a"], "test": ["a"]})
     (root / "train.txt").write_bytes(b"a b\n\xff\xfe bad\n")
