@@ -140,7 +140,7 @@ def time_torch(model: LBL, stream: np.ndarray, pad: int, cfg: TrainConfig, batch
 # trains with the cores it is given, like for like.
 PIN = """
 import os
-os.sched_setaffinity(0, range(int(os.environ["HLBL_BENCH_CORES"])))
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: int(os.environ["HLBL_BENCH_CORES"])])
 """
 
 HLBL_CHILD = (
