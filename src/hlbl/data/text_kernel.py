@@ -53,7 +53,7 @@ class WordTable(NamedTuple):
     """One reader's words, numbered in order of first appearance (0 = ``<eos>``): a hash table
     over an arena of their bytes. Grown (a new table, returned by ``scan_block``) as it fills."""
 
-    slots: np.ndarray  # (cap,) int32: a word id, -1 = empty; cap a power of two, at most half full
+    slots: np.ndarray  # (2M,) int32: a word id, -1 = empty (M a power of two: at most half full)
     hashes: np.ndarray  # (M,) uint64: word i's hash, for i < size
     starts: np.ndarray  # (M+1,) int64: word i's bytes are arena[starts[i]:starts[i+1]]
     arena: np.ndarray  # (A,) uint8: the words' bytes, one after another
