@@ -72,7 +72,10 @@ def new_table(capacity: int = 1 << 12) -> WordTable:
         size=np.zeros(1, np.int64),
     )
     eos = np.frombuffer(EOS.encode(), np.uint8)
-    return _insert(table, eos, 0, len(eos), _hash(eos, 0, len(eos)))[0]
+    _find_or_add(
+        table.slots, table.hashes, table.starts, table.arena, table.size, eos, 0, len(eos), _hash(eos, 0, len(eos))
+    )
+    return table
 
 
 def words_of(table: WordTable) -> list[str]:
@@ -155,18 +158,6 @@ def _find_or_add(slots, hashes, starts, arena, size, data, lo, hi, h):
     starts[w + 1] = a + n
     size[0] = w + 1
     return w
-
-
-@njit(cache=True)
-def _insert(table, data, lo, hi, h):
-    """(table, id of the word data[lo:hi]): :func:`_find_or_add`, growing the table if need be."""
-    slots, hashes, starts, arena, counts, size = table
-    w = _find_or_add(slots, hashes, starts, arena, size, data, lo, hi, h)
-    if w < 0:
-        table = _grown(table, size[0] + 2, starts[size[0]] + hi - lo)
-        slots, hashes, starts, arena, counts, size = table
-        w = _find_or_add(slots, hashes, starts, arena, size, data, lo, hi, h)
-    return table, w
 
 
 @njit(inline="always", cache=True)
