@@ -3,7 +3,7 @@ process, two processes and two Hogwild threads, and the cost model for N machine
 
     python bench/distributed.py speed     [--rounds 5] [--sync-every 128,256]
     python bench/distributed.py quality   [--sync-every 128,256]
-    python bench/distributed.py gutenberg [--max-vocab 50000] [--rounds 3] [--sync-every 256,1024]
+    python bench/distributed.py gutenberg [--max-vocab 50000] [--rounds 3] [--sync-every 256,1024,1024+overlap]
     python bench/distributed.py summary
     python bench/distributed.py --quick
 
@@ -18,9 +18,13 @@ processes together), so start-up and validation are not counted for any of them.
   one process's of the same round (the machine's load falls on all alike).
 * ``quality`` (``quality.json``): each kind trained until its schedule stops it; valid perplexity
   after every epoch, test perplexity of the best weights, epochs and words/s.
-* ``gutenberg`` (``gutenberg.json``): Gutenberg (``--max-vocab`` words, a Huffman tree) by 1
-  process and 2 at each ``--sync-every``: rounds of words/s side by side over the first
-  ``--gutenberg-tokens`` positions, then one whole pass of each (words/s, valid perplexity).
+* ``gutenberg`` (``gutenberg.json``; ``gutenberg190k.json`` for ``--max-vocab 190000``, and so
+  on): Gutenberg (``--max-vocab`` words, a Huffman tree) by 1 process and 2 at each
+  ``--sync-every``: rounds of words/s side by side over the first ``--gutenberg-tokens``
+  positions, then one whole pass of each (words/s, valid perplexity).
+
+A ``--sync-every`` entry ``N+overlap`` runs ``--sync-every N --sync-overlap``: each round's
+exchange overlaps the next round's steps (``hlbl.sync.DelayedSync``).
 * ``summary`` (``summary.json``): the keys the results README cites, the bytes one
   synchronisation sends (``hlbl.distributed.sync_bytes``) and the cost model's projection.
 """
@@ -56,7 +60,8 @@ def flags(kind: str) -> list[str]:
     if kind == "hogwild2":
         return ["--hogwild", "2", "--threads", "2"]
     if kind.startswith("2proc"):
-        return ["--threads", "1", "--sync-every", kind.split("@")[1]]
+        every, overlap = kind.split("@")[1].split("+")[0], kind.endswith("+overlap")
+        return ["--threads", "1", "--sync-every", every] + (["--sync-overlap"] if overlap else [])
     return ["--threads", "1"]
 
 
@@ -140,12 +145,14 @@ def stage_gutenberg(args) -> dict:
     work = Path(args.work) / "gutenberg"
     rounds = []
     for i in range(args.rounds):
-        wps = {}
+        wps, syncs = {}, {}
         for kind in every[i % len(every) :] + every[: i % len(every)]:
             run = train(args, kind, work / "speed" / kind, [*base, "--max-train-tokens", str(args.gutenberg_tokens)])
             wps[kind] = run["metrics"][0]["words_per_sec"]
+            if "sync" in run["metrics"][0]:  # rank 0's rounds' ends: seconds, bytes sent a round
+                syncs[kind] = run["metrics"][0]["sync"]
             print(f"gutenberg round {i + 1} {kind}: {wps[kind]:,.0f} words/s", file=sys.stderr)
-        rounds.append({"wps": wps, "vs_1proc": {k: v / wps["1proc"] for k, v in wps.items()}})
+        rounds.append({"wps": wps, "vs_1proc": {k: v / wps["1proc"] for k, v in wps.items()}, "sync": syncs})
     passes = {}
     for kind in every:
         run = train(args, kind, work / "pass" / kind, base)
@@ -155,6 +162,7 @@ def stage_gutenberg(args) -> dict:
             "wps": round(line["words_per_sec"]),
             "valid_ppl_after_one_pass": line["valid_ppl"],
             "train_minutes": round(line["epoch_minutes"], 2),
+            **({"sync": line["sync"]} if "sync" in line else {}),
         }
         print(
             f"gutenberg pass {kind}: {line['words_per_sec']:,.0f} words/s, valid {line['valid_ppl']:.2f}",
@@ -243,6 +251,8 @@ def stage_summary(args) -> dict:
     gutenberg = res / "gutenberg.json"
     if gutenberg.exists():
         summary |= gutenberg_summary(json.loads(gutenberg.read_text()), every)
+    for other in sorted(res.glob("gutenberg?*k.json")):  # other vocabularies: their own keys only
+        summary |= {k: v for k, v in gutenberg_summary(json.loads(other.read_text()), every).items() if "k_" in k}
     return summary
 
 
@@ -270,6 +280,14 @@ def gutenberg_summary(g: dict, every: int) -> dict:
     return out
 
 
+def _file_stem(stage: str, args) -> str:
+    """The stage's file: ``gutenberg.json`` at 50,000 words (and the quick check's whole
+    vocabulary), ``gutenberg190k.json`` at 190,000."""
+    if stage != "gutenberg" or args.max_vocab in (0, 50000):
+        return stage
+    return f"gutenberg{round(args.max_vocab / 1000)}k"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("stage", nargs="?", choices=["speed", "quality", "gutenberg", "summary"])
@@ -286,7 +304,9 @@ def main(argv=None) -> int:
     )
     args = ap.parse_args(argv)
     if args.quick:
-        finish_args(args, rounds=1, epochs=1, max_epochs=2, sync_every="4", max_vocab=0, gutenberg_tokens=2000)
+        finish_args(
+            args, rounds=1, epochs=1, max_epochs=2, sync_every="4,4+overlap", max_vocab=0, gutenberg_tokens=2000
+        )
         args.out, args.work = str(quick_dir() / "distributed"), str(quick_dir() / "distributed-runs")
     elif args.stage is None:
         ap.error("a stage (speed, quality, gutenberg, summary), or --quick")
@@ -297,7 +317,7 @@ def main(argv=None) -> int:
         result = {"speed": stage_speed, "quality": stage_quality, "gutenberg": stage_gutenberg}.get(
             stage, stage_summary
         )(args)
-        path = write_json(Path(args.out) / f"{stage}.json", result)
+        path = write_json(Path(args.out) / f"{_file_stem(stage, args)}.json", result)
         print(json.dumps({"stage": stage, "written": str(path)}))
     return 0
 

@@ -4,9 +4,10 @@ One spawn of two processes (a FileStore in tmp_path: no port, no network) runs e
 scenario; the tests compare what the ranks saved with single-process runs of the same recipe.
 The recipe goes through an odd batch size (shards of 32 and 31), a last minibatch of one position
 (rank 1's shard is empty), the learning-rate drop with the best weights restored, early stopping,
-and a resume. The fast engine's scenarios (averaged updates, hlbl.fast._Sync) check its own rules:
-each row takes the mean of the updates of the processes that touched it (against a reference
-written with autograd), the ranks agree to the bit, and a resume continues a run to the bit.
+and a resume. The fast engine's scenarios (averaged updates, hlbl.sync) check its own rules:
+each row takes the mean of the updates of the processes that touched it, or with overlapped
+rounds that mean one round late (against references written with autograd), the ranks agree to
+the bit, and a resume continues a run to the bit.
 """
 
 import json
@@ -53,6 +54,10 @@ FAST = dict(batch_size=BATCH, seed=0, progress=False, engine="fast", epoch_token
 # Minibatches of 4 positions: some rows are touched by one process only.
 RULE = dict(batch_size=4, seed=0, progress=False, epoch_tokens=0, lr=0.02, optimizer="sgd")
 ROUNDS = 5
+# The overlapped rule (hlbl.sync.DelayedSync), checked round by round: momentum and weight decay
+# (the corrections go through A^k), rounds of EVERY steps.
+OVERLAP = dict(RULE, lr=0.01, optimizer="momentum", weight_decay_words=1e-2, weight_decay_other=1e-2)
+EVERY = 2
 
 
 def make_model(corpus) -> LBL:
@@ -97,14 +102,22 @@ def _worker(rank: int, root: str) -> None:
         )  # fmt: skip
         out["fast_rule"] = params(model)
         out["sync_bytes"] = (mixer.syncs, mixer.bytes_per_sync, ddp.sync_bytes(model, momentum=False))
-        for every in (1, 4):  # 1: the one-process step at batch 2B; 4: rounds of 4 steps
-            cfg = TrainConfig(**FAST, sync_every=every)
+        model = make_model(corpus)
+        cfg = TrainConfig(**OVERLAP)
+        fast.FastEngine(mixer=ddp.UpdateMixer(EVERY, overlap=True)).train(
+            model, make_optimizer(model, cfg, cfg.lr), stream, corpus.vocab.eos, cfg, 1, False,
+            fast.Probe(max_batches=EVERY * ROUNDS),
+        )  # fmt: skip
+        out["fast_overlap_rule"] = params(model)
+        # 1: the one-process step at batch 2B; 4: rounds of 4 steps; "4o": overlapped
+        for every, overlap in ((1, False), (4, False), (4, True)):
+            cfg = TrainConfig(**FAST, sync_every=every, sync_overlap=overlap)
             model = make_model(corpus)
             opt = make_optimizer(model, cfg, cfg.lr)
             engine = fast_parallel_engine(cfg, model.config.vocab_size)
             losses = [engine(model, opt, stream, corpus.vocab.eos, cfg, e, False)[0] for e in (1, 2)]
             buffers = {k: opt.state[p]["momentum_buffer"].clone() for k, p in model.named_parameters()}
-            out[f"fast_sync{every}"] = (params(model), buffers, losses)
+            out[f"fast_sync{every}{'o' if overlap else ''}"] = (params(model), buffers, losses)
 
         # fit: two epochs, then a resume to three, against three at once (rounds of 4 steps).
         for name, epochs, again in (("fast_resume", 2, False), ("fast_resume", 3, True), ("fast_whole", 3, False)):
@@ -301,16 +314,96 @@ def test_fast_rows_take_the_mean_update_of_the_processes_that_touched_them(runs)
         assert syncs == ROUNDS and 0 < sent <= predicted  # the cost model's bytes bound what a sync sends
 
 
+def _delayed_reference(corpus, stream: np.ndarray) -> dict[str, torch.Tensor]:
+    """hlbl.sync.DelayedSync's rule written with autograd and torch's SGD: WORLD models, each
+    stepping on its own minibatches; after round t, the rows some process touched in round t-1
+    take that round's mean m, as A^k m where this process did not touch them in round t and
+    x + A^k (m - x_{t-1}) where it did; the last round's mean applies at once."""
+    cfg = TrainConfig(**OVERLAP)
+    models = [make_model(corpus) for _ in range(WORLD)]
+    opts = [make_optimizer(m, cfg, cfg.lr) for m in models]
+    order = EpochOrder(cfg.seed, 1, len(stream))
+    B = cfg.batch_size
+
+    def state(r: int) -> dict[str, list[torch.Tensor]]:  # (value, momentum buffer) by name, live
+        return {k: [p.data, opts[r].state[p]["momentum_buffer"]] for k, p in models[r].named_parameters()}
+
+    def power(r: int, name: str) -> np.ndarray:  # A^EVERY of the parameter's group
+        p = dict(models[r].named_parameters())[name]
+        g = next(g for g in opts[r].param_groups if any(q is p for q in g["params"]))
+        return fast._powers(g["lr"], g["momentum"], g["weight_decay"], EVERY)[EVERY]
+
+    def shaped(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return flags.reshape((-1,) + (1,) * (like.dim() - 1))
+
+    pending = None  # (means, snapshots per process, counts) of the previous round
+    for t in range(ROUNDS):
+        touched = []
+        for r in range(WORLD):
+            mine = {k: torch.zeros(p.shape[0], dtype=torch.bool) for k, p in models[r].named_parameters()}
+            for s in range(EVERY):
+                g = (t * EVERY + s) * WORLD + r  # process r's local step t * EVERY + s + 1
+                pos = order.window(g * B, (g + 1) * B)
+                ctx = torch.from_numpy(contexts(stream, pos, models[r].config.context, corpus.vocab.eos))
+                opts[r].zero_grad()
+                (models[r](ctx, torch.from_numpy(stream[pos].astype(np.int64))).loss * len(pos)).backward()
+                for k, p in models[r].named_parameters():
+                    mine[k] |= p.grad.reshape(p.shape[0], -1).ne(0).any(1)
+                opts[r].step()
+            touched.append(mine)
+        states = [state(r) for r in range(WORLD)]
+        with torch.no_grad():
+            if pending is not None:
+                means, snaps, counts = pending
+                for r in range(WORLD):
+                    for k, (x, b) in states[r].items():
+                        A = torch.tensor(power(r, k), dtype=torch.float32)
+                        m, s, hit = means[k], snaps[r][k], shaped(counts[k] > 0, x)
+                        own = shaped(touched[r][k], x)
+                        new_x = torch.where(own, x + A[0, 0] * (m[0] - s[0]) + A[0, 1] * (m[1] - s[1]),
+                                            A[0, 0] * m[0] + A[0, 1] * m[1])  # fmt: skip
+                        new_b = torch.where(own, b + A[1, 0] * (m[0] - s[0]) + A[1, 1] * (m[1] - s[1]),
+                                            A[1, 0] * m[0] + A[1, 1] * m[1])  # fmt: skip
+                        x.copy_(torch.where(hit, new_x, x))
+                        b.copy_(torch.where(hit, new_b, b))
+            counts = {k: sum(touched[r][k].float() for r in range(WORLD)) for k in states[0]}
+            means = {
+                k: [sum(states[r][k][i] * shaped(touched[r][k], x) for r in range(WORLD)) / shaped(counts[k].clamp(min=1), x)
+                    for i, x in enumerate(states[0][k])]
+                for k in states[0]
+            }  # fmt: skip
+            if t < ROUNDS - 1:
+                pending = (means, [{k: [v.clone() for v in xs] for k, xs in st.items()} for st in states], counts)
+            else:  # the last round: its means at once
+                for r in range(WORLD):
+                    for k, xs in states[r].items():
+                        for x, m in zip(xs, means[k]):
+                            x.copy_(torch.where(shaped(counts[k] > 0, x), m, x))
+    return params(models[0])
+
+
+def test_fast_overlapped_rows_take_the_means_one_round_late(runs):
+    """DelayedSync against its rule written with autograd (momentum, weight decay, rounds of 2)."""
+    root, ranks, _ = runs
+    corpus = load_corpus(root / "corpus")
+    want = _delayed_reference(corpus, np.ascontiguousarray(corpus["train"][:TOKENS]))
+    for r in ranks:
+        assert_close(r["fast_overlap_rule"], want)
+    blocking = ranks[0]["fast_rule"]  # (another recipe: the delayed rule must not be the blocking one)
+    assert any(not torch.allclose(want[k], blocking[k], atol=1e-6) for k in want)
+
+
 def test_fast_ranks_agree_to_the_bit_and_learn(runs):
     _, ranks, _ = runs
-    for every in (1, 4):
+    for every in (1, 4, "4o"):
         a, b = (r[f"fast_sync{every}"] for r in ranks)
         for k in a[0]:
             assert torch.equal(a[0][k], b[0][k]) and torch.equal(a[1][k], b[1][k]), k
         assert a[2] == b[2] and a[2][1] < a[2][0]  # the same global loss, and it falls
     # rounds of 4 steps are not the synchronous steps: the rule of one step does not hold there
-    one, four = ranks[0]["fast_sync1"][0], ranks[0]["fast_sync4"][0]
+    one, four, late = (ranks[0][f"fast_sync{k}"][0] for k in ("1", "4", "4o"))
     assert any(not torch.allclose(one[k], four[k], atol=1e-6) for k in one)
+    assert any(not torch.allclose(late[k], four[k], atol=1e-6) for k in one)  # overlapped: the means a round late
 
 
 def test_fast_resume_continues_to_the_bit(runs):

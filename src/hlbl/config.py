@@ -154,15 +154,18 @@ class TrainConfig:
     engine: str = "auto"  # "fast" (hlbl.fast, CPU numba), "torch" (autograd), "auto": fast where it applies
     hogwild: int = 1  # fast engine threads; 1 is deterministic, more run lock-free (not reproducible)
     # Fast engine under torchrun: local steps of each process between two averagings of the rows
-    # the processes touched (hlbl.fast._Sync; docs/distributed.md), or "auto": by the vocabulary
+    # the processes touched (hlbl.sync.Sync; docs/distributed.md), or "auto": by the vocabulary
     # (sync_steps).
     sync_every: int | str = "auto"
+    # Apply each round's averages one round late, so the exchange runs during the next round's
+    # steps (hlbl.sync.DelayedSync): for slow links; two more copies of the model in memory.
+    sync_overlap: bool = False
     # Seconds of training this call may spend: it stops at the first checkpoint after them (not
     # an early stop: a resume goes on). None: no budget.
     time_budget: float | None = None
 
     # How a run is computed, not what it learns: the only settings a resume may change.
-    RUNTIME = ("max_epochs", "device", "progress", "engine", "hogwild", "sync_every", "time_budget")
+    RUNTIME = ("max_epochs", "device", "progress", "engine", "hogwild", "sync_every", "sync_overlap", "time_budget")
 
     def sync_steps(self, vocab_size: int) -> int:
         """``sync_every`` as steps for a model of ``vocab_size`` words. ``auto``: 256 up to about
@@ -197,6 +200,7 @@ class TrainConfig:
             "sync_every",
             f"must be auto or at least 1, got {every!r}",
         )
+        _need(isinstance(self.sync_overlap, bool), "sync_overlap", f"must be true or false, got {self.sync_overlap!r}")
         _need(_number(self.lr) and 0 < self.lr < math.inf, "lr", f"must be positive, got {self.lr}")
         _need(
             _number(self.lr_final) and 0 <= self.lr_final < math.inf, "lr_final", f"must be >= 0, got {self.lr_final}"

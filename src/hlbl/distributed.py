@@ -33,6 +33,7 @@ import json
 import os
 from dataclasses import asdict
 from datetime import timedelta
+from typing import Callable
 
 import numpy as np
 import torch
@@ -254,11 +255,13 @@ class UpdateMixer:
     every synchronisation with the same state, bit for bit.
     """
 
-    def __init__(self, every: int):
+    def __init__(self, every: int, overlap: bool = False):
         if every < 1:
             raise ValueError(f"every must be at least 1 step, got {every}")
         self.every, self.rank, self.world = int(every), rank(), world_size()
+        self.overlap = bool(overlap)  # apply each round's means one round late (hlbl.sync.DelayedSync)
         self.bytes_per_sync = self.syncs = 0
+        self.bytes_sent = 0  # over all synchronisations: what this process put in
         self._buffer = np.empty(0, np.float32)  # the send buffer, kept between synchronisations
 
     def average_rows(self, tables: list) -> None:
@@ -283,6 +286,7 @@ class UpdateMixer:
                     rows = slice(lo, min(lo + step, len(counts))) if whole else used[lo : lo + step]
                     pending.append((a, rows, counts, touched, width))
         self._send(pending)
+        self.bytes_sent += self.bytes_per_sync
         self.syncs += 1
 
     def _send(self, pending: list) -> None:
@@ -308,6 +312,23 @@ class UpdateMixer:
             batch.append((piece, used, size))
             used += size
             self.bytes_per_sync += 4 * size
+
+    def sum_async(self, values: np.ndarray) -> Callable[[], None]:
+        """Start summing ``values`` (float32, 1-d) over the processes in place, a collective per
+        ``SYNC_CHUNK`` values run by the process group's threads; returns the wait for them all."""
+        works = [
+            dist.all_reduce(torch.from_numpy(values[lo : lo + SYNC_CHUNK]), op=dist.ReduceOp.SUM, async_op=True)
+            for lo in range(0, len(values), SYNC_CHUNK)
+        ]
+        self.bytes_per_sync = values.nbytes
+        self.bytes_sent += values.nbytes
+        self.syncs += 1
+
+        def wait() -> None:
+            for work in works:
+                work.wait()
+
+        return wait
 
     def totals(self, nll: float, seen: int, elapsed: float) -> tuple[float, int, float]:
         """The epoch's summed NLL and positions over the processes, and the slowest one's seconds."""

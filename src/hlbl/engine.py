@@ -88,8 +88,9 @@ def train_epoch(
 
 def fast_parallel_engine(cfg: TrainConfig, vocab_size: int) -> fast.FastEngine:
     """The fast engine as one of W processes: one thread on this process's minibatches, averaging
-    the rows the processes touched every ``cfg.sync_steps(vocab_size)`` steps; global loss and words/s."""
-    return fast.FastEngine(threads=1, mixer=ddp.UpdateMixer(cfg.sync_steps(vocab_size)))
+    the rows the processes touched every ``cfg.sync_steps(vocab_size)`` steps (one round late with
+    ``cfg.sync_overlap``); global loss and words/s."""
+    return fast.FastEngine(threads=1, mixer=ddp.UpdateMixer(cfg.sync_steps(vocab_size), cfg.sync_overlap))
 
 
 def choose_engine(model: LBL, cfg: TrainConfig):

@@ -108,7 +108,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 import numba
 import numpy as np
@@ -122,6 +122,7 @@ from .numpy_model import SCORE_CHUNK, score_stream, word_paths
 from .numpy_model import check_stream as _check_stream
 from .output import TreeSoftmax
 from .progress import progress
+from .sync import DelayedSync, Mixer, Pair, Sync
 from .tree import WordTree
 
 
@@ -276,22 +277,6 @@ def _workspace(B: int, n: int, d: int, K: int, D: int, slot_n: np.ndarray, slot_
 
 
 CHUNK_STEPS = 16  # steps per kernel call: progress updates without per-step Python overhead
-
-
-class Mixer(Protocol):
-    """What a data-parallel epoch needs from its process group (``hlbl.distributed.UpdateMixer``):
-    this process's rank of ``world``, the steps between synchronisations, and two collectives."""
-
-    rank: int
-    world: int
-    every: int
-
-    def average_rows(self, tables: list[tuple[list[np.ndarray], np.ndarray]]) -> None:
-        """For each table (arrays, this process's touched rows): each row that some process touched
-        becomes the mean of the touchers' rows, in place, on every process."""
-
-    def totals(self, nll: float, seen: int, elapsed: float) -> tuple[float, int, float]:
-        """Summed NLL and positions over the processes, and the slowest one's seconds."""
 
 
 @dataclass
@@ -452,61 +437,19 @@ def _catch_up_share(r: int, sched: _Schedule, shared: _Shared, step: int) -> Non
     catch_up(rows_n, p.Q, p.Qbuf, p.qb, p.qbbuf, st.last_n, step, st.P_other, rates["Q"].mu, st.P_bias, rates["qb"].mu)
 
 
-class _Sync:
-    """Averaged updates between W processes, every round (docs/distributed.md has the scheme).
+def _sync(shared: _Shared, mixer: Mixer) -> Sync:
+    """The epoch's :class:`~hlbl.sync.Sync` (or ``DelayedSync`` where the mixer overlaps rounds)
+    over the shared arrays: the words, the context weights and the nodes with their biases."""
+    p, st, opt = shared.params, shared.state, shared.opt
 
-    At a round's start every process holds the same state s0 (parameters and momentum buffers).
-    A row that no process touched during the round ends it at A^k s0 on every process alike (A:
-    the gradient-free step of the module docstring, applied by the catch-up), so it needs no
-    exchange. A row that some processes touched takes the mean of their values: s0's gradient-free
-    path plus the mean of what each toucher's minibatches added to it. A rare word's row, touched
-    by one process, so keeps that process's whole update; a row every process moved (C, the nodes
-    near the root, frequent words) takes the mean of their moves, the step one process would take,
-    not W of them. Momentum buffers are averaged the same way; decay is applied once.
-    """
+    def pair(name: str, value: np.ndarray, buf: np.ndarray, powers: np.ndarray) -> Pair:
+        return Pair(value, buf if opt.rates[name].mu != 0.0 else None, powers)
 
-    def __init__(self, shared: _Shared, mixer: Mixer):
-        p, st, opt = shared.params, shared.state, shared.opt
-
-        def with_buffer(name: str, value: np.ndarray, buf: np.ndarray) -> list[np.ndarray]:
-            return [value] + ([buf] if opt.rates[name].mu != 0.0 else [])
-
-        # Three tables whose rows are touched together: the words (R), the context weights (C,
-        # touched by every process that took a step) and the nodes (Q and the node records' biases).
-        self.words = with_buffer("R", p.R, p.Rbuf)
-        self.context = with_buffer("C", p.C, p.Cbuf)
-        self.nodes = with_buffer("Q", p.Q, p.Qbuf) + with_buffer("qb", p.qb, p.qbbuf)
-        self.dense = (p.C, p.Cbuf if opt.rates["C"].mu != 0.0 else None, st.P_other)
-        self.last_w, self.last_n = st.last_w, st.last_n
-        self.mixer = mixer
-
-    def touched(self, first: int, stepped: bool) -> list[np.ndarray]:
-        """Per table, which rows this process's steps of the round (after step ``first``) touched:
-        the rows stamped past ``first`` (read before the catch-up stamps every row)."""
-        return [self.last_w > first, np.full(self.dense[0].shape[0], stepped), self.last_n > first]
-
-    def advance_dense(self, steps: int) -> None:
-        """Apply ``steps`` gradient-free steps to C (dense, stepped by every step, not lazy): for a
-        process whose share ended before the round's last step, as the lazy rows are caught up."""
-        value, buf, powers = self.dense
-        if steps > 0:
-            _gradient_free(value, buf, powers[steps])
-
-    def finish(self, touched: list[np.ndarray]) -> None:
-        """After a round (every row caught up to its end): the averaged rows."""
-        self.mixer.average_rows(list(zip((self.words, self.context, self.nodes), touched)))
-
-
-def _gradient_free(value: np.ndarray, buf: np.ndarray | None, A: np.ndarray) -> None:
-    """(value, buf) <- A (value, buf) in place, for a 2x2 ``A`` (float32 coefficients, as the
-    kernels' catch-up); without momentum only value <- A[0, 0] value."""
-    a00, a01, a10, a11 = (np.float32(x) for x in A.ravel())
-    if buf is None:
-        value *= a00
-        return
-    new_value = a00 * value + a01 * buf
-    buf[...] = a10 * value + a11 * buf
-    value[...] = new_value
+    words = [pair("R", p.R, p.Rbuf, st.P_words)]
+    context = [pair("C", p.C, p.Cbuf, st.P_other)]  # (C and Q share a group: P_other)
+    nodes = [pair("Q", p.Q, p.Qbuf, st.P_other), pair("qb", p.qb, p.qbbuf, st.P_bias)]
+    kind = DelayedSync if getattr(mixer, "overlap", False) else Sync
+    return kind(words, context, nodes, st.last_w, st.last_n, mixer)
 
 
 def _record_stats(stats: dict, shared: _Shared, sched: _Schedule, steps_s: float, catch_up_s: float) -> None:
@@ -552,6 +495,9 @@ class FastEngine:
         self.mixer = mixer
         self._paths: tuple[WordTree, WordPaths] | None = None  # the last tree's paths (the tree kept: `is` holds)
         self._advised: set[tuple[int, int]] = set()  # (address, bytes) of the buffers advised
+        # With a mixer, the last epoch's rounds: their count, this process's seconds at their ends
+        # (catch-up of every row, the exchange, the waits), the bytes it sent a round, overlap.
+        self.sync_stats: dict | None = None
 
     def word_paths(self, tree: WordTree) -> WordPaths:
         """:func:`word_paths` of ``tree``, built once."""
@@ -584,7 +530,7 @@ class FastEngine:
         another thread is writing, so results vary slightly from run to run. With a ``mixer``,
         process r of W (each calls this with the same arguments and state, one thread each) takes
         global minibatches r, r + W, ... and the processes average the rows they touched every
-        ``mixer.every`` steps and at the end (:class:`_Sync`), so that they return with the same
+        ``mixer.every`` steps and at the end (:class:`hlbl.sync.Sync`), so that they return with the same
         state; the loss and words/s returned are global. Parameters and optimiser state are
         caught up (exact) at return."""
         return self.train(model, optimizer, stream, pad, cfg, epoch, show, Probe())
@@ -608,15 +554,20 @@ class FastEngine:
         # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
         # cache before the progress bar and the clock start, so neither counts compilation.
         tokens, none = readers[0].window(0, 0)
+        sync = _sync(shared, mixer) if sched.world > 1 else None
         with compile_logged("the training kernels"):
             train_steps(
                 np.empty(0, np.int64), none, 0, B, tokens, pad, *shared.kernel_args(0), sched.S, shared.clocks[0]
             )
+            if sync is not None:
+                sync.prepare()
         bar = progress(sched.seen * sched.world, f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
+        rounds = _rounds(sched, mixer)
+        sent = getattr(mixer, "bytes_sent", 0)
         begin = time.perf_counter()
         try:
             with torch.no_grad():
-                total, steps_s, rest_s = _train_rounds(sched, shared, readers, pad, bar, mixer)
+                total, steps_s, rest_s = _train_rounds(sched, shared, readers, pad, bar, rounds, sync)
         finally:  # (after an interruption too: the biases' progress is not lost)
             _keep_biases(model, shared)
         elapsed = time.perf_counter() - begin
@@ -625,6 +576,12 @@ class FastEngine:
         seen = sched.seen
         if sched.world > 1:
             total, seen, elapsed = mixer.totals(total, seen, elapsed)
+            self.sync_stats = {
+                "rounds": len(rounds),
+                "seconds": rest_s,  # this process's, at the rounds' ends: catch-up, exchange, waits
+                "bytes_a_round": (getattr(mixer, "bytes_sent", 0) - sent) / len(rounds),
+                "overlap": getattr(mixer, "overlap", False),
+            }
         if not math.isfinite(total):
             total = math.inf
         return total / max(seen, 1), seen / elapsed
@@ -652,16 +609,16 @@ def train_epoch(
     return FastEngine()(model, optimizer, stream, pad, cfg, epoch, show)
 
 
-def _train_rounds(sched: _Schedule, shared: _Shared, readers, pad: int, bar, mixer) -> tuple[float, float, float]:
+def _train_rounds(
+    sched: _Schedule, shared: _Shared, readers, pad: int, bar, rounds: list[tuple[int, int]], sync: Sync | None
+) -> tuple[float, float, float]:
     """The epoch's steps round by round, each round ending with every row caught up (and, with
     several processes, the averaged rows); returns the summed NLL, the seconds in steps and the
     seconds in catch-up and synchronisation."""
     T = sched.T
-    sync = _Sync(shared, mixer) if sched.world > 1 else None
     total, steps_s, rest_s = 0.0, 0.0, 0.0
-    rounds = _rounds(sched, mixer)
     with ThreadPoolExecutor(T) as pool:
-        for first, last in rounds:
+        for i, (first, last) in enumerate(rounds):
 
             def run(r: int) -> float:
                 return _thread_steps(r, sched, shared, readers[r], pad, bar, first, last)
@@ -674,7 +631,7 @@ def _train_rounds(sched: _Schedule, shared: _Shared, readers, pad: int, bar, mix
             list(pool.map(lambda r: _catch_up_share(r, sched, shared, last), range(T)))
             if sync is not None:
                 sync.advance_dense(last - max(first, min(last, sched.steps)))  # a share that ended early
-                sync.finish(touched)
+                sync.finish(touched, last, final=i == len(rounds) - 1)
             steps_s, rest_s = steps_s + (t1 - t0), rest_s + (time.perf_counter() - t1)
     return total, steps_s, rest_s
 

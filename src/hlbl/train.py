@@ -162,6 +162,9 @@ def _metrics_line(loop: Loop, cfg: TrainConfig, state: TrainState, epoch, loss, 
         "elapsed_s": state.elapsed,
         "improved": improved,
     }
+    sync = getattr(loop.engine, "sync_stats", None)  # the fast engine under torchrun: its rounds' ends
+    if sync:
+        line["sync"] = sync
     where = f" (pass {span.pass_}, part {span.part}/{span.parts})" if span.parts > 1 else ""
     loop.log(f"epoch {epoch}{where}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state.lr:g}")
     return json.dumps(line)

@@ -61,6 +61,7 @@ FLAGS = {
     "engine": "--engine",
     "hogwild": "--hogwild",
     "sync_every": "--sync-every",
+    "sync_overlap": "--sync-overlap",
     "time_budget": "--time-budget",
     "threads": "--threads",
     # the paper's pipeline (ReproConfig)

@@ -137,7 +137,7 @@ def _say_where_resuming(run, cfg) -> None:
     )
     print(
         f"resuming {run.path} {where}: the model, vocabulary and recipe are the run's own (only --epochs, --engine, "
-        "--hogwild, --sync-every, --device, --threads and --time-budget apply)",
+        "--hogwild, --sync-every, --sync-overlap, --device, --threads and --time-budget apply)",
         file=sys.stderr,
     )
 
@@ -506,6 +506,14 @@ def _how_to_run_args(t) -> None:
         "(docs/distributed.md)",
         type=sync_every_arg,
         metavar="STEPS",
+    )
+    setting_arg(
+        t,
+        "sync_overlap",
+        False,
+        "fast engine under torchrun: exchange each round's rows while the next round trains, its "
+        "averages applied one round late (for slow links; two more copies of the model in memory)",
+        action="store_true",
     )
     setting_arg(t, "seed", d.seed, "initial weights and example order", type=seed_arg)
     t.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")

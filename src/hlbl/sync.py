@@ -1,0 +1,234 @@
+"""The fast engine's rows averaged between W processes every round (docs/distributed.md has the
+scheme and its costs): at the round's end, or, with ``overlap``, one round later while the next
+round's steps run.
+
+:class:`Sync` is the rule. At a round's start every process holds the same state s0 (parameters
+and momentum buffers). A row that no process touched during the round ends it at A^k s0 on every
+process alike (A: the gradient-free step of ``hlbl.fast``'s docstring, applied by the catch-up),
+so it needs no exchange. A row that some processes touched takes the mean of their values: s0's
+gradient-free path plus the mean of what each toucher's minibatches added to it. A rare word's
+row, touched by one process, so keeps that process's whole update; a row every process moved (C,
+the nodes near the root, frequent words) takes the mean of their moves, the step one process would
+take, not W of them. Momentum buffers are averaged the same way; decay is applied once.
+
+:class:`DelayedSync` applies the same means one round late, so that the exchange runs in the
+background (the process group's own threads) while the next round's steps run. At the end of
+round r+1 (rows caught up, k steps after round r's end) it has round r's means m and its own
+state at round r's end, the snapshot x_r. A row that some process touched in round r becomes
+
+    A^k m                  where this process did not touch it in round r+1 (the same everywhere),
+    x + A^k (m - x_r)      where it did (its own round r+1 update kept on top of the mean),
+
+and then round r+1's exchange starts from these rows. So after every correction the rows this
+process did not touch in the round are the same on every process (the invariant :class:`Sync`
+relies on), and each round's mean is the blocking rule's, only its updates were computed from
+states that lacked the other processes' previous round. The epoch's last round is exchanged at
+once, so every epoch ends with the same state, bit for bit, on every process. The price: a copy of
+the parameters and momentum for the snapshot and one for the send buffer, and every row is sent
+(the rows to send are not known before the exchange starts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+from numba import njit
+
+
+class Mixer(Protocol):
+    """What a data-parallel epoch needs from its process group (``hlbl.distributed.UpdateMixer``):
+    this process's rank of ``world``, the steps between synchronisations, whether they overlap the
+    next round, and the collectives."""
+
+    rank: int
+    world: int
+    every: int
+    overlap: bool
+
+    def average_rows(self, tables: list[tuple[list[np.ndarray], np.ndarray]]) -> None:
+        """For each table (arrays, this process's touched rows): each row that some process touched
+        becomes the mean of the touchers' rows, in place, on every process."""
+
+    def sum_async(self, values: np.ndarray) -> Callable[[], None]:
+        """Start summing ``values`` (float32, 1-d) over the processes in place; returns the wait."""
+
+    def totals(self, nll: float, seen: int, elapsed: float) -> tuple[float, int, float]:
+        """Summed NLL and positions over the processes, and the slowest one's seconds."""
+
+
+@dataclass
+class Pair:
+    """A parameter (rows first) with its momentum buffer (None without momentum) and the powers
+    (steps+1, 2, 2) float64 A^k of its optimiser group's gradient-free step."""
+
+    value: np.ndarray
+    buf: np.ndarray | None
+    powers: np.ndarray
+
+    @property
+    def arrays(self) -> list[np.ndarray]:
+        return [self.value] + ([self.buf] if self.buf is not None else [])
+
+
+def gradient_free(pair: Pair, steps: int) -> None:
+    """(value, buf) <- A^steps (value, buf) in place (float32 coefficients, as the kernels'
+    catch-up); without momentum only value <- A[0, 0] value."""
+    a00, a01, a10, a11 = (np.float32(x) for x in pair.powers[steps].ravel())
+    value, buf = pair.value, pair.buf
+    if buf is None:
+        value *= a00
+        return
+    new_value = a00 * value + a01 * buf
+    buf[...] = a10 * value + a11 * buf
+    value[...] = new_value
+
+
+class Sync:
+    """Averaged updates between W processes at the end of every round (the module docstring).
+
+    ``tables``: rows touched together, each a list of :class:`Pair`: the words (R), the context
+    weights (C, touched by every process that took a step) and the nodes (Q, and the node biases
+    that live in the node records during an epoch). ``last_w``, ``last_n``: the words' and nodes'
+    step stamps, which tell the rows a round touched."""
+
+    def __init__(self, words: list[Pair], context: list[Pair], nodes: list[Pair], last_w, last_n, mixer: Mixer):
+        self.tables = [words, context, nodes]
+        self.last_w, self.last_n = last_w, last_n
+        self.mixer = mixer
+
+    def prepare(self) -> None:
+        """Compile (or load from numba's cache) what the rounds' ends run, before the clock starts."""
+
+    def touched(self, first: int, stepped: bool) -> list[np.ndarray]:
+        """Per table, which rows this process's steps of the round (after step ``first``) touched:
+        the rows stamped past ``first`` (read before the catch-up stamps every row)."""
+        return [self.last_w > first, np.full(len(self.tables[1][0].value), stepped), self.last_n > first]
+
+    def advance_dense(self, steps: int) -> None:
+        """Apply ``steps`` gradient-free steps to C (dense, stepped by every step, not lazy): for a
+        process whose share ended before the round's last step, as the lazy rows are caught up."""
+        if steps > 0:
+            gradient_free(self.tables[1][0], steps)
+
+    def finish(self, touched: list[np.ndarray], step: int, final: bool) -> None:
+        """After a round ending at ``step`` (every row caught up to it): the averaged rows.
+        ``final``: the epoch's last round."""
+        arrays = [[a for pair in table for a in pair.arrays] for table in self.tables]
+        self.mixer.average_rows(list(zip(arrays, touched)))
+
+
+class DelayedSync(Sync):
+    """:class:`Sync`'s means applied one round late, the exchange overlapping the next round's
+    steps (the module docstring). Holds two flat float32 copies of every table's arrays: ``send``
+    (the touch flags, then this process's rows, zero where it did not touch them; summed over the
+    processes in place) and ``snap`` (this process's rows at the exchanged round's end)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        rows = sum(len(table[0].value) for table in self.tables)
+        values = sum(a.size for table in self.tables for pair in table for a in pair.arrays)
+        self.send = np.empty(rows + values, np.float32)
+        self.snap = np.empty(values, np.float32)
+        self.pending: tuple[Callable[[], None], int] | None = None  # (wait, the exchanged round's end step)
+
+    def _views(self) -> list[tuple[np.ndarray, list[tuple[Pair, list[np.ndarray], list[np.ndarray]]]]]:
+        """Per table: its summed touch counts (a view of ``send``), and per pair the views of
+        ``send`` and ``snap`` shaped as its arrays."""
+        out, flags = [], 0
+        at, s = sum(len(table[0].value) for table in self.tables), 0  # (send: the flags first)
+        for table in self.tables:
+            rows = len(table[0].value)
+            counts, flags = self.send[flags : flags + rows], flags + rows
+            pairs = []
+            for pair in table:
+                sends = [self.send[at + o : at + o + a.size].reshape(a.shape) for o, a in _offsets(pair.arrays)]
+                snaps = [self.snap[s + o : s + o + a.size].reshape(a.shape) for o, a in _offsets(pair.arrays)]
+                size = sum(a.size for a in pair.arrays)
+                at, s = at + size, s + size
+                pairs.append((pair, sends, snaps))
+            out.append((counts, pairs))
+        return out
+
+    def prepare(self) -> None:
+        """Run the kernel on each table's first row with a touch count of 0 (nothing changes),
+        which compiles it for the arrays' layouts before the clock starts."""
+        none = np.zeros(1, np.float32)
+        self._apply([np.zeros(1, bool) for _ in self.tables], 0, rows=1, counts=[none] * len(self.tables))
+
+    def finish(self, touched: list[np.ndarray], step: int, final: bool) -> None:
+        self.land(touched, step)
+        if final:
+            super().finish(touched, step, final)
+        else:
+            self.launch(touched, step)
+
+    def launch(self, touched: list[np.ndarray], step: int) -> None:
+        """Snapshot every row, pack this process's touched ones and the flags, start the sum."""
+        for (counts, pairs), mine in zip(self._views(), touched):
+            counts[:] = mine
+            for pair, sends, snaps in pairs:
+                for a, send, snap in zip(pair.arrays, sends, snaps):
+                    np.copyto(snap, a)
+                    np.multiply(_rows(a), _rows(mine), out=_rows(send))
+        self.pending = (self.mixer.sum_async(self.send), step)
+
+    def land(self, touched: list[np.ndarray], step: int) -> None:
+        """Apply the pending round's means to the rows caught up to ``step`` (no-op without one)."""
+        if self.pending is None:
+            return
+        wait, began = self.pending
+        wait()
+        self.pending = None
+        self._apply(touched, step - began)
+
+    def _apply(self, touched: list[np.ndarray], k: int, rows: int | None = None, counts=None) -> None:
+        """The kernel over every pair: ``k`` steps since the exchanged round; ``rows``, ``counts``:
+        the first rows only, with these touch counts (``prepare``)."""
+        for i, ((summed, pairs), mine) in enumerate(zip(self._views(), touched)):
+            for pair, sends, snaps in pairs:
+                A = pair.powers[k].astype(np.float32)
+                two = [_rows(x)[:rows] for x in (*pair.arrays, *sends, *snaps)]
+                if pair.buf is None:  # (the kernel takes pairs: the value stands in for its buffer)
+                    two = [two[0], two[0], two[1], two[1], two[2], two[2]]
+                _land_rows(*two, summed[:rows] if counts is None else counts[i], mine, A, pair.buf is not None)
+
+
+def _offsets(arrays: list[np.ndarray]) -> list[tuple[int, np.ndarray]]:
+    """(offset, array) of arrays laid one after another in a flat buffer."""
+    starts = np.cumsum([0] + [a.size for a in arrays[:-1]])
+    return [(int(o), a) for o, a in zip(starts, arrays)]
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """``a`` as (rows, width): a view (a 1-d array, such as the node biases, gets a unit axis)."""
+    return a[:, None] if a.ndim == 1 else a
+
+
+@njit(nogil=True, cache=True)
+def _land_rows(x, b, mx, mb, sx, sb, counts, mine, A, pair):  # pragma: no cover (numba)
+    """DelayedSync.land for one parameter: x, b (rows, width) its values and momentum, mx, mb the
+    sums over the processes, sx, sb the snapshot, counts (rows,) the touch counts, mine (rows,)
+    bool this process's round, A (2, 2) float32 A^k. ``pair`` False: no momentum (b, mb, sb are x,
+    mx, sx and are not used as buffers)."""
+    a00, a01, a10, a11 = A[0, 0], A[0, 1], A[1, 0], A[1, 1]
+    zero = np.float32(0.0)
+    for j in range(x.shape[0]):
+        c = counts[j]
+        if c == 0:
+            continue
+        for f in range(x.shape[1]):
+            mv = mx[j, f] / c
+            mm = mb[j, f] / c if pair else zero
+            if mine[j]:
+                dv = mv - sx[j, f]
+                dm = mm - sb[j, f] if pair else zero
+                x[j, f] += a00 * dv + a01 * dm
+                if pair:
+                    b[j, f] += a10 * dv + a11 * dm
+            else:
+                v = a00 * mv + a01 * mm
+                if pair:
+                    b[j, f] = a10 * mv + a11 * mm
+                x[j, f] = v
