@@ -56,7 +56,8 @@ RULE = dict(batch_size=4, seed=0, progress=False, epoch_tokens=0, lr=0.02, optim
 ROUNDS = 5
 # The overlapped rule (hlbl.sync.DelayedSync), checked round by round: momentum and weight decay
 # (the corrections go through A^k), rounds of EVERY steps.
-OVERLAP = dict(RULE, lr=0.01, optimizer="momentum", weight_decay_words=1e-2, weight_decay_other=1e-2)
+OVERLAP = {**RULE, "lr": 0.01, "weight_decay_words": 1e-2, "weight_decay_other": 1e-2}
+del OVERLAP["optimizer"]  # (both: with momentum and without)
 EVERY = 2
 
 
@@ -102,13 +103,14 @@ def _worker(rank: int, root: str) -> None:
         )  # fmt: skip
         out["fast_rule"] = params(model)
         out["sync_bytes"] = (mixer.syncs, mixer.bytes_per_sync, ddp.sync_bytes(model, momentum=False))
-        model = make_model(corpus)
-        cfg = TrainConfig(**OVERLAP)
-        fast.FastEngine(mixer=ddp.UpdateMixer(EVERY, overlap=True)).train(
-            model, make_optimizer(model, cfg, cfg.lr), stream, corpus.vocab.eos, cfg, 1, False,
-            fast.Probe(max_batches=EVERY * ROUNDS),
-        )  # fmt: skip
-        out["fast_overlap_rule"] = params(model)
+        for optimizer in ("momentum", "sgd"):
+            model = make_model(corpus)
+            cfg = TrainConfig(**OVERLAP, optimizer=optimizer)
+            fast.FastEngine(mixer=ddp.UpdateMixer(EVERY, overlap=True)).train(
+                model, make_optimizer(model, cfg, cfg.lr), stream, corpus.vocab.eos, cfg, 1, False,
+                fast.Probe(max_batches=EVERY * ROUNDS),
+            )  # fmt: skip
+            out[f"fast_overlap_rule_{optimizer}"] = params(model)
         # 1: the one-process step at batch 2B; 4: rounds of 4 steps; "4o": overlapped
         for every, overlap in ((1, False), (4, False), (4, True)):
             cfg = TrainConfig(**FAST, sync_every=every, sync_overlap=overlap)
@@ -314,24 +316,29 @@ def test_fast_rows_take_the_mean_update_of_the_processes_that_touched_them(runs)
         assert syncs == ROUNDS and 0 < sent <= predicted  # the cost model's bytes bound what a sync sends
 
 
-def _delayed_reference(corpus, stream: np.ndarray) -> dict[str, torch.Tensor]:
+def _delayed_reference(corpus, stream: np.ndarray, optimizer: str) -> dict[str, torch.Tensor]:
     """hlbl.sync.DelayedSync's rule written with autograd and torch's SGD: WORLD models, each
     stepping on its own minibatches; after round t, the rows some process touched in round t-1
     take that round's mean m, as A^k m where this process did not touch them in round t and
-    x + A^k (m - x_{t-1}) where it did; the last round's mean applies at once."""
-    cfg = TrainConfig(**OVERLAP)
+    x + A^k (m - x_{t-1}) where it did; the last round's mean applies at once. Without momentum
+    a zero buffer stands in (A's momentum terms are 0 then)."""
+    cfg = TrainConfig(**OVERLAP, optimizer=optimizer)
     models = [make_model(corpus) for _ in range(WORLD)]
     opts = [make_optimizer(m, cfg, cfg.lr) for m in models]
     order = EpochOrder(cfg.seed, 1, len(stream))
     B = cfg.batch_size
 
     def state(r: int) -> dict[str, list[torch.Tensor]]:  # (value, momentum buffer) by name, live
-        return {k: [p.data, opts[r].state[p]["momentum_buffer"]] for k, p in models[r].named_parameters()}
+        def buffer(p):
+            b = opts[r].state[p].get("momentum_buffer")
+            return torch.zeros_like(p) if b is None else b
+
+        return {k: [p.data, buffer(p)] for k, p in models[r].named_parameters()}
 
     def power(r: int, name: str) -> np.ndarray:  # A^EVERY of the parameter's group
         p = dict(models[r].named_parameters())[name]
         g = next(g for g in opts[r].param_groups if any(q is p for q in g["params"]))
-        return fast._powers(g["lr"], g["momentum"], g["weight_decay"], EVERY)[EVERY]
+        return fast._powers(g["lr"], g.get("momentum", 0.0), g["weight_decay"], EVERY)[EVERY]
 
     def shaped(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return flags.reshape((-1,) + (1,) * (like.dim() - 1))
@@ -382,13 +389,15 @@ def _delayed_reference(corpus, stream: np.ndarray) -> dict[str, torch.Tensor]:
     return params(models[0])
 
 
-def test_fast_overlapped_rows_take_the_means_one_round_late(runs):
-    """DelayedSync against its rule written with autograd (momentum, weight decay, rounds of 2)."""
+@pytest.mark.parametrize("optimizer", ["momentum", "sgd"])
+def test_fast_overlapped_rows_take_the_means_one_round_late(runs, optimizer):
+    """DelayedSync against its rule written with autograd (weight decay, with and without
+    momentum, rounds of 2 steps)."""
     root, ranks, _ = runs
     corpus = load_corpus(root / "corpus")
-    want = _delayed_reference(corpus, np.ascontiguousarray(corpus["train"][:TOKENS]))
+    want = _delayed_reference(corpus, np.ascontiguousarray(corpus["train"][:TOKENS]), optimizer)
     for r in ranks:
-        assert_close(r["fast_overlap_rule"], want)
+        assert_close(r[f"fast_overlap_rule_{optimizer}"], want)
     blocking = ranks[0]["fast_rule"]  # (another recipe: the delayed rule must not be the blocking one)
     assert any(not torch.allclose(want[k], blocking[k], atol=1e-6) for k in want)
 

@@ -31,7 +31,7 @@ the parameters and momentum for the snapshot and one for the send buffer, and ev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 from numba import njit
@@ -119,6 +119,19 @@ class Sync:
         self.mixer.average_rows(list(zip(arrays, touched)))
 
 
+class Rows(NamedTuple):
+    """One parameter's arrays as (rows, width) for :func:`_land_rows`: its values and momentum
+    buffer, their sums over the processes and this process's snapshot of them. Without momentum
+    the buffer's three are the value's (and are not written)."""
+
+    value: np.ndarray
+    buf: np.ndarray
+    sum_value: np.ndarray
+    sum_buf: np.ndarray
+    snap_value: np.ndarray
+    snap_buf: np.ndarray
+
+
 class DelayedSync(Sync):
     """:class:`Sync`'s means applied one round late, the exchange overlapping the next round's
     steps (the module docstring). Holds two flat float32 copies of every table's arrays: ``send``
@@ -127,35 +140,37 @@ class DelayedSync(Sync):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        rows = sum(len(table[0].value) for table in self.tables)
+        flags = sum(len(table[0].value) for table in self.tables)
         values = sum(a.size for table in self.tables for pair in table for a in pair.arrays)
-        self.send = np.empty(rows + values, np.float32)
+        self.send = np.empty(flags + values, np.float32)
         self.snap = np.empty(values, np.float32)
         self.pending: tuple[Callable[[], None], int] | None = None  # (wait, the exchanged round's end step)
-
-    def _views(self) -> list[tuple[np.ndarray, list[tuple[Pair, list[np.ndarray], list[np.ndarray]]]]]:
-        """Per table: its summed touch counts (a view of ``send``), and per pair the views of
-        ``send`` and ``snap`` shaped as its arrays."""
-        out, flags = [], 0
-        at, s = sum(len(table[0].value) for table in self.tables), 0  # (send: the flags first)
+        # Per table: its touch flags (summed: the counts) in ``send``, and per pair its Rows.
+        self.layout: list[tuple[np.ndarray, list[tuple[Pair, Rows]]]] = []
+        f, at, s = 0, flags, 0  # the next flag's offset in send, the next value's in send and in snap
         for table in self.tables:
-            rows = len(table[0].value)
-            counts, flags = self.send[flags : flags + rows], flags + rows
             pairs = []
             for pair in table:
-                sends = [self.send[at + o : at + o + a.size].reshape(a.shape) for o, a in _offsets(pair.arrays)]
-                snaps = [self.snap[s + o : s + o + a.size].reshape(a.shape) for o, a in _offsets(pair.arrays)]
-                size = sum(a.size for a in pair.arrays)
-                at, s = at + size, s + size
-                pairs.append((pair, sends, snaps))
-            out.append((counts, pairs))
-        return out
+                views = []  # (in send, in snap) of each of the pair's arrays
+                for a in pair.arrays:
+                    views.append(
+                        (self.send[at : at + a.size].reshape(a.shape), self.snap[s : s + a.size].reshape(a.shape))
+                    )
+                    at, s = at + a.size, s + a.size
+                (sv, xv), (sb, xb) = views[0], views[-1]  # (without momentum: the value's twice)
+                pairs.append((pair, Rows(*(_rows(x) for x in (pair.value, pair.arrays[-1], sv, sb, xv, xb)))))
+            rows = len(table[0].value)
+            self.layout.append((self.send[f : f + rows], pairs))
+            f += rows
 
     def prepare(self) -> None:
         """Run the kernel on each table's first row with a touch count of 0 (nothing changes),
         which compiles it for the arrays' layouts before the clock starts."""
-        none = np.zeros(1, np.float32)
-        self._apply([np.zeros(1, bool) for _ in self.tables], 0, rows=1, counts=[none] * len(self.tables))
+        zero, no = np.zeros(1, np.float32), np.zeros(1, bool)
+        for _, pairs in self.layout:
+            for pair, rows in pairs:
+                first = Rows(*(x[:1] for x in rows))
+                _land_rows(first, zero, no, pair.powers[0].astype(np.float32), pair.buf is not None)
 
     def finish(self, touched: list[np.ndarray], step: int, final: bool) -> None:
         self.land(touched, step)
@@ -166,12 +181,14 @@ class DelayedSync(Sync):
 
     def launch(self, touched: list[np.ndarray], step: int) -> None:
         """Snapshot every row, pack this process's touched ones and the flags, start the sum."""
-        for (counts, pairs), mine in zip(self._views(), touched):
-            counts[:] = mine
-            for pair, sends, snaps in pairs:
-                for a, send, snap in zip(pair.arrays, sends, snaps):
-                    np.copyto(snap, a)
-                    np.multiply(_rows(a), _rows(mine), out=_rows(send))
+        for (flags, pairs), mine in zip(self.layout, touched):
+            flags[:] = mine
+            for pair, rows in pairs:
+                np.copyto(rows.snap_value, rows.value)
+                np.multiply(rows.value, _rows(mine), out=rows.sum_value)
+                if pair.buf is not None:
+                    np.copyto(rows.snap_buf, rows.buf)
+                    np.multiply(rows.buf, _rows(mine), out=rows.sum_buf)
         self.pending = (self.mixer.sum_async(self.send), step)
 
     def land(self, touched: list[np.ndarray], step: int) -> None:
@@ -181,24 +198,9 @@ class DelayedSync(Sync):
         wait, began = self.pending
         wait()
         self.pending = None
-        self._apply(touched, step - began)
-
-    def _apply(self, touched: list[np.ndarray], k: int, rows: int | None = None, counts=None) -> None:
-        """The kernel over every pair: ``k`` steps since the exchanged round; ``rows``, ``counts``:
-        the first rows only, with these touch counts (``prepare``)."""
-        for i, ((summed, pairs), mine) in enumerate(zip(self._views(), touched)):
-            for pair, sends, snaps in pairs:
-                A = pair.powers[k].astype(np.float32)
-                two = [_rows(x)[:rows] for x in (*pair.arrays, *sends, *snaps)]
-                if pair.buf is None:  # (the kernel takes pairs: the value stands in for its buffer)
-                    two = [two[0], two[0], two[1], two[1], two[2], two[2]]
-                _land_rows(*two, summed[:rows] if counts is None else counts[i], mine, A, pair.buf is not None)
-
-
-def _offsets(arrays: list[np.ndarray]) -> list[tuple[int, np.ndarray]]:
-    """(offset, array) of arrays laid one after another in a flat buffer."""
-    starts = np.cumsum([0] + [a.size for a in arrays[:-1]])
-    return [(int(o), a) for o, a in zip(starts, arrays)]
+        for (counts, pairs), mine in zip(self.layout, touched):
+            for pair, rows in pairs:
+                _land_rows(rows, counts, mine, pair.powers[step - began].astype(np.float32), pair.buf is not None)
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -207,11 +209,11 @@ def _rows(a: np.ndarray) -> np.ndarray:
 
 
 @njit(nogil=True, cache=True)
-def _land_rows(x, b, mx, mb, sx, sb, counts, mine, A, pair):  # pragma: no cover (numba)
-    """DelayedSync.land for one parameter: x, b (rows, width) its values and momentum, mx, mb the
-    sums over the processes, sx, sb the snapshot, counts (rows,) the touch counts, mine (rows,)
-    bool this process's round, A (2, 2) float32 A^k. ``pair`` False: no momentum (b, mb, sb are x,
-    mx, sx and are not used as buffers)."""
+def _land_rows(rows, counts, mine, A, pair):  # pragma: no cover (numba)
+    """DelayedSync.land for one parameter (``rows``: its :class:`Rows`): counts (rows,) the touch
+    counts over the processes, mine (rows,) bool this process's round, A (2, 2) float32 A^k.
+    ``pair`` False: no momentum (the buffer's arrays are the value's and are not written)."""
+    x, b, mx, mb, sx, sb = rows.value, rows.buf, rows.sum_value, rows.sum_buf, rows.snap_value, rows.snap_buf
     a00, a01, a10, a11 = A[0, 0], A[0, 1], A[1, 0], A[1, 1]
     zero = np.float32(0.0)
     for j in range(x.shape[0]):
