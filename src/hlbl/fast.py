@@ -437,9 +437,10 @@ def _catch_up_share(r: int, sched: _Schedule, shared: _Shared, step: int) -> Non
     catch_up(rows_n, p.Q, p.Qbuf, p.qb, p.qbbuf, st.last_n, step, st.P_other, rates["Q"].mu, st.P_bias, rates["qb"].mu)
 
 
-def _sync(shared: _Shared, mixer: Mixer) -> Sync:
-    """The epoch's :class:`~hlbl.sync.Sync` (or ``DelayedSync`` where the mixer overlaps rounds)
-    over the shared arrays: the words, the context weights and the nodes with their biases."""
+def _sync(shared: _Shared, mixer: Mixer, buffers: dict) -> Sync:
+    """The epoch's :class:`~hlbl.sync.Sync` (or ``DelayedSync`` where the mixer overlaps rounds,
+    its flat buffers kept in ``buffers`` from epoch to epoch) over the shared arrays: the words,
+    the context weights and the nodes with their biases."""
     p, st, opt = shared.params, shared.state, shared.opt
 
     def pair(name: str, value: np.ndarray, buf: np.ndarray, powers: np.ndarray) -> Pair:
@@ -448,8 +449,9 @@ def _sync(shared: _Shared, mixer: Mixer) -> Sync:
     words = [pair("R", p.R, p.Rbuf, st.P_words)]
     context = [pair("C", p.C, p.Cbuf, st.P_other)]  # (C and Q share a group: P_other)
     nodes = [pair("Q", p.Q, p.Qbuf, st.P_other), pair("qb", p.qb, p.qbbuf, st.P_bias)]
-    kind = DelayedSync if getattr(mixer, "overlap", False) else Sync
-    return kind(words, context, nodes, st.last_w, st.last_n, mixer)
+    if getattr(mixer, "overlap", False):
+        return DelayedSync(words, context, nodes, st.last_w, st.last_n, mixer, buffers)
+    return Sync(words, context, nodes, st.last_w, st.last_n, mixer)
 
 
 def _record_stats(stats: dict, shared: _Shared, sched: _Schedule, steps_s: float, catch_up_s: float) -> None:
@@ -495,6 +497,9 @@ class FastEngine:
         self.mixer = mixer
         self._paths: tuple[WordTree, WordPaths] | None = None  # the last tree's paths (the tree kept: `is` holds)
         self._advised: set[tuple[int, int]] = set()  # (address, bytes) of the buffers advised
+        # DelayedSync's two model-sized buffers: the first touch of their pages costs more than a
+        # round's work at a large vocabulary, so they are kept from epoch to epoch.
+        self._sync_buffers: dict[str, np.ndarray] = {}
         # With a mixer, the last epoch's rounds: their count, this process's seconds at their ends
         # (catch-up of every row, the exchange, the waits), the bytes it sent a round, overlap.
         self.sync_stats: dict | None = None
@@ -554,7 +559,7 @@ class FastEngine:
         # No steps: compiles the kernel (first use after install, ~20 s) or loads it from numba's
         # cache before the progress bar and the clock start, so neither counts compilation.
         tokens, none = readers[0].window(0, 0)
-        sync = _sync(shared, mixer) if sched.world > 1 else None
+        sync = _sync(shared, mixer, self._sync_buffers) if sched.world > 1 else None
         with compile_logged("the training kernels"):
             train_steps(
                 np.empty(0, np.int64), none, 0, B, tokens, pad, *shared.kernel_args(0), sched.S, shared.clocks[0]

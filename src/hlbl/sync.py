@@ -138,12 +138,17 @@ class DelayedSync(Sync):
     (the touch flags, then this process's rows, zero where it did not touch them; summed over the
     processes in place) and ``snap`` (this process's rows at the exchanged round's end)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, words, context, nodes, last_w, last_n, mixer: Mixer, buffers: dict | None = None):
+        """:class:`Sync`'s arguments; ``buffers``: where ``send`` and ``snap`` are kept between
+        epochs (reused when their sizes match)."""
+        super().__init__(words, context, nodes, last_w, last_n, mixer)
         flags = sum(len(table[0].value) for table in self.tables)
         values = sum(a.size for table in self.tables for pair in table for a in pair.arrays)
-        self.send = np.empty(flags + values, np.float32)
-        self.snap = np.empty(values, np.float32)
+        buffers = {} if buffers is None else buffers
+        for name, size in (("send", flags + values), ("snap", values)):
+            if buffers.get(name) is None or buffers[name].size != size:
+                buffers[name] = np.empty(size, np.float32)
+        self.send, self.snap = buffers["send"], buffers["snap"]
         self.pending: tuple[Callable[[], None], int] | None = None  # (wait, the exchanged round's end step)
         # Per table: its touch flags (summed: the counts) in ``send``, and per pair its Rows.
         self.layout: list[tuple[np.ndarray, list[tuple[Pair, Rows]]]] = []
@@ -164,12 +169,15 @@ class DelayedSync(Sync):
             f += rows
 
     def prepare(self) -> None:
-        """Run the kernel on each table's first row with a touch count of 0 (nothing changes),
-        which compiles it for the arrays' layouts before the clock starts."""
-        zero, no = np.zeros(1, np.float32), np.zeros(1, bool)
+        """Run the kernels on each table's first two rows, touched by no process (nothing changes
+        but the buffers' first rows), which compiles them for the arrays' layouts (or loads them
+        from numba's cache) before the clock starts. (Two rows: a one-row view of a strided array
+        counts as contiguous, another layout.)"""
         for _, pairs in self.layout:
             for pair, rows in pairs:
-                first = Rows(*(x[:1] for x in rows))
+                first = Rows(*(x[:2] for x in rows))
+                zero, no = np.zeros(len(first.value), np.float32), np.zeros(len(first.value), bool)
+                _pack_rows(first, no, pair.buf is not None)
                 _land_rows(first, zero, no, pair.powers[0].astype(np.float32), pair.buf is not None)
 
     def finish(self, touched: list[np.ndarray], step: int, final: bool) -> None:
@@ -184,11 +192,7 @@ class DelayedSync(Sync):
         for (flags, pairs), mine in zip(self.layout, touched):
             flags[:] = mine
             for pair, rows in pairs:
-                np.copyto(rows.snap_value, rows.value)
-                np.multiply(rows.value, _rows(mine), out=rows.sum_value)
-                if pair.buf is not None:
-                    np.copyto(rows.snap_buf, rows.buf)
-                    np.multiply(rows.buf, _rows(mine), out=rows.sum_buf)
+                _pack_rows(rows, mine, pair.buf is not None)
         self.pending = (self.mixer.sum_async(self.send), step)
 
     def land(self, touched: list[np.ndarray], step: int) -> None:
@@ -206,6 +210,24 @@ class DelayedSync(Sync):
 def _rows(a: np.ndarray) -> np.ndarray:
     """``a`` as (rows, width): a view (a 1-d array, such as the node biases, gets a unit axis)."""
     return a[:, None] if a.ndim == 1 else a
+
+
+@njit(nogil=True, cache=True)
+def _pack_rows(rows, mine, pair):  # pragma: no cover (numba)
+    """DelayedSync.launch for one parameter (``rows``: its :class:`Rows`), in one read of it: the
+    snapshot, and the sums' arrays set to this process's rows where ``mine`` (rows,), else 0."""
+    x, b, mx, mb, sx, sb = rows.value, rows.buf, rows.sum_value, rows.sum_buf, rows.snap_value, rows.snap_buf
+    zero = np.float32(0.0)
+    for j in range(x.shape[0]):
+        keep = mine[j]
+        for f in range(x.shape[1]):
+            v = x[j, f]
+            sx[j, f] = v
+            mx[j, f] = v if keep else zero
+            if pair:
+                m = b[j, f]
+                sb[j, f] = m
+                mb[j, f] = m if keep else zero
 
 
 @njit(nogil=True, cache=True)
