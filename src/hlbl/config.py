@@ -173,7 +173,7 @@ class TrainConfig:
         compute grows with its steps and its exchange with the rows touched, which grow with the
         vocabulary; so the round grows with it. Measured with 2 processes (docs/distributed.md):
         PTB (10,000 words) 1.70x one process at 256 steps, within 1% of its perplexity (1,024 bought
-        nothing there); Gutenberg at 50,000 words 1.38x at 256 but 1.68x at 1,024, perplexity after
+        nothing there); Gutenberg at 50,000 words 1.45x at 256 but 1.73x at 1,024, perplexity after
         a pass 0.2% from 256's. Longer rounds than 1,024 were not measured, hence the cap."""
         if self.sync_every != "auto":
             return int(self.sync_every)
