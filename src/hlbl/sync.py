@@ -36,6 +36,8 @@ from typing import Callable, NamedTuple, Protocol
 import numpy as np
 from numba import njit
 
+from .errors import ConfigError
+
 
 class Mixer(Protocol):
     """What a data-parallel epoch needs from its process group (``hlbl.distributed.UpdateMixer``):
@@ -147,7 +149,16 @@ class DelayedSync(Sync):
         buffers = {} if buffers is None else buffers
         for name, size in (("send", flags + values), ("snap", values)):
             if buffers.get(name) is None or buffers[name].size != size:
-                buffers[name] = np.empty(size, np.float32)
+                buffers.pop(name, None)
+                try:
+                    buffers[name] = np.empty(size, np.float32)
+                except MemoryError:  # (a large vocabulary: two more copies of the model)
+                    need = 4 * (flags + 2 * values) / 2**30
+                    raise ConfigError(
+                        "sync_overlap",
+                        f"sync_overlap needs {need:.1f} GiB more memory a process (two copies of the "
+                        "model and its momentum); train without it",
+                    ) from None
         self.send, self.snap = buffers["send"], buffers["snap"]
         self.pending: tuple[Callable[[], None], int] | None = None  # (wait, the exchanged round's end step)
         # Per table: its touch flags (summed: the counts) in ``send``, and per pair its Rows.
