@@ -1,13 +1,22 @@
 """hlbl.sync without a process group: the overlapped rule's arithmetic against numpy, with a
-stand-in for the other process, and its buffers (the rule within training is checked against
-autograd by two processes in test_distributed.py)."""
+stand-in for the other process, its buffers, and runs written before its setting (the rule
+within training is checked against autograd by two processes in test_distributed.py)."""
+
+import json
 
 import numpy as np
 import pytest
+import torch
 
+from conftest import tiny_corpus
 from hlbl import sync
+from hlbl.config import TrainConfig
+from hlbl.data import load_corpus
 from hlbl.errors import ConfigError
 from hlbl.fast import _powers
+from hlbl.model import LBL, LBLConfig
+from hlbl.run import Run, fit
+from hlbl.tree import random_tree
 
 
 class OneOther:
@@ -102,3 +111,15 @@ def test_buffers_are_kept_for_the_next_epoch_and_a_failed_allocation_is_a_settin
     with pytest.raises(ConfigError, match="sync_overlap needs .* GiB more memory") as e:
         sync.DelayedSync(*bigger, OneOther(), kept)
     assert e.value.field == "sync_overlap"
+
+
+def test_a_run_json_written_before_the_setting_reads_as_blocking_rounds(tmp_path):
+    corpus = load_corpus(tiny_corpus(tmp_path / "corpus", n_train=50))
+    V = len(corpus.vocab)
+    model = LBL(LBLConfig(V, dim=4, context=2), random_tree(V, 0), torch.Generator().manual_seed(0))
+    fit(model, corpus, TrainConfig(max_epochs=1, progress=False), tmp_path / "old", log=lambda *a: None)
+    path = tmp_path / "old" / "run.json"
+    info = json.loads(path.read_text())
+    assert info["train"].pop("sync_overlap") is False
+    path.write_text(json.dumps(info))
+    assert Run.open(tmp_path / "old").record.train.sync_overlap is False

@@ -91,7 +91,7 @@ RUN_FORMAT = "hlbl-run"
 RUN_VERSION = 2
 # Training settings added after version 2 was first written, each with the value every run
 # written before it trained with (absent from its run.json, they mean that).
-TRAIN_ADDED_IN_V2 = {"word_rate_power": 0.0, "word_rate_cap": 10.0}
+TRAIN_ADDED_IN_V2 = {"word_rate_power": 0.0, "word_rate_cap": 10.0, "sync_overlap": False}
 CHECKPOINTS = "checkpoints"
 PARTIAL = ".partial-"
 PUBLISHED = ("best.safetensors", "last.safetensors", "metrics.jsonl", "state.json")
