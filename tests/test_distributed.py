@@ -121,12 +121,14 @@ def _worker(rank: int, root: str) -> None:
             buffers = {k: opt.state[p]["momentum_buffer"].clone() for k, p in model.named_parameters()}
             out[f"fast_sync{every}{'o' if overlap else ''}"] = (params(model), buffers, losses)
 
-        # fit: two epochs, then a resume to three, against three at once (rounds of 4 steps).
-        for name, epochs, again in (("fast_resume", 2, False), ("fast_resume", 3, True), ("fast_whole", 3, False)):
-            model = make_model(corpus)
-            cfg = TrainConfig(**FAST, sync_every=4, max_epochs=epochs)
-            fit(model, corpus, cfg, root / name, resume=again, log=log)
-            out[name] = params(model)
+        # fit: two epochs, then a resume to three, against three at once (rounds of 4 steps),
+        # blocking and overlapped (its metrics then record the rounds' ends too).
+        for late in ("", "_overlap"):
+            for name, epochs, again in (("fast_resume", 2, False), ("fast_resume", 3, True), ("fast_whole", 3, False)):
+                model = make_model(corpus)
+                cfg = TrainConfig(**FAST, sync_every=4, max_epochs=epochs, sync_overlap=bool(late))
+                fit(model, corpus, cfg, root / (name + late), resume=again, log=log)
+                out[name + late] = params(model)
 
         # Gradient sum: a parameter with a gradient on one rank only gets that rank's gradient on
         # both; one with no gradient on any rank stays None (the optimiser must skip it).
@@ -415,13 +417,19 @@ def test_fast_ranks_agree_to_the_bit_and_learn(runs):
     assert any(not torch.allclose(late[k], four[k], atol=1e-6) for k in one)  # overlapped: the means a round late
 
 
-def test_fast_resume_continues_to_the_bit(runs):
-    _, ranks, _ = runs
-    for r in ranks + ranks[:1]:
-        for k, v in r["fast_whole"].items():
-            assert torch.equal(r["fast_resume"][k], v), k
-    for k, v in ranks[0]["fast_whole"].items():
-        assert torch.equal(ranks[1]["fast_whole"][k], v), k
+@pytest.mark.parametrize("late", ["", "_overlap"])
+def test_fast_resume_continues_to_the_bit(runs, late):
+    root, ranks, _ = runs
+    for r in ranks:
+        for k, v in r["fast_whole" + late].items():
+            assert torch.equal(r["fast_resume" + late][k], v), k
+    for k, v in ranks[0]["fast_whole" + late].items():
+        assert torch.equal(ranks[1]["fast_whole" + late][k], v), k
+    sync = metrics(root / ("fast_whole" + late))[-1]["sync"]  # what the epoch's rounds' ends cost
+    assert sync["overlap"] is bool(late) and sync["rounds"] >= 2 and sync["bytes_a_round"] > 0
+    assert sync["seconds"] >= 0
+    if late:  # one round late is another run than at once
+        assert any(not torch.equal(ranks[0]["fast_whole"][k], v) for k, v in ranks[0]["fast_whole_overlap"].items())
 
 
 def test_torchrun_cli_matches_one_process(tmp_path):
