@@ -163,10 +163,14 @@ def _metrics_line(loop: Loop, cfg: TrainConfig, state: TrainState, epoch, loss, 
         "improved": improved,
     }
     sync = getattr(loop.engine, "sync_stats", None)  # the fast engine under torchrun: its rounds' ends
+    ends = ""
     if sync:
         line["sync"] = sync
+        ends = f"  {sync['rounds']} rounds, {sync['seconds']:.1f} s at their ends"
     where = f" (pass {span.pass_}, part {span.part}/{span.parts})" if span.parts > 1 else ""
-    loop.log(f"epoch {epoch}{where}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state.lr:g}")
+    loop.log(
+        f"epoch {epoch}{where}: train loss {loss:.4f}  valid ppl {ppl:.2f}  {wps:,.0f} words/s  lr {state.lr:g}{ends}"
+    )
     return json.dumps(line)
 
 
