@@ -252,7 +252,9 @@ class UpdateMixer:
     One all-reduce (gloo on the CPU) of the touch counts, then one per send buffer of at most
     ``SYNC_CHUNK`` values: at most :func:`sync_bytes` a synchronisation (``bytes_per_sync``, the
     last one's). The sum of W float32 numbers is the same on every process, so the processes leave
-    every synchronisation with the same state, bit for bit.
+    every synchronisation with the same state, bit for bit. With ``overlap`` the engine's rounds
+    (``hlbl.sync.DelayedSync``) start their exchange with :meth:`sum_async` instead, every row
+    and the touch counts in one buffer, and wait for it a round later.
     """
 
     def __init__(self, every: int, overlap: bool = False):

@@ -449,7 +449,7 @@ def _sync(shared: _Shared, mixer: Mixer, buffers: dict) -> Sync:
     words = [pair("R", p.R, p.Rbuf, st.P_words)]
     context = [pair("C", p.C, p.Cbuf, st.P_other)]  # (C and Q share a group: P_other)
     nodes = [pair("Q", p.Q, p.Qbuf, st.P_other), pair("qb", p.qb, p.qbbuf, st.P_bias)]
-    if getattr(mixer, "overlap", False):
+    if mixer.overlap:
         return DelayedSync(words, context, nodes, st.last_w, st.last_n, mixer, buffers)
     return Sync(words, context, nodes, st.last_w, st.last_n, mixer)
 
@@ -568,7 +568,7 @@ class FastEngine:
                 sync.prepare()
         bar = progress(sched.seen * sched.world, f"epoch {epoch}", "w", show)  # a bar, or a line every few seconds
         rounds = _rounds(sched, mixer)
-        sent = getattr(mixer, "bytes_sent", 0)
+        sent = mixer.bytes_sent if mixer is not None else 0
         begin = time.perf_counter()
         try:
             with torch.no_grad():
@@ -584,8 +584,8 @@ class FastEngine:
             self.sync_stats = {
                 "rounds": len(rounds),
                 "seconds": rest_s,  # this process's, at the rounds' ends: catch-up, exchange, waits
-                "bytes_a_round": (getattr(mixer, "bytes_sent", 0) - sent) / len(rounds),
-                "overlap": getattr(mixer, "overlap", False),
+                "bytes_a_round": (mixer.bytes_sent - sent) / len(rounds),
+                "overlap": mixer.overlap,
             }
         if not math.isfinite(total):
             total = math.inf

@@ -48,6 +48,7 @@ class Mixer(Protocol):
     world: int
     every: int
     overlap: bool
+    bytes_sent: int  # over all synchronisations so far: what this process put in
 
     def average_rows(self, tables: list[tuple[list[np.ndarray], np.ndarray]]) -> None:
         """For each table (arrays, this process's touched rows): each row that some process touched
