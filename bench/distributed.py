@@ -252,7 +252,12 @@ def stage_summary(args) -> dict:
     if gutenberg.exists():
         summary |= gutenberg_summary(json.loads(gutenberg.read_text()), every)
     for other in sorted(res.glob("gutenberg?*k.json")):  # other vocabularies: their own keys only
-        summary |= {k: v for k, v in gutenberg_summary(json.loads(other.read_text()), every).items() if "k_" in k}
+        # (gutenberg190k.json gives gutenberg190k_*; its gutenberg_* keys would replace 50,000 words')
+        summary |= {
+            k: v
+            for k, v in gutenberg_summary(json.loads(other.read_text()), every).items()
+            if k.startswith(other.stem + "_")
+        }
     return summary
 
 
