@@ -9,7 +9,17 @@ import torch
 from conftest import _halve, duplicated_tree, multi_code_tree, random_layer, unbalanced_tree
 from hlbl.model import LBL, LBLConfig
 from hlbl.output import TreeSoftmax
-from hlbl.search import TreeSearch, full_topk, topk_matches, tree_topk
+from hlbl.search import (
+    TreeSearch,
+    _topk_one,
+    _topk_single,
+    full_topk,
+    node_weights,
+    scratch,
+    topk_matches,
+    tree_arrays,
+    tree_topk,
+)
 from hlbl.tree import WordTree, balanced_tree, huffman_tree, random_tree
 from hlbl.treebuild import build_tree_from_features
 
@@ -114,6 +124,64 @@ def test_topk_prunes_on_a_peaked_distribution():
     res = tree_topk(tree, layer.weight, layer.bias, torch.zeros(3, 4, dtype=torch.float64), 1)
     assert (res.indices[:, 0] == 123).all()
     assert (res.nodes == len(nodes)).all()
+
+
+SINGLE_CODE = [name for name, tree in TREES.items() if tree.codes_per_word.max() == 1]
+
+
+def both_searches(tree, layer, H, k, floors):
+    """(values, ids, nodes) of the bucket search and of the heap search for each row of H."""
+    a, wt = tree_arrays(tree), node_weights(tree, layer.weight, layer.bias)
+    s = scratch(tree.num_nodes, tree.num_words, a.word_leaves.shape[1])
+    out = []
+    for kernel in ("bucket", "heap"):
+        v, w = np.full((len(H), k), -np.inf), np.full((len(H), k), -1, dtype=np.int64)
+        n = np.zeros(len(H), dtype=np.int64)
+        for i, h in enumerate(H.numpy()):
+            if kernel == "bucket":
+                n[i] = _topk_single(h, wt, a.children, k, s, v[i], w[i], floors[i])
+                assert (s.bucket_head == -1).all()  # left empty for the next context
+            else:
+                n[i] = _topk_one(h, wt, a, k, s, i + 1, v[i], w[i], floors[i])
+        out.append((v, w, n))
+    return out
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 40.0])  # flat, peaked, and past the last bucket
+@pytest.mark.parametrize("name", SINGLE_CODE)
+def test_bucket_search_equals_the_heap_search_to_the_bit(name, scale):
+    """Single-code trees take the bucket queue (_topk_single); the best-first heap search
+    (_topk_one, exact for any tree) gives the same values and ids to the bit, scoring about as
+    many nodes; with floors, the same words at or above each floor."""
+    tree = TREES[name]
+    layer, H = random_layer(tree, 12, seed=7, scale=scale)
+    H = H[:150]
+    V = tree.num_words
+    slack = 1.05 if scale < 40 else 1.5  # the last bucket has no order: more nodes scored there
+    for k in (1, 10, V):
+        (bv, bw, bn), (hv, hw, hn) = both_searches(tree, layer, H, k, np.full(len(H), -np.inf))
+        assert np.array_equal(bv, hv) and np.array_equal(bw, hw)
+        assert (bn >= 1).all() and bn.mean() <= slack * hn.mean() + 1
+        if k == V:
+            assert (bn == tree.num_nodes).all()
+    kk = min(10, V)
+    hv, hw, _ = both_searches(tree, layer, H, kk, np.full(len(H), -np.inf))[1]
+    if scale == 40.0:
+        assert (hv[:, -1] < -64).mean() > 0.5  # most k-th best words lie past the last bucket's edge
+    floors = hv[:, 2].copy()  # rows want their best three (and ties); some rows everything
+    floors[::3] = -np.inf
+    bv, bw, _ = both_searches(tree, layer, H, kk, floors)[0]
+    want = hv >= floors[:, None]
+    assert np.array_equal(bv[want], hv[want]) and np.array_equal(bw[want], hw[want])
+    assert (bv[~want] < floors[:, None].repeat(kk, 1)[~want]).all()
+
+
+def test_nan_weights_give_nan_on_a_single_code_tree():
+    tree = random_tree(40, 0)
+    layer, H = random_layer(tree, 4, seed=0, scale=1.0)
+    with torch.no_grad():
+        layer.weight[0, 0] = float("nan")  # the root: every path
+    assert torch.isnan(tree_topk(tree, layer.weight, layer.bias, H[:5], 3).values).all()
 
 
 @pytest.mark.parametrize(
