@@ -13,6 +13,9 @@ word has no efficient exact search: in the worst case (flat decisions) the searc
 all N nodes; on trained models it scores a small fraction of them (``bench/topk.py``).
 Implementation: a numba kernel (GIL released) per slice of contexts, slices in parallel threads;
 the best frontier item is carried outside the heap, so a greedy descent costs one push per level.
+On a tree whose words have one code each, the frontier is a bucket queue instead of the heap
+(:func:`_topk_single`): the order within 1/16 nat does not matter to exactness, and a heap's
+sift cost more than scoring a node; the answer is the same to the bit.
 
 Multi-code trees (a word's probability is the sum over its leaves). When the search pops the
 first leaf of a word, that word is *resolved*: its probability is computed exactly by
@@ -369,8 +372,8 @@ def _topk_one(h, wt, tree, k, s, tag, out_v, out_w, floor):
 @numba.njit(cache=True)
 def _topk_single(h, wt, children, k, s, out_v, out_w, floor):
     """:func:`_topk_one` for a tree whose words have one code each, by a bucket queue instead of
-    a heap: the same answer to the bit (values and ids), about the same nodes scored, and
-    about 1.6x faster (bench/topk.py), as a heap's sift costs more than scoring a node.
+    a heap: the same answer to the bit (values and ids) and about the same nodes scored, in
+    fewer cycles a node (bench/topk.py times it; tests/test_search.py compares the two).
 
     Exactness does not need the nodes in best-first order; it needs every node whose
     log-probability p is at least the final k-th best value v_k to be expanded, and the leaves
