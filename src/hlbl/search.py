@@ -1,37 +1,43 @@
-"""Exact top-k next words on a word tree, by best-first search (and by sorting for other layers).
+"""Exact top-k next words on a word tree, by branch and bound (and by sorting for other layers).
 
-**Exact top-k by best-first search.** Every internal node ``j`` of a word tree carries the
-probability of reaching it, ``P(prefix) = prod of the decisions from the root to j``, and every
-leaf below ``j`` has a probability at most ``P(prefix)`` (it multiplies further factors <= 1).
-So a best-first search, which keeps a max-heap of frontier items (internal nodes and leaves)
-keyed by log-probability and always expands the most probable one, meets the leaves in order of
-decreasing probability, and a node is scored (``h . q_j + b_j``, O(d)) only when it is expanded.
-For a single-code tree the first k leaves it pops are the exact top k; it scores only the nodes
-whose prefix probability is at least (about) the k-th best word's probability. This does not
-contradict the textbook remark (Goodfellow, Bengio & Courville, 12.4.3.2) that the most likely
-word has no efficient exact search: in the worst case (flat decisions) the search still scores
-all N nodes; on trained models it scores a small fraction of them (``bench/topk.py``).
-Implementation: a numba kernel (GIL released) per slice of contexts, slices in parallel threads;
-the best frontier item is carried outside the heap, so a greedy descent costs one push per level.
-On a tree whose words have one code each, the frontier is a bucket queue instead of the heap
-(:func:`_topk_single`): the order within 1/16 nat does not matter to exactness, and a heap's
-sift cost more than scoring a node; the answer is the same to the bit.
+**Exact top-k on a tree.** Every internal node ``j`` of a word tree carries the probability of
+reaching it, ``P(prefix) = prod of the decisions from the root to j``, and every leaf below ``j``
+has a probability at most ``P(prefix)`` (it multiplies further factors <= 1). So once k words
+are held and the k-th best of them, v_k, beats every open prefix, no word left can enter the
+top k. A node is scored (``h . q_j + b_j``, O(d)) only when it is expanded, and the search only
+needs to expand the nodes whose prefix probability is at least v_k: a best-first search, which
+always expands the most probable open item, expands just those. This does not contradict the
+textbook remark (Goodfellow, Bengio & Courville, 12.4.3.2) that the most likely word has no
+efficient exact search: in the worst case (flat decisions) the search still scores all N nodes;
+on trained models it scores a small fraction of them (``bench/topk.py``).
 
-Multi-code trees (a word's probability is the sum over its leaves). When the search pops the
-first leaf of a word, that word is *resolved*: its probability is computed exactly by
+**The frontier is a bucket queue**, not a heap: exactness needs every node at least as probable
+as v_k expanded and the leaves met ranked exactly, not the nodes in strict order, and a heap's
+sift costs more than scoring a node. Bucket b holds the open items whose key lies b / _PER_NAT
+to (b + 1) / _PER_NAT nats below the best possible key (the last bucket: everything further, and
+NaN). The search takes the newest item of the best non-empty bucket (depth first within a
+bucket, so leaves come early; a child that lands in that bucket is taken at once without being
+stored); once k words are held, an item worse than v_k is dropped, and the search ends when v_k
+exceeds the best bucket's upper edge. Keys never increase from a node to its children, so the
+best non-empty bucket only moves down: one cursor walks the buckets. The search expands the
+best-first search's nodes plus at most those in v_k's bucket (~0.3% more nodes on PTB).
+Implementation: numba kernels (GIL released) per slice of contexts, slices in parallel threads;
+:func:`_topk_single` for trees whose words have one code each, :func:`_topk_multi` for any tree.
+
+**Multi-code trees** (a word's probability is the sum over its leaves). When the search takes
+the first leaf of a word, that word is *resolved*: its probability is computed exactly by
 evaluating the paths of all its leaves (O(K D d), reusing nodes already scored); leaves of a
 resolved word are dropped from the frontier. Bound: let ``c(F)`` be the largest number of codes
 of any word with a leaf below frontier item F (a leaf of word w: ``c = codes(w)``). An
-unresolved word w has had none of its leaves popped, so each of its ``codes(w)`` leaves lies
-below some frontier item, and ``P(w) <= codes(w) * max P(F) over those items
-<= max over all frontier items of c(F) * P(F)``. The heap is ordered by this key
-``log P(F) + log c(F)`` (it never increases from a node to its children, so the search is a
-proper branch and bound), and its top bounds every unresolved word. Once k words are resolved
-and the k-th best of them exceeds the top key (by a 1e-12 margin in log space, for rounding),
-no unresolved word can enter the top k, and the resolved words' values are exact: the answer is
-exact. (If the frontier empties, every word is resolved.) Subtrees holding only single-code
-words have ``c = 1``, so the search is as cheap there as on a single-code tree, and on a
-single-code tree the key is the plain log-probability and the rule is the one above.
+unresolved word w has had none of its leaves taken, so each of its ``codes(w)`` leaves lies
+below some frontier item, or below an item dropped as worse than v_k; so ``P(w) <= codes(w) *
+max P(F) over those items <= max over all frontier items of c(F) * P(F)``, or below v_k. The
+buckets order items by this key ``log P(F) + log c(F)`` (it never increases from a node to its
+children), and the search ends once the k-th best resolved word exceeds the best bucket's edge
+(by a 1e-12 margin in log space, for rounding): no unresolved word can enter the top k, and the
+resolved words' values are exact. (If the frontier empties, every word is resolved.) A word of
+one code is exact when its leaf is met and goes straight into the list, and on a single-code
+tree every key is the plain log-probability: the rule above, with exact bucket edges.
 
 The bound holds in floating point too: a prefix log-probability is a running sum of
 ``log sigmoid`` terms <= 0, and rounding is monotone, so a child's key never exceeds its
@@ -39,9 +45,9 @@ parent's; a path's log-probability is accumulated from the root in the same orde
 functions, during expansion and resolution, so both give bit-identical values.
 
 **Ties** are broken deterministically: equal probabilities rank the lower word id first. The
-heap orders items by (log-probability descending, internal nodes before leaves, then id
-ascending), so an internal node whose subtree could hold an equally probable lower-id word is
-always expanded before a leaf of equal value is accepted.
+search drops an item only when it is strictly worse than v_k, and ends only when v_k strictly
+beats the best bucket's edge, so every subtree that could hold a word as probable as v_k is
+opened, and the top list orders equal values by word id.
 
 **Cost accounting.** ``TopK.nodes`` counts the distinct internal nodes whose score was computed
 for each context (expansion and resolution together); the full distribution scores all N.
@@ -69,11 +75,9 @@ if TYPE_CHECKING:  # the kernels and TreeSearch work on numpy arrays: torch is i
 # expands more nodes, it never changes the answer.
 _LOG_MARGIN = 1e-12
 
-# The bucket queue of single-code trees (_topk_single): bucket b holds the frontier nodes whose
-# log-probability p has floor(-p * _PER_NAT) == b. _PER_NAT is a power of two, so -p * _PER_NAT is
-# exact and bucket b's items are exactly those with -(b + 1) / _PER_NAT < p <= -b / _PER_NAT; the
-# last bucket takes everything below (and NaN). 16 a nat: the search scores ~0.3% more nodes
-# than a heap's exact order and keeps ~1,000 bucket heads (8 KB) in L1 (bench/topk.py).
+# The frontier's buckets (module docstring): _PER_NAT a nat, a power of two (exact edges on
+# single-code trees), 64 nats of them before the last. 16 a nat: ~0.3% more nodes scored than in
+# strict best-first order on PTB, and ~1,000 bucket heads (8 KB) that stay in L1.
 _PER_NAT = 16.0
 _BUCKETS = 16 * 64 + 1
 
@@ -115,20 +119,19 @@ class Scratch(NamedTuple):
     entries equal to that tag are the ones set for it (so entries from earlier contexts, all
     with smaller tags, read as unset)."""
 
-    hk: np.ndarray  # (N + 2,) float64 heap of frontier items: keys ...
-    hp: np.ndarray  # (N + 2,) float64 ... log-probabilities ...
-    hb: np.ndarray  # (N + 2,) int64 ... and tb (node id, or _LEAF + word id)
     score: np.ndarray  # (N,) float64 node scores, valid where stamp == tag
     stamp: np.ndarray  # (N,) int64 tag of the context whose score[j] is cached
     resolved: np.ndarray  # (V,) int64 tag of the context in which word w was resolved
     buf: np.ndarray  # (K,) float64 the leaves' log-probabilities of the word being resolved
-    # The bucket queue of single-code trees (_topk_single): item i is node inode[i] reached with
-    # log-probability ikey[i]; bucket_head[b] is the newest item of bucket b (-1: empty), inext[i]
-    # the item under i in its bucket. Every bucket is empty between contexts.
+    # The frontier, a bucket queue (_topk_single, _topk_multi): item i is inode[i] (a node id, or
+    # _LEAF + a word id) reached with log-probability ilp[i], with bound ikey[i]; bucket_head[b]
+    # is the newest item of bucket b (-1: empty), inext[i] the item under i in its bucket. Every
+    # bucket is empty between contexts. At most N nodes and N + 1 leaves are items of a context.
     bucket_head: np.ndarray  # (_BUCKETS,) int64
-    ikey: np.ndarray  # (N + 1,) float64
-    inode: np.ndarray  # (N + 1,) int64
-    inext: np.ndarray  # (N + 1,) int64
+    ikey: np.ndarray  # (2N + 1,) float64
+    ilp: np.ndarray  # (2N + 1,) float64
+    inode: np.ndarray  # (2N + 1,) int64
+    inext: np.ndarray  # (2N + 1,) int64
 
 
 @numba.njit(cache=True)
@@ -137,22 +140,20 @@ def scratch(N: int, V: int, K: int) -> Scratch:
     word; its stamps are all 0, so it serves contexts tagged 1, 2, ... (jitted: the kernels
     call it too)."""
     return Scratch(
-        np.empty(N + 2, dtype=np.float64),
-        np.empty(N + 2, dtype=np.float64),
-        np.empty(N + 2, dtype=np.int64),
         np.empty(N, dtype=np.float64),
         np.zeros(N, dtype=np.int64),
         np.zeros(V, dtype=np.int64),
         np.empty(K, dtype=np.float64),
         np.full(_BUCKETS, -1, dtype=np.int64),
-        np.empty(N + 1, dtype=np.float64),
-        np.empty(N + 1, dtype=np.int64),
-        np.empty(N + 1, dtype=np.int64),
+        np.empty(2 * N + 1, dtype=np.float64),
+        np.empty(2 * N + 1, dtype=np.float64),
+        np.empty(2 * N + 1, dtype=np.int64),
+        np.empty(2 * N + 1, dtype=np.int64),
     )
 
 
 # ---- numba kernels ----------------------------------------------------------------------------
-# The kernels take the bundles; the hot inlined helpers (heap, node score) take arrays: numba
+# The kernels take the bundles; the hot inlined helpers (buckets, node score) take arrays: numba
 # takes and drops a reference for every read of a tuple's field, so a kernel reads each bundle's
 # fields into locals once (per context, per resolved word) and passes those.
 
@@ -167,58 +168,18 @@ def _log_sigmoid_pair(s):
     return s - t, -t
 
 
-# Frontier items are (key, lp, tb): lp = log-probability of reaching the item; key = lp + log of
-# the most codes of any word with a leaf below it (so key = lp on single-code trees), an upper
-# bound on log P(w) for every word w whose leaves all lie below frontier items (module docstring);
-# tb = the node id for an internal node, _LEAF + word id for a leaf. Order: higher key first; at
-# equal keys lower tb first, i.e. internal nodes before leaves (so a subtree that might hold an
-# equally probable word is opened before a leaf is accepted), then lower word id (the tie rule).
+# A frontier item's node is a node id, or _LEAF + word id for a leaf of a word of several codes.
 _LEAF = np.int64(1) << np.int64(40)
 
 
 @numba.njit(cache=True, inline="always")
-def _before(ka, ta, kb, tb):
-    return ka > kb or (ka == kb and ta < tb)
-
-
-@numba.njit(cache=True, inline="always")
-def _heap_push(hk, hp, hb, size, k, p, t):
-    """Binary max-heap (order ``_before`` on key, tb) in hk/hp/hb[:size] (Scratch's heap);
-    returns the new size."""
-    pos = size
-    while pos > 0:
-        parent = (pos - 1) >> 1
-        if not _before(k, t, hk[parent], hb[parent]):
-            break
-        hk[pos] = hk[parent]
-        hp[pos] = hp[parent]
-        hb[pos] = hb[parent]
-        pos = parent
-    hk[pos] = k
-    hp[pos] = p
-    hb[pos] = t
-    return size + 1
-
-
-@numba.njit(cache=True, inline="always")
-def _heap_sift_down(hk, hp, hb, size, k, p, t):
-    """Put (k, p, t) at the root of the heap of ``size`` items (its old root removed)."""
-    pos = 0
-    while True:
-        c = 2 * pos + 1
-        if c >= size:
-            break
-        if c + 1 < size and _before(hk[c + 1], hb[c + 1], hk[c], hb[c]):
-            c += 1
-        if not _before(hk[c], hb[c], k, t):
-            break
-        hk[pos] = hk[c]
-        hp[pos] = hp[c]
-        hb[pos] = hb[c]
-        pos = c
-    hk[pos] = k
-    hp[pos] = p
-    hb[pos] = t
+def _bucket_of(x, cursor):
+    """The bucket of an item ``x = (top - key) * _PER_NAT`` nats below the best possible key:
+    floor(x), the last bucket for everything beyond it (and NaN). Never before ``cursor``, the
+    bucket its parent was taken from: keys do not increase from parent to child, so this only
+    holds the queue's invariant (a bucket behind the cursor would never be emptied) whatever
+    the arithmetic."""
+    return max(cursor, np.int64(x) if x < _BUCKETS - 1 else _BUCKETS - 1)
 
 
 @numba.njit(cache=True, fastmath=True)
@@ -294,101 +255,99 @@ def _resolve(w, h, wt, tree, s, tag, counter):
 
 
 @numba.njit(cache=True)
-def _topk_one(h, wt, tree, k, s, tag, out_v, out_w, floor):
-    """Best-first exact top-k for context h (d,) float64 on ``tree`` (TreeArrays, any number of
-    codes a word) weighted by ``wt`` (NodeWeights); fills out_v/out_w (k,), returns the nodes
-    scored. ``s`` (Scratch) holds no entry stamped ``tag``.
+def _topk_multi(h, wt, tree, k, s, tag, out_v, out_w, floor):
+    """Exact top-k for context h (d,) float64 on ``tree`` (TreeArrays, any number of codes a word)
+    weighted by ``wt`` (NodeWeights); fills out_v/out_w (k,), returns the nodes scored. ``s``
+    (Scratch) holds no entry stamped ``tag`` and empty buckets (left empty on return).
     ``floor``: words below it are not wanted (-inf: none); the search stops once no unresolved
     word can reach it, leaving the list's rest at -inf / -1 (or words below it met on the way).
 
-    The best frontier item is carried in (cur_k, cur_p, cur_t) outside the heap: expanding it
-    makes its better child the new current item and pushes only the other child, so a greedy
-    descent (the common case in a peaked model) costs one cheap push per level instead of a pop
-    and two pushes. Invariant: when ``have_cur``, the current item is ordered before every heap
-    item, so cur_k bounds log P(w) of every unresolved word.
+    The frontier is :func:`_topk_single`'s bucket queue, on the items' keys (module docstring):
+    bucket b holds keys in (top - (b + 1) / _PER_NAT, top - b / _PER_NAT], top = the root's key,
+    the largest key there is, up to rounding (which the 1e-12 margin covers). A leaf of a word
+    of one code enters the top list when met; a leaf of a word of several codes waits in the
+    frontier, and when it is taken, its word is resolved (:func:`_resolve`).
     """
     # The bundles' fields as locals, read once per context (see the note above _log_sigmoid_pair).
     W, b = wt.W, wt.b
-    hk, hp, hb, score, stamp, resolved = s.hk, s.hp, s.hb, s.score, s.stamp, s.resolved
+    score, stamp, resolved = s.score, s.stamp, s.resolved
+    head, ikey, ilp, inode, inext = s.bucket_head, s.ikey, s.ilp, s.inode, s.inext
     children, ncodes, log_codes, log_codes_below = tree.children, tree.ncodes, tree.log_codes, tree.log_codes_below
     counter = np.zeros(1, dtype=np.int64)
-    size = 0
-    cur_k, cur_p, cur_t, have_cur = log_codes_below[0], 0.0, np.int64(0), True  # the root
+    top = log_codes_below[0]
+    ikey[0], ilp[0], inode[0], inext[0] = top, 0.0, 0, -1  # the root
+    carry = 0  # an item to take next without going through its bucket (-1: none)
+    n_items, cursor, top_used = 1, 0, 0
     n_res = 0
     while True:
-        if not have_cur:
-            if size == 0:
-                break  # every item expanded: all words resolved
-            cur_k, cur_p, cur_t = hk[0], hp[0], hb[0]
-            size -= 1
-            if size > 0:
-                _heap_sift_down(hk, hp, hb, size, hk[size], hp[size], hb[size])
-            have_cur = True
-        elif size > 0 and _before(hk[0], hb[0], cur_k, cur_t):
-            k0, p0, t0 = hk[0], hp[0], hb[0]
-            _heap_sift_down(hk, hp, hb, size, cur_k, cur_p, cur_t)
-            cur_k, cur_p, cur_t = k0, p0, t0
-        if cur_k + _LOG_MARGIN < floor:
-            break  # cur_k bounds every unresolved word (the invariant above): none reaches the floor
-        if n_res == k:
-            # No unresolved word can beat cur_k (module docstring).
-            if out_v[k - 1] > cur_k + _LOG_MARGIN:
-                break
-        if cur_t < _LEAF:  # internal node: score it; the better child stays current
-            left, right = _log_sigmoid_pair(_node_score(cur_t, h, W, b, score, stamp, tag, counter))
-            j, pj = cur_t, cur_p  # the loop below overwrites the current item
-            have_cur = False
-            for side in range(2):
-                c = children[j, side]
-                p = pj + (left if side == 0 else right)
-                if c >= 0:
-                    t, key = c, p + log_codes_below[c]
-                else:
-                    w = -1 - c
-                    if resolved[w] == tag:
-                        continue  # a leaf of a word whose value is already exact
-                    t, key = _LEAF + w, p + log_codes[w]
-                if not have_cur:
-                    cur_k, cur_p, cur_t, have_cur = key, p, t, True
-                elif _before(key, t, cur_k, cur_t):
-                    size = _heap_push(hk, hp, hb, size, cur_k, cur_p, cur_t)
-                    cur_k, cur_p, cur_t = key, p, t
-                else:
-                    size = _heap_push(hk, hp, hb, size, key, p, t)
-            continue
-        have_cur = False
-        w = cur_t - _LEAF  # a leaf of word w
-        if resolved[w] == tag:
-            continue
-        resolved[w] = tag
-        if ncodes[w] == 1:
-            v = cur_p
+        if carry < 0:
+            while cursor < _BUCKETS and head[cursor] < 0:
+                cursor += 1
+            if cursor == _BUCKETS:
+                break  # every item taken or dropped: every word wanted is resolved
+        edge = top - cursor / _PER_NAT  # no frontier key is above it (up to rounding)
+        if (n_res == k and out_v[k - 1] > edge + _LOG_MARGIN) or edge + _LOG_MARGIN < floor:
+            break  # no unresolved word can enter the list or reach the floor
+        if carry >= 0:
+            i, carry = carry, -1
         else:
-            v = _resolve(w, h, wt, tree, s, tag, counter)
-        n_res = _insert_top(out_v, out_w, n_res, v, w)
+            i = head[cursor]
+            head[cursor] = inext[i]
+        key, lp, t = ikey[i], ilp[i], inode[i]
+        if (n_res == k and out_v[k - 1] > key + _LOG_MARGIN) or key + _LOG_MARGIN < floor:
+            continue
+        if t >= _LEAF:  # the first leaf taken of a word of several codes
+            w = t - _LEAF
+            if resolved[w] != tag:
+                resolved[w] = tag
+                n_res = _insert_top(out_v, out_w, n_res, _resolve(w, h, wt, tree, s, tag, counter), w)
+            continue
+        left, right = _log_sigmoid_pair(_node_score(t, h, W, b, score, stamp, tag, counter))
+        better = 0 if left >= right else 1
+        for r in range(2):  # the worse child first: the better one is taken next
+            side = 1 - better if r == 0 else better
+            c = children[t, side]
+            p = lp + (left if side == 0 else right)
+            if c >= 0:
+                ck, ct = p + log_codes_below[c], c
+            else:
+                w = -1 - c
+                if resolved[w] == tag:
+                    continue  # a leaf of a word whose value is already exact
+                if ncodes[w] == 1:  # its value is exact: into the list (if wanted)
+                    if p + _LOG_MARGIN >= floor:
+                        resolved[w] = tag
+                        n_res = _insert_top(out_v, out_w, n_res, p, w)
+                    continue
+                ck, ct = p + log_codes[w], _LEAF + w
+            if (n_res == k and out_v[k - 1] > ck + _LOG_MARGIN) or ck + _LOG_MARGIN < floor:
+                continue
+            bucket = _bucket_of((top - ck) * _PER_NAT, cursor)
+            ikey[n_items], ilp[n_items], inode[n_items] = ck, p, ct
+            if r == 1 and bucket == cursor:
+                carry = n_items  # it would be the bucket's newest item: taken next anyway
+            else:
+                inext[n_items] = head[bucket]
+                head[bucket] = n_items
+                top_used = max(top_used, bucket)
+            n_items += 1
+    for bucket in range(cursor, top_used + 1):  # empty the buckets left behind
+        head[bucket] = -1
     return counter[0]
 
 
 @numba.njit(cache=True)
 def _topk_single(h, wt, children, k, s, out_v, out_w, floor):
-    """:func:`_topk_one` for a tree whose words have one code each, by a bucket queue instead of
-    a heap: the same answer to the bit (values and ids) and about the same nodes scored, in
-    fewer cycles a node (bench/topk.py times it; tests/test_search.py compares the two).
-
-    Exactness does not need the nodes in best-first order; it needs every node whose
-    log-probability p is at least the final k-th best value v_k to be expanded, and the leaves
-    met to be ranked exactly. So the frontier lives in buckets of 1/_PER_NAT nat, and the search
-    takes the newest item of the best non-empty bucket (depth first within a bucket, so leaves
-    come early); a leaf goes straight into the sorted top list. Once k words are held, a node
-    with p < v_k is dropped (every leaf below has p' <= p), and the search ends when v_k exceeds
-    the best bucket's upper edge (every frontier node is worse). Nodes with p == v_k are kept,
-    so an equally probable lower word id is found: the tie rule holds. Popped buckets never go
-    back up (children are no better than their parent), so one cursor walks the buckets.
-    ``children`` is TreeArrays.children; ``s``'s buckets are empty on entry and on return.
+    """Exact top-k for context h (d,) float64 on a tree whose words have one code each
+    (``children``: TreeArrays.children), weighted by ``wt`` (NodeWeights); fills out_v/out_w
+    (k,), returns the nodes scored; ``floor`` as :func:`_topk_multi`'s. ``s`` (Scratch): its
+    buckets are empty on entry and on return. The bucket queue of the module docstring, on
+    log-probabilities: _PER_NAT is a power of two, so -p * _PER_NAT is exact and bucket b's edge
+    -b / _PER_NAT is exact too. Every node is scored once (no score cache), a leaf goes straight
+    into the top list, and the answer equals :func:`_topk_multi`'s to the bit.
     """
     W, b = wt.W, wt.b
     head, ikey, inode, inext = s.bucket_head, s.ikey, s.inode, s.inext
-    last = _BUCKETS - 1
     ikey[0], inode[0], inext[0] = 0.0, 0, -1  # the root
     carry = 0  # an item to expand next without going through its bucket (-1: none)
     n_items, cursor, top_used = 1, 0, 0
@@ -425,8 +384,7 @@ def _topk_single(h, wt, children, k, s, out_v, out_w, floor):
                 if n_res == k:
                     vk = out_v[k - 1]
                 continue
-            x = -p * _PER_NAT
-            bucket = np.int64(x) if x < last else last  # NaN and -inf go last
+            bucket = _bucket_of(-p * _PER_NAT, cursor)  # exact: _PER_NAT is a power of two
             ikey[n_items], inode[n_items] = p, c
             if r == 1 and bucket == cursor:
                 carry = n_items  # it would be the bucket's newest item: taken next anyway
@@ -444,7 +402,7 @@ def _topk_single(h, wt, children, k, s, out_v, out_w, floor):
 def _topk_range(H, wt, tree, k, start, stop, out_v, out_w, out_nodes, floors):
     """Contexts ``start:stop`` of H (B, d) float64 into rows ``start:stop`` of out_v (B, k),
     out_w (B, k) and out_nodes (B,), with scratch of its own; ``floors`` (B,): each row's floor
-    (:func:`_topk_one`). Releases the GIL, so slices run in parallel threads."""
+    (:func:`_topk_multi`). Releases the GIL, so slices run in parallel threads."""
     s = scratch(wt.W.shape[0], tree.ncodes.shape[0], tree.word_leaves.shape[1])
     _topk_range_scratch(H, wt, tree, tree.ncodes.max() == 1, k, start, stop, s, 0, out_v, out_w, out_nodes, floors)
 
@@ -457,7 +415,7 @@ def _topk_range_scratch(H, wt, tree, single, k, start, stop, s, tag0, out_v, out
         if single:
             out_nodes[i] = _topk_single(H[i], wt, tree.children, k, s, out_v[i], out_w[i], floors[i])
         else:
-            out_nodes[i] = _topk_one(H[i], wt, tree, k, s, tag0 + i + 1, out_v[i], out_w[i], floors[i])
+            out_nodes[i] = _topk_multi(H[i], wt, tree, k, s, tag0 + i + 1, out_v[i], out_w[i], floors[i])
 
 
 # ---- top-k ------------------------------------------------------------------------------------
