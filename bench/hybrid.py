@@ -11,8 +11,8 @@ unigram biases, N(0, 0.1^2) weights, so the tail's mass is the tail's share of t
 a trained model) against ``nn.AdaptiveLogSoftmaxWithLoss(200, V, cutoffs, div_value=4)`` with
 cutoffs (2000, 5000) at 10k and (2000, 10000) at 50k, and hlbl's TreeSoftmax on a Huffman tree.
 The adaptive softmax's top-10 is ``torch.topk`` of its ``log_prob`` (it has no other exact way);
-the hybrid's is its own (the head, then the tree's best-first search under the tail's mass), the
-tree's its best-first search. The calls take turns for ``--rounds`` rounds after a warm-up; each
+the hybrid's is its own (the head, then the tree's search under the tail's mass), the
+tree's its tree search. The calls take turns for ``--rounds`` rounds after a warm-up; each
 ratio is the median over rounds of adaptive time / other time (> 1: faster than the adaptive
 softmax). On a shared machine the times move with the load: the ratios, measured in the same
 rounds, move less.

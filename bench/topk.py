@@ -10,7 +10,7 @@ a learned ADAPTIVE tree built from the Huffman model's word features; each train
 ``--epochs`` epochs on PTB and cached under ``$HLBL_CACHE/bench-topk``), on ``--contexts`` PTB
 test contexts spread evenly over the split:
 
-* node fractions: internal nodes scored per context by the exact best-first search
+* node fractions: internal nodes scored per context by the exact branch-and-bound search
   (``hlbl.search.tree_topk``) for k = 1 and k = 10, divided by the number of internal nodes;
 * the same for a fastText-style search (``FastText::dfs``): depth-first in fixed left-first order,
   pruning a subtree once k leaves are held and its prefix score is below the k-th best. It is

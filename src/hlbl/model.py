@@ -140,7 +140,7 @@ class LBL(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     # ---- inference ------------------------------------------------------------------------
-    # The output layer decides how (OutputLayer.topk / .sample): exact best-first search and
+    # The output layer decides how (OutputLayer.topk / .sample): exact tree search and
     # ancestral sampling on a tree (hlbl.search, hlbl.sampling), the full distribution otherwise.
 
     @torch.no_grad()

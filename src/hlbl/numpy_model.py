@@ -2,7 +2,7 @@
 
 ``import torch`` costs seconds before a command's first answer, and inference on the fast engine's
 kind of model (tree output layer, diagonal context weights, float32) needs none of it: scoring is
-the fast engine's scorer (``kernels.score``), top-k the best-first tree search (:mod:`hlbl.search`),
+the fast engine's scorer (``kernels.score``), top-k the tree search (:mod:`hlbl.search`),
 both numba kernels on numpy arrays. :class:`NumpyLBL` holds those arrays; ``Run.numpy_model`` reads
 them from a run with the checks of :func:`hlbl.checkpoint.load_weights` (format, owner, shapes,
 finite values, checksum) through safetensors' numpy reader.
@@ -200,7 +200,7 @@ class NumpyLBL:
     def topk(self, context: np.ndarray, k: int, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The k most probable next words of each context (B, n): (log-probs (B, k) float32 as the
         torch model returns them, word ids (B, k) int64), best first, ties by lower word id; k > V
-        gives all V words. The exact best-first search of ``LBL.topk`` on the CPU."""
+        gives all V words. The exact tree search of ``LBL.topk`` on the CPU."""
         k = check_k(k, self.tree.num_words)
         H = self.context_vectors(context).astype(np.float64)
         values, ids, _ = search_rows(H, NodeWeights(self.Q, self.qb), self.arrays, k, threads)

@@ -293,7 +293,7 @@ def add_commands(sub) -> None:
         description="Each stdin line is the start of a sentence (a blank line: the sentence "
         "start itself); its last n words, padded with <eos>, are the context. Prints "
         "'word prob word prob ...' best first (ties: lower word id first), exact "
-        "(best-first search on a tree model).",
+        "(branch and bound on a tree model).",
     )
     run_args(pr)
     pr.add_argument("--k", type=int, default=10, help="number of words per context")

@@ -303,7 +303,7 @@ class HybridSoftmax(OutputLayer):
         tail's mass ``m``. A head word above ``m`` is in the top k for sure; where the head's k-th
         best is at or above ``m`` the tree is not searched at all. Other rows take the tail's top
         ``k - c`` (c: their head words above ``m``), shifted by ``m``, merged with the head's: on
-        a CPU by the tree's best-first search with a floor (the head's k-th best less ``m``), so
+        a CPU by the tree's search with a floor (the head's k-th best less ``m``), so
         it stops once no tail word left can beat the head's k-th best; elsewhere from the tail's
         full distribution.
         """

@@ -365,7 +365,7 @@ class TreeSoftmax(OutputLayer):
         """Exact top-k words, (values, ids) each (B, k) or (k,) for one vector; k > V gives all V
         words, best first, ties by lower word id.
 
-        CPU input: best-first search down the tree (:mod:`hlbl.search`), visiting few nodes. Other
+        CPU input: branch-and-bound search down the tree (:mod:`hlbl.search`), visiting few nodes. Other
         devices: sorting ``log_prob`` there (one matrix product, no copy to the CPU).
         """
         from ..search import full_topk, layer_tree_arrays, tree_topk
