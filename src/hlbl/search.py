@@ -16,8 +16,8 @@ as v_k expanded and the leaves met ranked exactly, not the nodes in strict order
 sift costs more than scoring a node. Bucket b holds the open items whose key lies b / _PER_NAT
 to (b + 1) / _PER_NAT nats below the best possible key (the last bucket: everything further, and
 NaN). The search takes the newest item of the best non-empty bucket (depth first within a
-bucket, so leaves come early; a child that lands in that bucket is taken at once without being
-stored); once k words are held, an item worse than v_k is dropped, and the search ends when v_k
+bucket, so leaves come early; the first child that lands in that bucket is taken at once,
+without being stored); once k words are held, an item worse than v_k is dropped, and the search ends when v_k
 exceeds the best bucket's upper edge. Keys never increase from a node to its children, so the
 best non-empty bucket only moves down: one cursor walks the buckets. The search expands the
 best-first search's nodes plus at most those in v_k's bucket (~0.3% more nodes on PTB).
@@ -303,9 +303,7 @@ def _topk_multi(h, wt, tree, k, s, tag, out_v, out_w, floor):
                 n_res = _insert_top(out_v, out_w, n_res, _resolve(w, h, wt, tree, s, tag, counter), w)
             continue
         left, right = _log_sigmoid_pair(_node_score(t, h, W, b, score, stamp, tag, counter))
-        better = 0 if left >= right else 1
-        for r in range(2):  # the worse child first: the better one is taken next
-            side = 1 - better if r == 0 else better
+        for side in range(2):  # left, right: a fixed order (cheaper than the better child first)
             c = children[t, side]
             p = lp + (left if side == 0 else right)
             if c >= 0:
@@ -324,8 +322,8 @@ def _topk_multi(h, wt, tree, k, s, tag, out_v, out_w, floor):
                 continue
             bucket = _bucket_of((top - ck) * _PER_NAT, cursor)
             ikey[n_items], ilp[n_items], inode[n_items] = ck, p, ct
-            if r == 1 and bucket == cursor:
-                carry = n_items  # it would be the bucket's newest item: taken next anyway
+            if carry < 0 and bucket == cursor:
+                carry = n_items  # the best bucket's: taken next, without going through it
             else:
                 inext[n_items] = head[bucket]
                 head[bucket] = n_items
@@ -372,9 +370,7 @@ def _topk_single(h, wt, children, k, s, out_v, out_w, floor):
         j = inode[i]
         left, right = _log_sigmoid_pair(dot64(h, W, j) + b[j])
         count += 1
-        better = 0 if left >= right else 1
-        for r in range(2):  # the worse child first: the better one is taken next
-            side = 1 - better if r == 0 else better
+        for side in range(2):  # left, right: a fixed order (cheaper than the better child first)
             c = children[j, side]
             p = p0 + (left if side == 0 else right)
             if (n_res == k and p < vk) or p + _LOG_MARGIN < floor:
@@ -386,8 +382,8 @@ def _topk_single(h, wt, children, k, s, out_v, out_w, floor):
                 continue
             bucket = _bucket_of(-p * _PER_NAT, cursor)  # exact: _PER_NAT is a power of two
             ikey[n_items], inode[n_items] = p, c
-            if r == 1 and bucket == cursor:
-                carry = n_items  # it would be the bucket's newest item: taken next anyway
+            if carry < 0 and bucket == cursor:
+                carry = n_items  # the best bucket's: taken next, without going through it
             else:
                 inext[n_items] = head[bucket]
                 head[bucket] = n_items
