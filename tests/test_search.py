@@ -132,9 +132,10 @@ SINGLE_CODE = [name for name, tree in TREES.items() if tree.codes_per_word.max()
 def both_searches(tree, layer, H, k, floors):
     """(values, ids, nodes) of the single-code search and of the general one for each row of H."""
     a, wt = tree_arrays(tree), node_weights(tree, layer.weight, layer.bias)
-    s = scratch(tree.num_nodes, tree.num_words, a.word_leaves.shape[1])
     out = []
     for kernel in ("single", "multi"):
+        # The general search's scratch as for a tree of several codes a word (K = 2).
+        s = scratch(tree.num_nodes, tree.num_words, 1 if kernel == "single" else 2)
         v, w = np.full((len(H), k), -np.inf), np.full((len(H), k), -1, dtype=np.int64)
         n = np.zeros(len(H), dtype=np.int64)
         for i, h in enumerate(H.numpy()):
