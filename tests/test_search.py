@@ -244,6 +244,45 @@ def test_tree_search_reusing_its_scratch_equals_tree_topk(name):
         search.topk(np.zeros((1, 9)), 1)
 
 
+@pytest.mark.parametrize("name", ["huffman", "duplicated", "multi_code_small"])
+def test_a_layer_keeps_its_search_scratch_between_calls_and_copies_it_empty(name):
+    """TreeSoftmax.topk keeps one scratch per thread on the layer (layer_scratch_pool): calls of
+    any size from several threads give tree_topk's fresh answers; a deep copy or a pickle of the
+    layer answers the same and shares no scratch."""
+    import copy
+    import pickle
+    import threading
+
+    from hlbl.search import layer_scratch_pool
+
+    tree = TREES[name]
+    layer, H = random_layer(tree, 8, seed=4, scale=1.0, dtype=torch.float64)
+    H = H[:120]
+    want = tree_topk(tree, layer.weight, layer.bias, H, 5)
+    for size in (1, 7, 120):
+        for i in range(0, len(H), size):
+            v, w = layer.topk(H[i : i + size], 5)
+            assert torch.equal(v, want.values[i : i + size]) and torch.equal(w, want.indices[i : i + size])
+    pool = layer_scratch_pool(layer)
+    assert layer_scratch_pool(layer) is pool  # kept
+    got = {}
+
+    def worker(t):
+        got[t] = [layer.topk(H[i : i + 1], 5)[1] for i in range(t, len(H), 4)]
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for t, ids in got.items():
+        assert torch.equal(torch.cat(ids), want.indices[t::4])
+    for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert layer_scratch_pool(other) is not pool
+        v, w = other.topk(H, 5)
+        assert torch.equal(v, want.values) and torch.equal(w, want.indices)
+
+
 def test_topk_rejects_bad_arguments():
     tree = random_tree(10, 0)
     layer = TreeSoftmax(4, tree)

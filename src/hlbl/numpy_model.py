@@ -31,7 +31,7 @@ from .kernels import WordPaths, score
 from .memory import prefer_huge_pages
 from .progress import progress
 from .sampling import TorchUniforms, check_temperature, inverse_cdf, walk, walk_depth
-from .search import NodeWeights, TreeArrays, check_k, search_rows, tree_arrays
+from .search import NodeWeights, ScratchPool, TreeArrays, check_k, search_rows, tree_arrays
 from .tree import WordTree
 from .tree_kernels import descend
 
@@ -136,6 +136,7 @@ class NumpyLBL:
     qb: np.ndarray  # (N,) node biases (``out.bias``)
     paths: WordPaths  # word_paths(tree), for the scorer
     arrays: TreeArrays  # tree_arrays(tree), for the search
+    pool: ScratchPool  # the search's scratch, kept between calls
 
     @staticmethod
     def layout(config: LBLConfig, tree: WordTree) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
@@ -162,7 +163,8 @@ class NumpyLBL:
             raise ValueError("out.tree_children: the weights are of another word tree than this model's")
         R, C, Q, qb = (np.ascontiguousarray(state[k], np.float32) for k in ("R.weight", "C", "out.weight", "out.bias"))
         prefer_huge_pages(R, Q)  # (rows read at random: fewer TLB misses on a large model)
-        return cls(config, tree, R, C, Q, qb, word_paths(tree), tree_arrays(tree))
+        arrays = tree_arrays(tree)
+        return cls(config, tree, R, C, Q, qb, word_paths(tree), arrays, ScratchPool.of(arrays))
 
     def num_parameters(self) -> int:
         """The torch model's ``num_parameters()``: every weight of R, C and the tree layer."""
@@ -203,7 +205,7 @@ class NumpyLBL:
         gives all V words. The exact tree search of ``LBL.topk`` on the CPU."""
         k = check_k(k, self.tree.num_words)
         H = self.context_vectors(context).astype(np.float64)
-        values, ids, _ = search_rows(H, NodeWeights(self.Q, self.qb), self.arrays, k, threads)
+        values, ids, _ = search_rows(H, NodeWeights(self.Q, self.qb), self.arrays, k, threads, pool=self.pool)
         return values.astype(np.float32), ids
 
     def log_prob(self, context: np.ndarray) -> np.ndarray:

@@ -157,6 +157,35 @@ def scratch(N: int, V: int, K: int) -> Scratch:
     )
 
 
+class ScratchPool:
+    """Search scratch for one tree, one per thread, kept between calls: a search for a few
+    contexts then reuses its thread's scratch instead of allocating one, whose fresh pages cost
+    more than the search at a large V (each context is stamped with the thread's next tags).
+    A copy or a pickle of the pool is an empty pool of the same tree shape: scratch is not state."""
+
+    def __init__(self, N: int, V: int, K: int):
+        self.shape = (int(N), int(V), int(K))
+        self._local = threading.local()
+
+    @classmethod
+    def of(cls, arrays: TreeArrays) -> "ScratchPool":
+        return cls(arrays.children.shape[0], arrays.ncodes.shape[0], arrays.word_leaves.shape[1])
+
+    def take(self, rows: int) -> tuple[Scratch, int]:
+        """This thread's scratch and tag0 for a call on ``rows`` contexts (stamped tag0 + 1 ..
+        tag0 + rows); the thread's tag moves past them before the call, so stamps stay unique
+        even after an error."""
+        local = self._local
+        if getattr(local, "scratch", None) is None:
+            local.scratch, local.tag = scratch(*self.shape), 0
+        tag0 = local.tag
+        local.tag += rows
+        return local.scratch, tag0
+
+    def __reduce__(self):
+        return (ScratchPool, self.shape)
+
+
 # ---- numba kernels ----------------------------------------------------------------------------
 # The kernels take the bundles; the hot inlined helpers (buckets, node score) take arrays: numba
 # takes and drops a reference for every read of a tuple's field, so a kernel reads each bundle's
@@ -447,6 +476,16 @@ def layer_tree_arrays(layer) -> TreeArrays:
     return cached[1]
 
 
+def layer_scratch_pool(layer) -> ScratchPool:
+    """A :class:`ScratchPool` for a :class:`~hlbl.output.TreeSoftmax`'s tree, cached on the layer
+    as :func:`layer_tree_arrays` is (a copy or pickle of the layer gets an empty pool)."""
+    cached = layer.__dict__.get("_inference_scratch_pool")
+    if cached is None or cached[0] is not layer.tree:
+        cached = (layer.tree, ScratchPool.of(layer_tree_arrays(layer)))
+        layer.__dict__["_inference_scratch_pool"] = cached
+    return cached[1]
+
+
 def node_weights(tree: WordTree, weight: torch.Tensor | np.ndarray, bias: torch.Tensor | np.ndarray) -> NodeWeights:
     """NodeWeights(W (N, d), b (N,)) for the kernels: zero-copy views of contiguous float32 or
     float64 CPU tensors or numpy arrays (other dtypes and devices are copied to float32), so no
@@ -489,6 +528,7 @@ def tree_topk(
     threads: int | None = None,
     arrays: TreeArrays | None = None,
     floor: torch.Tensor | np.ndarray | None = None,
+    pool: ScratchPool | None = None,
 ) -> TopK:
     """Exact top-k words under the tree softmax for each row of ``input`` (B, d).
 
@@ -504,7 +544,8 @@ def tree_topk(
     ``threads`` contiguous slices searched in parallel (default ``numba.get_num_threads()``,
     i.e. ``NUMBA_NUM_THREADS``; results do not depend on it). Returns values in ``input``'s dtype
     and everything on ``input``'s device. ``arrays``: :func:`tree_arrays` of ``tree`` if already
-    built (see :func:`layer_tree_arrays`).
+    built (see :func:`layer_tree_arrays`); ``pool``: scratch kept between calls for a search
+    that runs on the caller's thread (:func:`layer_scratch_pool`).
     """
     import torch
 
@@ -519,7 +560,7 @@ def tree_topk(
     floors = None
     if floor is not None:
         floors = np.ascontiguousarray(torch.as_tensor(floor).detach().to("cpu", torch.float64).numpy())
-    out_v, out_w, out_n = search_rows(H, wt, a, k, threads, floors)
+    out_v, out_w, out_n = search_rows(H, wt, a, k, threads, floors, pool)
     dev = input.device
     return TopK(
         torch.from_numpy(out_v).to(dev, input.dtype), torch.from_numpy(out_w).to(dev), torch.from_numpy(out_n).to(dev)
@@ -533,11 +574,13 @@ def search_rows(
     k: int,
     threads: int | None = None,
     floors: np.ndarray | None = None,
+    pool: ScratchPool | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The search of :func:`tree_topk` on numpy arrays: contexts H (B, d) float64 -> log-probs
     (B, k) float64, word ids (B, k) int64 and nodes scored (B,) int64; ``k`` already checked
     (:func:`check_k`), rows in ``threads`` parallel slices (default ``numba.get_num_threads()``);
-    ``floors`` (B,) float64 as :func:`tree_topk`'s ``floor`` (None: no floor)."""
+    ``floors`` (B,) float64 as :func:`tree_topk`'s ``floor`` (None: no floor); ``pool``: this
+    tree's :class:`ScratchPool`, used when the rows are one slice (on the caller's thread)."""
     B = H.shape[0]
     out_v = np.full((B, k), -np.inf)
     out_w = np.full((B, k), -1, dtype=np.int64)
@@ -548,10 +591,17 @@ def search_rows(
         if floors.shape != (B,):
             raise ValueError(f"floor must have one value per row ({B},), got {floors.shape}")
 
+    threads = numba.get_num_threads() if threads is None else int(threads)
+    if pool is not None and row_slices(B, threads) == 1:
+        s, tag0 = pool.take(B)
+        single = a.word_leaves.shape[1] == 1
+        _topk_range_scratch(H, wt, a, single, k, 0, B, s, tag0, out_v, out_w, out_n, floors)
+        return out_v, out_w, out_n
+
     def run(start: int, stop: int) -> None:
         _topk_range(H, wt, a, k, start, stop, out_v, out_w, out_n, floors)
 
-    in_row_slices(run, B, numba.get_num_threads() if threads is None else int(threads))
+    in_row_slices(run, B, threads)
     return out_v, out_w, out_n
 
 
@@ -576,20 +626,7 @@ class TreeSearch:
         self.arrays = tree_arrays(tree) if arrays is None else arrays
         self.weights = node_weights(tree, weight, bias)
         self.single = self.arrays.word_leaves.shape[1] == 1  # one code a word (scratch)
-        self._local = threading.local()
-
-    def _scratch(self, B: int) -> tuple[Scratch, int]:
-        """This thread's scratch and tag0 for a call on B contexts (they are stamped tag0 + 1 ..
-        tag0 + B); the thread's tag is moved past them before the call, so stamps stay unique
-        even after an error."""
-        local = self._local
-        if getattr(local, "scratch", None) is None:
-            a = self.arrays
-            local.scratch = scratch(self.weights.W.shape[0], a.ncodes.shape[0], a.word_leaves.shape[1])
-            local.tag = 0
-        tag0 = local.tag
-        local.tag += B
-        return local.scratch, tag0
+        self._pool = ScratchPool.of(self.arrays)
 
     def topk(self, H: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(log-probs (B, k) float64, word ids (B, k) int64), best first, for contexts H (B, d)
@@ -604,7 +641,7 @@ class TreeSearch:
         out_v = np.full((B, k), -np.inf)
         out_w = np.full((B, k), -1, dtype=np.int64)
         out_n = np.empty(B, dtype=np.int64)
-        s, tag0 = self._scratch(B)
+        s, tag0 = self._pool.take(B)
         _topk_range_scratch(
             H, self.weights, self.arrays, self.single, k, 0, B, s, tag0, out_v, out_w, out_n, np.full(B, -np.inf)
         )
@@ -615,13 +652,18 @@ def in_row_slices(run, rows: int, threads: int) -> None:
     """``run(start, stop)`` over ``rows`` rows cut into at most ``threads`` contiguous slices, run
     in parallel threads (``run`` must release the GIL to gain: a nogil numba kernel); a slice of
     fewer than 64 rows is not worth a thread, so small batches run on the caller's thread."""
-    threads = max(1, min(threads, rows // 64))
+    threads = row_slices(rows, threads)
     if threads == 1:
         run(0, rows)
         return
     bounds = np.linspace(0, rows, threads + 1).astype(int)
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(run, bounds[:-1], bounds[1:]))
+
+
+def row_slices(rows: int, threads: int) -> int:
+    """How many slices :func:`in_row_slices` cuts ``rows`` rows into on ``threads`` threads."""
+    return max(1, min(threads, rows // 64))
 
 
 def check_k(k: int, vocab_size: int) -> int:
@@ -672,6 +714,8 @@ __all__ = [
     "TreeArrays",
     "tree_arrays",
     "layer_tree_arrays",
+    "layer_scratch_pool",
+    "ScratchPool",
     "node_weights",
     "NodeWeights",
     "codes_below",

@@ -307,7 +307,7 @@ class HybridSoftmax(OutputLayer):
         it stops once no tail word left can beat the head's k-th best; elsewhere from the tail's
         full distribution.
         """
-        from ..search import check_k, layer_tree_arrays, tree_topk
+        from ..search import check_k, layer_scratch_pool, layer_tree_arrays, tree_topk
 
         h, one = self._input(input)
         h = h.to(self.weight.dtype)
@@ -340,6 +340,7 @@ class HybridSoftmax(OutputLayer):
                 kt,
                 arrays=layer_tree_arrays(self.tail),
                 floor=floor,
+                pool=layer_scratch_pool(self.tail),
             )
             tv, ti = res.values, res.indices  # unfilled slots: -inf, -1
         else:

@@ -368,11 +368,12 @@ class TreeSoftmax(OutputLayer):
         CPU input: branch-and-bound search down the tree (:mod:`hlbl.search`), visiting few nodes. Other
         devices: sorting ``log_prob`` there (one matrix product, no copy to the CPU).
         """
-        from ..search import full_topk, layer_tree_arrays, tree_topk
+        from ..search import full_topk, layer_scratch_pool, layer_tree_arrays, tree_topk
 
         h, one = self._batch(input)
         if h.device.type == "cpu":
-            res = tree_topk(self.tree, self.weight, self.bias, h, k, arrays=layer_tree_arrays(self))
+            arrays, pool = layer_tree_arrays(self), layer_scratch_pool(self)
+            res = tree_topk(self.tree, self.weight, self.bias, h, k, arrays=arrays, pool=pool)
             values, ids = res.values, res.indices
         else:
             values, ids = full_topk(self.log_prob(h.to(self.weight.dtype)), k)
