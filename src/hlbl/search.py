@@ -207,6 +207,25 @@ _LEAF = np.int64(1) << np.int64(40)
 
 
 @numba.njit(cache=True, inline="always")
+def _file_item(i, bucket, head, inext, cursor, carry, top_used):
+    """Item i (its bucket computed) into the frontier: kept as the carry (taken next) if it is
+    the first to land in the best bucket, else at the head of its bucket; returns the new
+    (carry, top_used), top_used being the last bucket used (to empty them at the end)."""
+    if carry < 0 and bucket == cursor:
+        return i, top_used
+    inext[i] = head[bucket]
+    head[bucket] = i
+    return carry, max(top_used, bucket)
+
+
+@numba.njit(cache=True, inline="always")
+def _empty_buckets(head, cursor, top_used):
+    """Empty the buckets a search left behind (all before the cursor are empty already)."""
+    for bucket in range(cursor, top_used + 1):
+        head[bucket] = -1
+
+
+@numba.njit(cache=True, inline="always")
 def _bucket_of(x, cursor):
     """The bucket of an item ``x = (top - key) * _PER_NAT`` nats below the best possible key:
     floor(x), the last bucket for everything beyond it (and NaN). Never before ``cursor``, the
@@ -356,15 +375,9 @@ def _topk_multi(h, wt, tree, k, s, tag, out_v, out_w, floor):
                 continue
             bucket = _bucket_of((top - ck) * _PER_NAT, cursor)
             ikey[n_items], ilp[n_items], inode[n_items] = ck, p, ct
-            if carry < 0 and bucket == cursor:
-                carry = n_items  # the best bucket's: taken next, without going through it
-            else:
-                inext[n_items] = head[bucket]
-                head[bucket] = n_items
-                top_used = max(top_used, bucket)
+            carry, top_used = _file_item(n_items, bucket, head, inext, cursor, carry, top_used)
             n_items += 1
-    for bucket in range(cursor, top_used + 1):  # empty the buckets left behind
-        head[bucket] = -1
+    _empty_buckets(head, cursor, top_used)
     return counter[0]
 
 
@@ -416,15 +429,9 @@ def _topk_single(h, wt, children, k, s, out_v, out_w, floor):
                 continue
             bucket = _bucket_of(-p * _PER_NAT, cursor)  # exact: _PER_NAT is a power of two
             ikey[n_items], inode[n_items] = p, c
-            if carry < 0 and bucket == cursor:
-                carry = n_items  # the best bucket's: taken next, without going through it
-            else:
-                inext[n_items] = head[bucket]
-                head[bucket] = n_items
-                top_used = max(top_used, bucket)
+            carry, top_used = _file_item(n_items, bucket, head, inext, cursor, carry, top_used)
             n_items += 1
-    for bucket in range(cursor, top_used + 1):  # empty the buckets left behind
-        head[bucket] = -1
+    _empty_buckets(head, cursor, top_used)
     return count
 
 
