@@ -253,7 +253,7 @@ def test_a_layer_keeps_its_search_scratch_between_calls_and_copies_it_empty(name
     import pickle
     import threading
 
-    from hlbl.search import layer_scratch_pool
+    from hlbl.search import ScratchPool, layer_scratch_pool
 
     tree = TREES[name]
     layer, H = random_layer(tree, 8, seed=4, scale=1.0, dtype=torch.float64)
@@ -281,6 +281,8 @@ def test_a_layer_keeps_its_search_scratch_between_calls_and_copies_it_empty(name
         assert layer_scratch_pool(other) is not pool
         v, w = other.topk(H, 5)
         assert torch.equal(v, want.values) and torch.equal(w, want.indices)
+    with pytest.raises(ValueError, match="scratch pool for a tree of shape"):
+        tree_topk(tree, layer.weight, layer.bias, H[:1], 5, pool=ScratchPool(tree.num_nodes + 1, tree.num_words, 1))
 
 
 def test_topk_rejects_bad_arguments():

@@ -167,9 +167,14 @@ class ScratchPool:
         self.shape = (int(N), int(V), int(K))
         self._local = threading.local()
 
+    @staticmethod
+    def shape_of(arrays: TreeArrays) -> tuple[int, int, int]:
+        """(N, V, K) of a tree's arrays: what its scratch is sized by."""
+        return arrays.children.shape[0], arrays.ncodes.shape[0], arrays.word_leaves.shape[1]
+
     @classmethod
     def of(cls, arrays: TreeArrays) -> "ScratchPool":
-        return cls(arrays.children.shape[0], arrays.ncodes.shape[0], arrays.word_leaves.shape[1])
+        return cls(*cls.shape_of(arrays))
 
     def take(self, rows: int) -> tuple[Scratch, int]:
         """This thread's scratch and tag0 for a call on ``rows`` contexts (stamped tag0 + 1 ..
@@ -600,6 +605,8 @@ def search_rows(
 
     threads = numba.get_num_threads() if threads is None else int(threads)
     if pool is not None and row_slices(B, threads) == 1:
+        if pool.shape != ScratchPool.shape_of(a):  # (scratch too small would be written out of bounds)
+            raise ValueError(f"a scratch pool for a tree of shape {pool.shape}, not {ScratchPool.shape_of(a)}")
         s, tag0 = pool.take(B)
         single = a.word_leaves.shape[1] == 1
         _topk_range_scratch(H, wt, a, single, k, 0, B, s, tag0, out_v, out_w, out_n, floors)
