@@ -445,15 +445,17 @@ def _topk_range(H, wt, tree, k, start, stop, out_v, out_w, out_nodes, floors):
     """Contexts ``start:stop`` of H (B, d) float64 into rows ``start:stop`` of out_v (B, k),
     out_w (B, k) and out_nodes (B,), with scratch of its own; ``floors`` (B,): each row's floor
     (:func:`_topk_multi`). Releases the GIL, so slices run in parallel threads."""
-    K = tree.word_leaves.shape[1]  # the most codes of a word
-    s = scratch(wt.W.shape[0], tree.ncodes.shape[0], K)
-    _topk_range_scratch(H, wt, tree, K == 1, k, start, stop, s, 0, out_v, out_w, out_nodes, floors)
+    s = scratch(wt.W.shape[0], tree.ncodes.shape[0], tree.word_leaves.shape[1])
+    _topk_range_scratch(H, wt, tree, k, start, stop, s, 0, out_v, out_w, out_nodes, floors)
 
 
 @numba.njit(cache=True, nogil=True)
-def _topk_range_scratch(H, wt, tree, single, k, start, stop, s, tag0, out_v, out_w, out_nodes, floors):
-    """:func:`_topk_range` with the caller's scratch ``s`` (Scratch): context i is stamped
-    ``tag0 + i + 1``, so scratch whose stamps are all at most ``tag0`` needs no clearing."""
+def _topk_range_scratch(H, wt, tree, k, start, stop, s, tag0, out_v, out_w, out_nodes, floors):
+    """:func:`_topk_range` with the caller's scratch ``s`` (Scratch, made for this tree's K):
+    context i is stamped ``tag0 + i + 1``, so scratch whose stamps are all at most ``tag0``
+    needs no clearing. A tree whose words have one code each (K == 1, the K the scratch was
+    sized by) takes :func:`_topk_single`."""
+    single = tree.word_leaves.shape[1] == 1
     for i in range(start, stop):
         if single:
             out_nodes[i] = _topk_single(H[i], wt, tree.children, k, s, out_v[i], out_w[i], floors[i])
@@ -608,8 +610,7 @@ def search_rows(
         if pool.shape != ScratchPool.shape_of(a):  # (scratch too small would be written out of bounds)
             raise ValueError(f"a scratch pool for a tree of shape {pool.shape}, not {ScratchPool.shape_of(a)}")
         s, tag0 = pool.take(B)
-        single = a.word_leaves.shape[1] == 1
-        _topk_range_scratch(H, wt, a, single, k, 0, B, s, tag0, out_v, out_w, out_n, floors)
+        _topk_range_scratch(H, wt, a, k, 0, B, s, tag0, out_v, out_w, out_n, floors)
         return out_v, out_w, out_n
 
     def run(start: int, stop: int) -> None:
@@ -639,7 +640,6 @@ class TreeSearch:
         self.tree = tree
         self.arrays = tree_arrays(tree) if arrays is None else arrays
         self.weights = node_weights(tree, weight, bias)
-        self.single = self.arrays.word_leaves.shape[1] == 1  # one code a word (scratch)
         self._pool = ScratchPool.of(self.arrays)
 
     def topk(self, H: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -656,9 +656,7 @@ class TreeSearch:
         out_w = np.full((B, k), -1, dtype=np.int64)
         out_n = np.empty(B, dtype=np.int64)
         s, tag0 = self._pool.take(B)
-        _topk_range_scratch(
-            H, self.weights, self.arrays, self.single, k, 0, B, s, tag0, out_v, out_w, out_n, np.full(B, -np.inf)
-        )
+        _topk_range_scratch(H, self.weights, self.arrays, k, 0, B, s, tag0, out_v, out_w, out_n, np.full(B, -np.inf))
         return out_v, out_w
 
 
